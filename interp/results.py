@@ -1,0 +1,122 @@
+"""Typed result objects shared by every analyzer and experiment.
+
+A result is a dataclass deriving from :class:`Result`. It gets, for free:
+
+* ``save(path)`` / ``load(path)``: tensors and arrays go to ``path/tensors.safetensors``, everything
+  else (numbers, strings, lists, dicts of those) to ``path/result.json``; written atomically, read back
+  without pickle.
+* ``to_dict()``: a JSON-ready summary (tensors become nested lists).
+
+Subclasses implement ``to_frame()`` (a tidy :class:`pandas.DataFrame`) and ``figure()`` (a plotly figure).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .io import atomic_dir
+
+SCHEMA_VERSION = 1
+
+
+def _is_tensor_like(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+def _flatten_tensors(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> Any:
+    """Move tensors (also inside dicts and lists) into ``out``; return the JSON skeleton with references."""
+    if _is_tensor_like(value):
+        key = prefix
+        tensor = torch.as_tensor(value).detach().cpu().contiguous()
+        out[key] = tensor
+        return {"__tensor__": key, "numpy": isinstance(value, np.ndarray)}
+    if isinstance(value, dict):
+        return {"__dict__": {str(k): _flatten_tensors(f"{prefix}.{k}", v, out) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)) and any(_is_tensor_like(v) or isinstance(v, (dict, list, tuple)) for v in value):
+        return {"__list__": [_flatten_tensors(f"{prefix}.{i}", v, out) for i, v in enumerate(value)]}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    return value
+
+
+def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            t = tensors[value["__tensor__"]]
+            return t.numpy() if value.get("numpy") else t
+        if "__dict__" in value:
+            return {k: _restore(v, tensors) for k, v in value["__dict__"].items()}
+        if "__list__" in value:
+            return [_restore(v, tensors) for v in value["__list__"]]
+        return value
+    return value
+
+
+class Result:
+    """Mixin for dataclass results: ``save``/``load``/``to_dict``; subclasses add ``to_frame``/``figure``."""
+
+    kind: ClassVar[str] = "result"
+
+    def to_frame(self):  # pragma: no cover - each subclass defines its table
+        raise TypeError(f"{type(self).__name__} defines no table view")
+
+    def figure(self):  # pragma: no cover - each subclass defines its figure
+        raise TypeError(f"{type(self).__name__} defines no figure")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (tensors and arrays as nested lists)."""
+        def convert(v: Any) -> Any:
+            if _is_tensor_like(v):
+                return torch.as_tensor(v).detach().cpu().tolist()
+            if isinstance(v, dict):
+                return {str(k): convert(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [convert(x) for x in v]
+            if isinstance(v, (np.floating, np.integer, np.bool_)):
+                return v.item()
+            if isinstance(v, Path):
+                return str(v)
+            return v
+        return {f.name: convert(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the result to the folder ``path`` (atomically replacing an older one)."""
+        from safetensors.torch import save_file
+
+        if not dataclasses.is_dataclass(self):
+            raise TypeError(f"{type(self).__name__} must be a dataclass to be saved")
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = {f.name: _flatten_tensors(f.name, getattr(self, f.name), tensors) for f in dataclasses.fields(self)}
+        meta = {"schema_version": SCHEMA_VERSION, "type": f"{type(self).__module__}.{type(self).__qualname__}",
+                "fields": skeleton}
+        path = Path(path)
+        with atomic_dir(path) as tmp:
+            (tmp / "result.json").write_text(json.dumps(meta, indent=2))
+            if tensors:
+                save_file(tensors, str(tmp / "tensors.safetensors"))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read a result written by :meth:`save` (no pickle: JSON + safetensors)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        meta_file = path / "result.json"
+        if not meta_file.exists():
+            raise FileNotFoundError(f"{path} holds no saved result (missing result.json)")
+        meta = json.loads(meta_file.read_text())
+        expected = f"{cls.__module__}.{cls.__qualname__}"
+        if meta.get("type") != expected:
+            raise TypeError(f"{path} holds a {meta.get('type')}, not a {expected}")
+        tfile = path / "tensors.safetensors"
+        tensors = load_file(str(tfile)) if tfile.exists() else {}
+        values = {k: _restore(v, tensors) for k, v in meta["fields"].items()}
+        return cls(**values)  # type: ignore[call-arg]

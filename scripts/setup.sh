@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv in the repo root and install the project with the tested versions.
+# Pinned CPU torch goes first: a bare `torch` requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.interp-setup-stamp
+want=$(cat pyproject.toml constraints.txt requirements-assets.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import interp" 2>/dev/null; then
+  exit 0
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -q --no-deps -c constraints.txt -r requirements-assets.txt
+echo "$want" > "$stamp"
