@@ -53,3 +53,35 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator | None = Non
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """Fraction of rows whose argmax equals the label."""
     return (logits.argmax(-1) == labels).float().mean().item()
+
+
+def random_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token LM batch from a 1-D token stream ``tokens`` ``[N]``.
+
+    Returns inputs and targets ``[batch_size, seq_len]`` (int64), the targets shifted by one position,
+    from windows starting at uniformly random offsets drawn with ``generator``.
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be a 1-D stream, got shape {tuple(tokens.shape)}")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
+    high = tokens.numel() - seq_len
+    if high < 1:
+        raise ValueError(f"stream of {tokens.numel()} tokens is too short for windows of {seq_len + 1}")
+    starts = torch.randint(0, high, (batch_size,), generator=generator)
+    windows = tokens[starts[:, None] + torch.arange(seq_len + 1)].long()
+    return windows[:, :-1], windows[:, 1:]
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_frac: float = 0.1, final_frac: float = 0.1) -> float:
+    """Learning-rate factor at ``step`` (0-based): linear warm-up over ``warmup_frac`` of the run, then a
+    cosine decay from 1 to ``final_frac`` at the last step."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    warmup = int(round(warmup_frac * total_steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(total_steps - 1 - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
+    return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + float(np.cos(np.pi * progress)))
