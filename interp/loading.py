@@ -1,0 +1,135 @@
+"""`interp.load` and `interp.wrap`: from a model spec or an in-memory model to a :class:`Model`."""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .model import Model
+
+BACKENDS = ("torch", "nnsight", "transformer_lens")
+
+
+def _check_backend(backend: str) -> str:
+    aliases = {"tl": "transformer_lens", "transformerlens": "transformer_lens", "hooks": "torch"}
+    backend = aliases.get(backend.lower(), backend.lower()) if isinstance(backend, str) else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
+    """Wrap an in-memory model.
+
+    ``model`` is a ``transformers`` model (any backend), a TransformerLens ``TransformerBridge`` or
+    ``HookedTransformer`` (``transformer_lens`` backend), or an ``nnsight.NNsight`` wrapper of an HF model.
+    For ``backend="transformer_lens"`` an HF model is booted into a TransformerBridge around the same
+    module (no copy of the weights).
+    """
+    from transformer_lens import HookedTransformer
+
+    backend = _check_backend(backend)
+    if isinstance(model, Model):
+        raise TypeError("already an interp.Model")
+    is_tl = isinstance(model, HookedTransformer) or type(model).__name__ == "TransformerBridge"
+    if is_tl:
+        if backend != "transformer_lens":
+            inner = getattr(model, "original_model", None)
+            if inner is None:
+                raise ValueError(f"a HookedTransformer runs only on backend='transformer_lens', not {backend!r}")
+            model = inner
+        else:
+            from .backends.transformer_lens import TLModel
+            return TLModel(model, tokenizer)
+    nn_wrapper = None
+    if type(model).__module__.startswith("nnsight"):
+        nn_wrapper, model = model, model._module
+    if backend == "torch":
+        from .backends.torch_hooks import TorchModel
+        return TorchModel(model, tokenizer)
+    if backend == "nnsight":
+        from .backends.nnsight_backend import NNsightModel
+        return NNsightModel(model, tokenizer, nn_model=nn_wrapper)
+    from .backends.transformer_lens import TLModel
+    return TLModel(_boot_bridge(model, tokenizer), tokenizer)
+
+
+def _boot_bridge(hf_model, tokenizer):
+    """Boot a TransformerBridge around an existing HF module (its config and tokenizer read from disk)."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    src = getattr(hf_model.config, "_name_or_path", "") or ""
+    tmp = None
+    if not src or not (Path(src) / "config.json").exists():
+        tmp = tempfile.TemporaryDirectory(prefix="interp-bridge-")
+        hf_model.config.save_pretrained(tmp.name)
+        src = tmp.name
+    if tokenizer is not None and "name_or_path" not in getattr(tokenizer, "init_kwargs", {}):
+        tmp = tmp or tempfile.TemporaryDirectory(prefix="interp-bridge-")
+        tokenizer.save_pretrained(tmp.name)
+        tokenizer = AutoTokenizer.from_pretrained(tmp.name)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            device = next(hf_model.parameters()).device
+            return TransformerBridge.boot_transformers(src, hf_model=hf_model, tokenizer=tokenizer, device=device,
+                                                       dtype=next(hf_model.parameters()).dtype)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"TransformerLens cannot bridge {type(hf_model).__name__}: {exc}. "
+                         "Use backend='torch' or 'nnsight'.") from exc
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def load(spec: str | Path, backend: str = "torch", device: str | torch.device | None = None,
+         dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
+         attn_implementation: str | None = None, **from_pretrained_kwargs) -> Model:
+    """Load a model by spec and wrap it.
+
+    ``spec`` is ``zoo:NAME`` (see :mod:`interp.zoo`), a local folder in Hugging Face format, or a hub
+    name (needs network access). ``device``, ``dtype`` and ``device_map`` go to ``from_pretrained``,
+    so ``device_map="auto"`` splits a large model across accelerators the standard way.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    backend = _check_backend(backend)
+    spec = str(spec)
+    if spec.startswith("zoo:"):
+        from . import zoo
+        source: str = str(zoo.path(spec[4:]))
+    else:
+        source = spec
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as exc:
+        raise ValueError(f"cannot load model {spec!r}: not a zoo name (zoo:NAME), not a local Hugging Face "
+                         f"folder, and not reachable on the hub ({exc.__class__.__name__})") from exc
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        cls = transformers.AutoModelForCausalLM if config.model_type in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else transformers.AutoModel
+    kwargs: dict[str, Any] = dict(from_pretrained_kwargs)
+    if dtype is not None:
+        kwargs["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    hf_model = cls.from_pretrained(source, **kwargs).eval()
+    if device is not None and device_map is None:
+        hf_model = hf_model.to(device)
+    tokenizer = None
+    if config.model_type not in ("vit", "dinov2"):
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+    model = wrap(hf_model, tokenizer, backend)
+    model.source = spec  # type: ignore[attr-defined]
+    return model

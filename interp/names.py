@@ -1,0 +1,99 @@
+"""Canonical hook names (TransformerLens names) and the patterns that select them.
+
+A canonical name is ``hook_embed``, ``blocks.{l}.<hook>`` or ``ln_final.hook_normalized``. Patterns are
+shell globs (``blocks.*.hook_resid_post``); a bare hook suffix such as ``hook_resid_post`` matches that
+hook in every block. Unknown names raise :class:`UnknownHookError` naming the closest valid ones.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from typing import Iterable, Sequence
+
+#: Per-block hooks in execution order, with the rank used to order them within a block.
+BLOCK_HOOKS: tuple[str, ...] = (
+    "hook_resid_pre",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
+#: Hooks whose tensors have a head axis, and where it is: ``[batch, pos, head, d_head]`` or ``[batch, head, q, k]``.
+HEAD_AXIS: dict[str, int] = {"attn.hook_q": 2, "attn.hook_k": 2, "attn.hook_v": 2, "attn.hook_z": 2, "attn.hook_pattern": 1}
+
+_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+class UnknownHookError(KeyError):
+    """A requested hook name (or pattern) matches nothing the model offers."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class HookNotFiredError(RuntimeError):
+    """A hook that was asked for did not run during the forward pass."""
+
+
+def parse(name: str) -> tuple[int | None, str]:
+    """Split ``blocks.3.attn.hook_z`` into ``(3, "attn.hook_z")``; global hooks give ``(None, name)``."""
+    m = _BLOCK_RE.match(name)
+    if m:
+        return int(m.group(1)), m.group(2)
+    return None, name
+
+
+def layer_of(name: str) -> int | None:
+    return parse(name)[0]
+
+
+def order_key(name: str, n_layers: int) -> tuple[int, int]:
+    """Execution order of a canonical hook: ``hook_embed`` first, ``ln_final`` last."""
+    layer, hook = parse(name)
+    if layer is None:
+        return (-1, 0) if name == "hook_embed" else (n_layers + 1, 0)
+    rank = BLOCK_HOOKS.index(hook) if hook in BLOCK_HOOKS else len(BLOCK_HOOKS)
+    return (layer, rank)
+
+
+def expand(patterns: str | Iterable[str] | None, available: Sequence[str]) -> list[str]:
+    """Resolve names/patterns against ``available`` (order kept as in ``available``).
+
+    ``None`` selects everything. A pattern without wildcard that is not itself a name is tried as a
+    block-hook suffix (``hook_resid_post`` → every ``blocks.*.hook_resid_post``).
+    """
+    if patterns is None:
+        return list(available)
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    avail = set(available)
+    chosen: set[str] = set()
+    for pat in patterns:
+        if not isinstance(pat, str):
+            raise TypeError(f"hook names must be strings, got {type(pat).__name__}")
+        if pat in avail:
+            chosen.add(pat)
+            continue
+        matched = [n for n in available if fnmatch.fnmatchcase(n, pat)]
+        if not matched and not any(c in pat for c in "*?["):
+            matched = [n for n in available if fnmatch.fnmatchcase(n, f"blocks.*.{pat}")]
+        if not matched:
+            raise UnknownHookError(unknown_message(pat, available))
+        chosen.update(matched)
+    return [n for n in available if n in chosen]
+
+
+def unknown_message(name: str, available: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, available, n=5, cutoff=0.5)
+    if not close:
+        _, hook = parse(name)
+        close = [n for n in available if n.endswith(hook.split(".")[-1])][:5]
+    hint = ", ".join(close) if close else ", ".join(list(available)[:5]) + ", ..."
+    return f"unknown hook name {name!r}; closest valid names: {hint} (see model.hook_names())"

