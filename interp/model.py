@@ -91,7 +91,7 @@ class Model:
     # ------------------------------------------------------------------ names
     def hook_names(self, pattern: str | Sequence[str] | None = None) -> list[str]:
         """Canonical hook names this model offers (optionally filtered by a glob or list of globs)."""
-        return expand(pattern, self._all_hook_names())
+        return expand(pattern, self._all_hook_names(), strict=False)
 
     def _resolve(self, names) -> list[str]:
         return expand(names, self._all_hook_names())

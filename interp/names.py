@@ -63,11 +63,12 @@ def order_key(name: str, n_layers: int) -> tuple[int, int]:
     return (layer, rank)
 
 
-def expand(patterns: str | Iterable[str] | None, available: Sequence[str]) -> list[str]:
+def expand(patterns: str | Iterable[str] | None, available: Sequence[str], strict: bool = True) -> list[str]:
     """Resolve names/patterns against ``available`` (order kept as in ``available``).
 
     ``None`` selects everything. A pattern without wildcard that is not itself a name is tried as a
-    block-hook suffix (``hook_resid_post`` → every ``blocks.*.hook_resid_post``).
+    block-hook suffix (``hook_resid_post`` → every ``blocks.*.hook_resid_post``). With ``strict`` a
+    pattern that matches nothing raises :class:`UnknownHookError` naming the closest valid names.
     """
     if patterns is None:
         return list(available)
@@ -84,7 +85,7 @@ def expand(patterns: str | Iterable[str] | None, available: Sequence[str]) -> li
         matched = [n for n in available if fnmatch.fnmatchcase(n, pat)]
         if not matched and not any(c in pat for c in "*?["):
             matched = [n for n in available if fnmatch.fnmatchcase(n, f"blocks.*.{pat}")]
-        if not matched:
+        if not matched and strict:
             raise UnknownHookError(unknown_message(pat, available))
         chosen.update(matched)
     return [n for n in available if n in chosen]

@@ -53,9 +53,12 @@ class NNsightModel(HFModel):
         return self._order
 
     def _envoy(self, path: str):
+        """The envoy of a module path, matched by module identity (a child named ``output`` or
+        ``input``, as in BERT, would otherwise resolve to nnsight's value accessors)."""
         env = self.nn
         for part in path.split("."):
-            env = env[int(part)] if part.isdigit() else getattr(env, part)
+            target = env._module.get_submodule(part)
+            env = next((c for c in env._children if c._module is target), None) or getattr(env, part)
         return env
 
     def _forward(self, batch, hooks: HookSet, stop_at_layer, grad):

@@ -17,6 +17,18 @@ from ..model import HookSet, Model, ModelConfig
 from ..names import BLOCK_HOOKS, order_key
 
 
+#: Where a bridge's compatibility alias means something else than the canonical hook, the canonical
+#: tensor is read from another bridge hook point (``None``: not offered). BERT is post-norm: the bridge
+#: aliases ``hook_attn_out`` to the attention block's post-LayerNorm output and ``hook_embed`` to the
+#: summed embeddings, while TransformerLens's own HookedEncoder (and the other backends) mean the
+#: attention output before the residual add and the token embeddings; its ``ln_final`` is the MLM
+#: head's transform, not a final norm of the residual stream.
+_BRIDGE_ALIASES: dict[str, dict[str, str | None]] = {
+    "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out", "hook_resid_mid": "ln1.hook_out",
+             "ln_final.hook_normalized": None},
+}
+
+
 def _canonical_set(n_layers: int) -> list[str]:
     names = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in BLOCK_HOOKS]
     return names + ["ln_final.hook_normalized"]
@@ -36,14 +48,45 @@ class TLModel(Model):
                 tl_model.enable_compatibility_mode(no_processing=True)
         c = tl_model.cfg
         offered = set(tl_model.hook_dict)
-        self._names = sorted((n for n in _canonical_set(c.n_layers) if n in offered),
-                             key=lambda n: order_key(n, c.n_layers))
         self.hf_model = getattr(tl_model, "original_model", None)
+        model_type = getattr(getattr(self.hf_model, "config", None), "model_type", None)
+        aliases = _BRIDGE_ALIASES.get(model_type, {}) if not isinstance(tl_model, HookedTransformer) else {}
+        #: canonical name -> the TransformerLens hook point that carries it
+        self._points: dict[str, str] = {}
+        for name in _canonical_set(c.n_layers):
+            layer, hook = (name.split(".", 2)[1], name.split(".", 2)[2]) if name.startswith("blocks.") else (None, name)
+            alias = aliases.get(hook, hook) if hook in aliases else hook
+            if alias is None:
+                continue
+            point = f"blocks.{layer}.{alias}" if layer is not None else alias
+            if point in offered:
+                self._points[name] = point
+        self._names = sorted(self._points, key=lambda n: order_key(n, c.n_layers))
+        self._vision = bool(getattr(c, "is_visual_model", False)) or \
+            getattr(getattr(tl_model, "original_model", None), "main_input_name", "input_ids") == "pixel_values"
         family = getattr(c, "original_architecture", None) or getattr(c, "architecture", None) or "transformer_lens"
         n_kv = getattr(c, "n_key_value_heads", None) or c.n_heads
         super().__init__(tokenizer if tokenizer is not None else tl_model.tokenizer,
                          ModelConfig(str(family), c.n_layers, c.n_heads, n_kv, c.d_model, c.d_head,
-                                     getattr(c, "d_vocab", None), True, "text"))
+                                     getattr(c, "d_vocab", None), not self._vision,
+                                     "vision" if self._vision else "text"))
+        if self.is_bridge:
+            self._names = self._firing_names()
+
+    def _firing_names(self) -> list[str]:
+        """A bridge declares some hook points that its implementation of an architecture never runs (e.g.
+        ``hook_pattern`` where HF computes attention internally); offer only the ones that fire."""
+        fired: set[str] = set()
+        hooks = [(self._points[n], lambda t, hook, n=n: fired.add(n)) for n in self._names]
+        if self._vision:
+            size = getattr(getattr(self.hf_model, "config", None), "image_size", 32)
+            probe: Any = torch.zeros(1, 3, size, size, device=self.device)
+        else:
+            probe = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.tl.run_with_hooks(probe, fwd_hooks=hooks)
+        return [n for n in self._names if n in fired]
 
     def _all_hook_names(self) -> list[str]:
         return self._names
@@ -74,12 +117,16 @@ class TLModel(Model):
         if unknown:
             from ..names import UnknownHookError, unknown_message
             raise UnknownHookError(unknown_message(unknown[0], self._names))
-        fwd_hooks = [(n, partial(self._tl_hook, n, fns)) for n, fns in hooks.items() if fns]
-        kwargs: dict[str, Any] = {"attention_mask": batch["attention_mask"], "return_type": "logits",
-                                  "stop_at_layer": stop_at_layer}
-        if self.is_bridge:
-            kwargs["position_ids"] = batch["position_ids"]
+        fwd_hooks = [(self._points[n], partial(self._tl_hook, n, fns)) for n, fns in hooks.items() if fns]
+        kwargs: dict[str, Any] = {"return_type": "logits", "stop_at_layer": stop_at_layer}
+        if "pixel_values" in batch:
+            inputs = batch["pixel_values"]
+        else:
+            inputs = batch["input_ids"]
+            kwargs["attention_mask"] = batch["attention_mask"]
+            if self.is_bridge:
+                kwargs["position_ids"] = batch["position_ids"]
         with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = self.tl.run_with_hooks(batch["input_ids"], fwd_hooks=fwd_hooks, **kwargs)
+            out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
         return None if stop_at_layer is not None else out
