@@ -4,6 +4,7 @@ Keep paper-independent helpers here so each paper module holds only its own meth
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -85,3 +86,22 @@ def warmup_cosine(step: int, total_steps: int, warmup_frac: float = 0.1, final_f
     span = max(total_steps - 1 - warmup, 1)
     progress = min(max(step - warmup, 0) / span, 1.0)
     return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + float(np.cos(np.pi * progress)))
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Temporarily set torch's intra-op thread count (``None`` leaves it unchanged); restores it on exit.
+
+    Small-matrix workloads (batched QR, tiny einsums) run much faster single-threaded on a busy CPU.
+    """
+    if num_threads is None:
+        yield
+        return
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
