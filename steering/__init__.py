@@ -4,3 +4,29 @@ A :class:`SteeringMethod` fits :class:`SteeringVector` objects that turn themsel
 interventions. Built-in methods (difference-in-means, directional ablation, RepIt) and third-party
 methods (entry-point group ``interp.steering``) share one registry.
 """
+from .base import (
+    ENTRY_POINT_GROUP,
+    OPERATIONS,
+    AffineAblate,
+    SteeringData,
+    SteeringMethod,
+    SteeringVector,
+    available,
+    get,
+    register,
+    reload_entry_points,
+    unregister,
+)
+from .activations import collect, mean_difference
+from .diff_in_means import DiffInMeans, DiffInMeansConfig
+from .ablation import ABLATION_HOOKS, DirectionalAblation, DirectionalAblationConfig, ablation_vector, orthogonalize_weights
+from . import refusal
+from . import repit
+from .repit import RepIt, RepItConfig, isolate, localize
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
+    "available", "get", "register", "reload_entry_points", "unregister", "collect", "mean_difference",
+    "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
+    "ablation_vector", "orthogonalize_weights", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
+]

@@ -1,0 +1,63 @@
+"""Reading residual-stream activations at chosen positions, and difference-in-means vectors.
+
+Everything goes through the capture layer (``model.run_with_cache``) under canonical hook names. Text
+prompts are tokenized with left padding, so negative positions (``-1`` = last token) index the same
+real tokens in every row.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from interp.names import parse
+from interp.progress import progress
+
+from .base import batches, n_prompts, prepared
+
+
+def _stop_layer(model, names: Sequence[str]) -> int | None:
+    """The smallest ``stop_at_layer`` that still fires every one of ``names`` (``None``: run the whole model)."""
+    layers = [parse(n)[0] for n in names]
+    if any(layer is None for layer in layers):
+        return None
+    top = max(layers) + 1
+    return top if top < model.cfg.n_layers else None
+
+
+@torch.no_grad()
+def collect(model, prompts: Any, names: Sequence[str], positions: Sequence[int] = (-1,),
+            batch_size: int = 16, desc: str | None = None) -> torch.Tensor:
+    """Activations of ``names`` at ``positions`` for every prompt.
+
+    Args:
+        prompts: list of strings (left-padded on tokenization) or token ids ``[n, pos]``.
+        names: canonical hook names (no globs), e.g. ``[f"blocks.{l}.hook_resid_pre" for l in ...]``.
+        positions: negative (from the end) or non-negative indices into each prompt.
+
+    Returns:
+        float32 tensor ``[n_prompts, len(names), len(positions), d]`` on the CPU.
+    """
+    names = model.hook_names(list(names))
+    positions = list(positions)
+    stop = _stop_layer(model, names)
+    out = []
+    total = (n_prompts(prompts) + batch_size - 1) // batch_size
+    for batch in progress(batches(prompts, batch_size), desc=desc or "activations", total=total):
+        _, cache = model.run_with_cache(prepared(model, batch), names=names, stop_at_layer=stop)
+        acts = torch.stack([cache[n][:, positions] for n in names], dim=1)  # [b, names, pos, d]
+        out.append(acts.float().cpu())
+    return torch.cat(out, dim=0)
+
+
+def mean_difference(positive_acts: torch.Tensor, negative_acts: torch.Tensor) -> torch.Tensor:
+    """Difference in means over the prompt axis: ``mean(positive) - mean(negative)``, shapes ``[n, ...]`` -> ``[...]``."""
+    if positive_acts.shape[1:] != negative_acts.shape[1:]:
+        raise ValueError(f"activation shapes differ: {tuple(positive_acts.shape)} vs {tuple(negative_acts.shape)}")
+    return positive_acts.mean(0) - negative_acts.mean(0)
+
+
+def resid_names(model, hook: str = "hook_resid_pre", layers: Sequence[int] | None = None) -> list[str]:
+    """``blocks.{l}.<hook>`` for ``layers`` (default: every layer)."""
+    layers = range(model.cfg.n_layers) if layers is None else layers
+    return [f"blocks.{int(layer)}.{hook}" for layer in layers]

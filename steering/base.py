@@ -1,0 +1,423 @@
+"""The steering interface: :class:`SteeringVector`, :class:`SteeringMethod`, :class:`SteeringData` and the registry.
+
+A steering method is one class with a ``fit(model, data, val=None) -> SteeringVector``. A
+:class:`SteeringVector` is the fitted object: it knows the canonical hook names it writes to, the
+position rule, the operation and its tensors; it turns itself into capture-layer interventions
+(:meth:`SteeringVector.interventions`, :meth:`SteeringVector.apply`, usable around ``model(...)`` and
+``model.generate(...)``) and saves/loads as ``vector.safetensors`` + ``vector.json``.
+
+Registry: built-in methods register themselves with :func:`register` when their module is imported;
+third-party packages declare their classes in the entry-point group ``interp.steering``::
+
+    [project.entry-points."interp.steering"]
+    my_method = "my_package.module:MyMethod"
+
+:func:`get` and :func:`available` see both.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+from dataclasses import dataclass, field, fields, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Sequence
+
+import torch
+
+from interp.interventions import Add, HookContext, Intervention, ProjectOut
+from interp.io import atomic_dir
+
+#: Entry-point group through which other packages add steering methods.
+ENTRY_POINT_GROUP = "interp.steering"
+#: Operations a :class:`SteeringVector` knows how to turn into interventions.
+OPERATIONS = ("add", "project_out", "affine")
+FORMAT_VERSION = 1
+
+
+# ============================================================================ interventions
+class AffineAblate(Intervention):
+    """Affine direction ablation (RepIt step 5; Marshall et al.'s affine concept editing).
+
+    ``x <- x - (x . r_hat) r_hat + (mu . r_hat) r_hat + coeff * r`` on the last axis, where
+    ``r_hat = r / ||r||`` and ``mu`` is a reference activation (the harmless mean). With ``reference=None``
+    this is plain projection; ``coeff = 0`` is ablation, ``coeff > 0`` adds the direction back.
+    ``positions`` follows :mod:`interp.interventions` (``None``: every position, also each generated token).
+    """
+
+    def __init__(self, direction: torch.Tensor, reference: torch.Tensor | None = None, coeff: float = 0.0,
+                 positions: Sequence[int] | None = None):
+        r = torch.as_tensor(direction, dtype=torch.float32)
+        if r.dim() != 1:
+            raise ValueError(f"AffineAblate direction must be a vector [d], got shape {tuple(r.shape)}")
+        norm = r.norm()
+        if not torch.isfinite(norm) or norm == 0:
+            raise ValueError("AffineAblate direction must be finite and non-zero")
+        self.r, self.r_hat = r, r / norm
+        self.ref_coef = 0.0 if reference is None else float(torch.as_tensor(reference, dtype=torch.float32) @ self.r_hat)
+        if reference is not None and tuple(torch.as_tensor(reference).shape) != tuple(r.shape):
+            raise ValueError(f"reference has shape {tuple(torch.as_tensor(reference).shape)}, expected {tuple(r.shape)}")
+        self.coeff, self.positions = float(coeff), positions
+
+    def __call__(self, tensor: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        from interp.interventions import _apply
+
+        if tensor.shape[-1] != self.r.shape[0]:
+            raise ValueError(f"AffineAblate direction has dimension {self.r.shape[0]}, but {ctx.name!r} has last "
+                             f"axis {tensor.shape[-1]} (activation {tuple(tensor.shape)})")
+        r_hat = self.r_hat.to(tensor.device)
+        shift = (self.ref_coef * r_hat + self.coeff * self.r.to(tensor.device))
+
+        def edit(t: torch.Tensor) -> torch.Tensor:
+            tf = t.float()
+            return (tf - (tf @ r_hat)[..., None] * r_hat + shift).to(t.dtype)
+        return _apply(tensor, ctx, self.positions, None, edit)
+
+
+# ============================================================================ data
+@dataclass
+class SteeringData:
+    """Contrastive prompts for fitting a steering vector.
+
+    ``positive``: prompts that show the behaviour (e.g. harmful requests, which the model refuses);
+    ``negative``: prompts that do not (harmless requests). Each is a list of strings (already chat-formatted,
+    see :func:`steering.refusal.refusal_data`) or token ids ``[n, pos]`` of equal length (no padding).
+    ``categories``: optional label per positive prompt (needed by RepIt).
+    """
+
+    positive: Any
+    negative: Any
+    categories: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("positive", "negative"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                if value.dim() != 2 or value.is_floating_point():
+                    raise ValueError(f"SteeringData.{name} as a tensor must be token ids [n, pos], got "
+                                     f"{value.dtype} {tuple(value.shape)}")
+            elif isinstance(value, str) or not all(isinstance(t, str) for t in value):
+                raise TypeError(f"SteeringData.{name} must be a list of strings or token ids [n, pos]")
+            else:
+                setattr(self, name, list(value))
+            if len(getattr(self, name)) == 0:
+                raise ValueError(f"SteeringData.{name} is empty")
+        if self.categories is not None:
+            self.categories = [str(c) for c in self.categories]
+            if len(self.categories) != len(self.positive):
+                raise ValueError(f"SteeringData.categories has {len(self.categories)} labels for "
+                                 f"{len(self.positive)} positive prompts; expected one label per prompt")
+
+    def of_category(self, *names: str) -> Any:
+        """Positive prompts whose category is one of ``names``."""
+        if self.categories is None:
+            raise ValueError("this SteeringData has no categories")
+        keep = [i for i, c in enumerate(self.categories) if c in names]
+        return select(self.positive, keep)
+
+    @property
+    def category_names(self) -> list[str]:
+        """Categories in order of first appearance."""
+        return list(dict.fromkeys(self.categories or []))
+
+
+def select(prompts: Any, index: Sequence[int]) -> Any:
+    """Rows ``index`` of a prompt list or id tensor."""
+    if isinstance(prompts, torch.Tensor):
+        return prompts[torch.as_tensor(list(index), dtype=torch.long)]
+    return [prompts[i] for i in index]
+
+
+def n_prompts(prompts: Any) -> int:
+    return int(prompts.shape[0]) if isinstance(prompts, torch.Tensor) else len(prompts)
+
+
+def batches(prompts: Any, batch_size: int) -> Iterator[Any]:
+    """Consecutive slices of a prompt list or id tensor."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for i in range(0, n_prompts(prompts), batch_size):
+        yield prompts[i:i + batch_size]
+
+
+def prepared(model, prompts: Any) -> Any:
+    """Model inputs for a batch: strings are tokenized with LEFT padding (so position ``-1`` is the
+    last real token of every row); id tensors pass through."""
+    if isinstance(prompts, torch.Tensor):
+        return prompts
+    return model.tokenize(list(prompts), padding_side="left")
+
+
+# ============================================================================ the fitted object
+@dataclass
+class SteeringVector:
+    """A fitted steering intervention.
+
+    Fields:
+        method: registry name of the method that produced it.
+        operation: ``"add"`` (``x + scale * direction``), ``"project_out"`` (remove the span of
+            ``direction`` ``[d]`` or ``[k, d]``) or ``"affine"`` (:class:`AffineAblate` with ``reference`` and
+            ``coeff = scale``).
+        hooks: canonical hook names or globs the operation applies at (e.g. ``("blocks.7.hook_resid_pre",)``).
+        direction: ``[d]`` (``[k, d]`` for ``project_out``).
+        positions: position rule: ``None`` = every position of every pass (prompt and each generated
+            token); otherwise indices of the current pass (negative from the end; ``(-1,)`` = last token).
+        scale: coefficient of ``add`` / ``affine``.
+        reference: ``[d]`` reference activation of ``affine`` (its component along the direction is restored).
+        tensors: further named tensors the method keeps (e.g. RepIt's naive vector and correction).
+        metadata: JSON-ready facts (layer, fit position, hyper-parameters, scores).
+    """
+
+    method: str
+    operation: str
+    hooks: tuple[str, ...]
+    direction: torch.Tensor
+    positions: tuple[int, ...] | None = None
+    scale: float = 1.0
+    reference: torch.Tensor | None = None
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {self.operation!r}; expected one of {', '.join(OPERATIONS)}")
+        if isinstance(self.hooks, str):
+            self.hooks = (self.hooks,)
+        self.hooks = tuple(self.hooks)
+        if not self.hooks:
+            raise ValueError("a SteeringVector needs at least one hook name")
+        self.direction = torch.as_tensor(self.direction).detach().float().cpu()
+        want = (1, 2) if self.operation == "project_out" else (1,)
+        if self.direction.dim() not in want:
+            raise ValueError(f"operation {self.operation!r} needs a direction of shape "
+                             f"{'[d] or [k, d]' if len(want) == 2 else '[d]'}, got {tuple(self.direction.shape)}")
+        if not torch.isfinite(self.direction).all():
+            raise ValueError("steering direction has non-finite entries")
+        if self.positions is not None:
+            self.positions = tuple(int(p) for p in self.positions)
+        if self.reference is not None:
+            self.reference = torch.as_tensor(self.reference).detach().float().cpu()
+            if self.reference.shape != self.direction.shape[-1:]:
+                raise ValueError(f"reference has shape {tuple(self.reference.shape)}, expected "
+                                 f"{tuple(self.direction.shape[-1:])}")
+        self.tensors = {k: torch.as_tensor(v).detach().cpu() for k, v in self.tensors.items()}
+        self.scale = float(self.scale)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def d_model(self) -> int:
+        return int(self.direction.shape[-1])
+
+    @property
+    def layer(self) -> int | None:
+        """The layer of a single-layer vector (from ``metadata['layer']``), else ``None``."""
+        layer = self.metadata.get("layer")
+        return None if layer is None else int(layer)
+
+    @property
+    def unit(self) -> torch.Tensor:
+        """The direction normalised to unit length (rows normalised for ``[k, d]``)."""
+        return self.direction / self.direction.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+    def with_scale(self, scale: float) -> "SteeringVector":
+        """A copy with another coefficient."""
+        return replace(self, scale=float(scale), tensors=dict(self.tensors), metadata=dict(self.metadata))
+
+    # ------------------------------------------------------------------ interventions
+    def intervention(self) -> Intervention:
+        """The capture-layer intervention applied at each of :attr:`hooks`."""
+        pos = list(self.positions) if self.positions is not None else None
+        if self.operation == "add":
+            return Add(self.direction, scale=self.scale, positions=pos)
+        if self.operation == "project_out":
+            return ProjectOut(self.direction, positions=pos)
+        return AffineAblate(self.direction, reference=self.reference, coeff=self.scale, positions=pos)
+
+    def interventions(self) -> dict[str, Intervention]:
+        """``{hook name or glob: intervention}`` for :meth:`interp.Model.intervene`."""
+        fn = self.intervention()
+        return {h: fn for h in self.hooks}
+
+    @contextlib.contextmanager
+    def apply(self, model) -> Iterator[Any]:
+        """``with vector.apply(model): model(...) / model.generate(...)``."""
+        if model.cfg is not None and model.cfg.d_model != self.d_model:
+            raise ValueError(f"steering vector has d_model {self.d_model}, the model has {model.cfg.d_model}")
+        with model.intervene(self.interventions()) as m:
+            yield m
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/vector.safetensors`` (tensors) and ``path/vector.json`` (everything else), atomically."""
+        from safetensors.torch import save_file
+
+        tensors = {"direction": self.direction.contiguous()}
+        if self.reference is not None:
+            tensors["reference"] = self.reference.contiguous()
+        for k, v in self.tensors.items():
+            tensors[f"tensors.{k}"] = v.contiguous()
+        meta = {"format_version": FORMAT_VERSION, "class": type(self).__name__, "method": self.method,
+                "operation": self.operation, "hooks": list(self.hooks),
+                "positions": None if self.positions is None else list(self.positions),
+                "scale": self.scale, "metadata": _jsonable(self.metadata)}
+        path = Path(path)
+        with atomic_dir(path) as tmp:
+            save_file(tensors, str(tmp / "vector.safetensors"))
+            (tmp / "vector.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SteeringVector":
+        """Read a vector written by :meth:`save` (JSON + safetensors, no pickle).
+
+        Called on the base class, the vector comes back as the ``vector_class`` of the method that made it
+        (looked up in the registry), so plug-in methods with their own vector class round-trip too.
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        meta_file, tensor_file = path / "vector.json", path / "vector.safetensors"
+        if not meta_file.exists() or not tensor_file.exists():
+            raise FileNotFoundError(f"{path} is not a saved steering vector (expected vector.json and "
+                                    "vector.safetensors)")
+        meta = json.loads(meta_file.read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: unsupported steering-vector format {meta.get('format_version')!r}")
+        raw = load_file(str(tensor_file))
+        target = cls
+        if cls is SteeringVector:
+            with contextlib.suppress(KeyError):
+                target = get(meta["method"]).vector_class
+        return target(method=meta["method"], operation=meta["operation"], hooks=tuple(meta["hooks"]),
+                      direction=raw["direction"],
+                      positions=None if meta["positions"] is None else tuple(meta["positions"]),
+                      scale=meta["scale"], reference=raw.get("reference"),
+                      tensors={k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")},
+                      metadata=meta["metadata"])
+
+    def __repr__(self) -> str:
+        where = self.hooks[0] + (f" (+{len(self.hooks) - 1})" if len(self.hooks) > 1 else "")
+        return (f"SteeringVector(method={self.method!r}, operation={self.operation!r}, hooks={where}, "
+                f"d={self.d_model}, scale={self.scale:g}, positions={self.positions})")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+# ============================================================================ the method interface
+class SteeringMethod:
+    """Base class of steering methods. Subclasses set ``name`` and implement :meth:`fit`.
+
+    A method is configured at construction (``Method(config)`` or ``Method(**config_fields)`` when it has a
+    ``config_class``) and fitted with ``fit(model, data, val=None)``; diagnostics of the last fit may be
+    kept on the instance (attributes ending in ``_``).
+    """
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type | None] = None
+    vector_class: ClassVar[type[SteeringVector]] = SteeringVector
+
+    def __init__(self, config: Any = None, **overrides: Any) -> None:
+        if self.config_class is None:
+            if config is not None or overrides:
+                raise TypeError(f"{type(self).__name__} takes no configuration")
+            self.config = None
+            return
+        if config is None:
+            config = self.config_class()
+        elif not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, "
+                            f"got {type(config).__name__}")
+        if overrides:
+            known = {f.name for f in fields(self.config_class)}
+            bad = sorted(set(overrides) - known)
+            if bad:
+                raise TypeError(f"unknown option(s) {bad} for {type(self).__name__}; known: {sorted(known)}")
+            config = replace(config, **overrides)
+        self.config = config
+
+    def fit(self, model, data: SteeringData, val: SteeringData | None = None) -> SteeringVector:
+        raise NotImplementedError(f"{type(self).__name__} must implement fit(model, data, val=None)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})" if self.config is not None else f"{type(self).__name__}()"
+
+
+# ============================================================================ registry
+_REGISTRY: dict[str, type[SteeringMethod]] = {}
+_FAILED: dict[str, str] = {}
+_entry_points_loaded = False
+
+
+def register(cls: type[SteeringMethod] | None = None, *, name: str | None = None, replace: bool = False):
+    """Register a :class:`SteeringMethod` subclass under ``name`` (default: ``cls.name``). Usable as a decorator."""
+    def do(c: type[SteeringMethod]) -> type[SteeringMethod]:
+        if not (isinstance(c, type) and issubclass(c, SteeringMethod)):
+            raise TypeError(f"only SteeringMethod subclasses can be registered, got {c!r}")
+        key = name or c.name
+        if not key or not isinstance(key, str) or any(ch.isspace() for ch in key):
+            raise ValueError(f"{c.__name__} needs a non-empty name without spaces (set the class attribute "
+                             "`name` or pass name=...)")
+        old = _REGISTRY.get(key)
+        if old is not None and old is not c and not replace:
+            raise ValueError(f"steering method {key!r} is already registered ({old.__module__}.{old.__qualname__}); "
+                             "pass replace=True to override it")
+        _REGISTRY[key] = c
+        return c
+    return do if cls is None else do(cls)
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` from the registry (no error if absent)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            register(obj, name=ep.name)
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the others
+            _FAILED[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+            warnings.warn(f"steering plug-in {ep.name!r} ({ep.value}) failed to load: {exc}", RuntimeWarning,
+                          stacklevel=2)
+
+
+def reload_entry_points() -> None:
+    """Scan the ``interp.steering`` entry points again (e.g. after installing a plug-in in this process)."""
+    global _entry_points_loaded
+    _entry_points_loaded = False
+    _load_entry_points()
+
+
+def get(name: str) -> type[SteeringMethod]:
+    """The method class registered as ``name``: ``steering.get("repit")(targets=(...)).fit(model, data)``."""
+    _load_entry_points()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _FAILED:
+        raise KeyError(f"steering method {name!r} is declared by a plug-in that failed to load: {_FAILED[name]}")
+    raise KeyError(f"unknown steering method {name!r}; available: {', '.join(available()) or '(none)'}")
+
+
+def available() -> list[str]:
+    """Names of every registered steering method (built-ins and plug-ins), sorted."""
+    _load_entry_points()
+    return sorted(_REGISTRY)

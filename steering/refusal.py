@@ -1,0 +1,173 @@
+"""Judging refusal cheaply, and refusal data from :mod:`interp.zoo.datasets`.
+
+Two judges, as in refusal-direction work (Arditi et al., 2024):
+
+* :func:`refusal_scores`: one forward pass per prompt. With ``R`` the set of tokens that start a refusal
+  and ``p_R`` the probability mass the model puts on them as its FIRST response token,
+  ``score = log p_R - log(1 - p_R)`` (the log-odds of starting a refusal). ``score > 0`` means the model
+  more likely refuses than not; used for every search (layer/position selection, the RepIt rho search).
+* :func:`judge_generations`: short greedy generations judged by the string-match judge
+  :func:`interp.zoo.datasets.is_refusal` (the one judge of the project); used for the final numbers.
+
+:func:`kl_divergence` measures the side effect of an intervention on harmless prompts: the mean
+``KL(p_base || p_steered)`` of the next-token distribution at the last prompt position.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Sequence
+
+import torch
+
+from interp.progress import progress
+
+from .base import SteeringData, SteeringVector, batches, n_prompts, prepared
+
+#: Response openings the default refusal-token set is built from (first token of each).
+REFUSAL_STARTS: tuple[str, ...] = ("I", "Sorry", "As", "Unfortunately", "No")
+
+
+def _ctx(model, vector: SteeringVector | Sequence[SteeringVector] | None):
+    if vector is None:
+        return contextlib.nullcontext()
+    vectors = [vector] if isinstance(vector, SteeringVector) else list(vector)
+    stack = contextlib.ExitStack()
+    for v in vectors:
+        stack.enter_context(v.apply(model))
+    return stack
+
+
+def refusal_token_ids(tokenizer, starts: Sequence[str] | None = None) -> list[int]:
+    """First token id of each refusal opening in ``starts`` (default :data:`REFUSAL_STARTS`, plus the
+    openings of the zoo's refusal responses when :mod:`interp.zoo.datasets` exposes them)."""
+    if starts is None:
+        starts = list(REFUSAL_STARTS)
+        with contextlib.suppress(ImportError, AttributeError):
+            from interp.zoo import datasets as zd
+            starts += [r.split()[0] for r in getattr(zd, "REFUSAL_RESPONSES", ()) if r.split()]
+    ids: list[int] = []
+    for s in starts:
+        toks = tokenizer(s, add_special_tokens=False)["input_ids"]
+        if not toks:
+            raise ValueError(f"refusal opening {s!r} tokenizes to nothing")
+        if toks[0] not in ids:
+            ids.append(int(toks[0]))
+    return ids
+
+
+@torch.no_grad()
+def last_logprobs(model, prompts: Any, vector: SteeringVector | Sequence[SteeringVector] | None = None,
+                  batch_size: int = 16, desc: str | None = None) -> torch.Tensor:
+    """Next-token log-probabilities at the last prompt position ``[n, vocab]`` (float32, CPU)."""
+    out = []
+    total = (n_prompts(prompts) + batch_size - 1) // batch_size
+    with _ctx(model, vector):
+        for batch in progress(batches(prompts, batch_size), desc=desc or "forward", total=total):
+            logits = model(prepared(model, batch))
+            out.append(logits[:, -1].float().log_softmax(-1).cpu())
+    return torch.cat(out, dim=0)
+
+
+def scores_from_logprobs(logprobs: torch.Tensor, refusal_tokens: Sequence[int]) -> torch.Tensor:
+    """``log p_R - log(1 - p_R)`` per row of ``logprobs`` ``[n, vocab]`` -> ``[n]``."""
+    if len(refusal_tokens) == 0:
+        raise ValueError("refusal_tokens is empty; pass the ids of tokens that start a refusal")
+    idx = torch.as_tensor(list(refusal_tokens), dtype=torch.long)
+    log_pr = logprobs[:, idx].logsumexp(-1)
+    # log(1 - p_R) computed stably from log p_R
+    log_not = torch.log(-torch.expm1(log_pr.clamp_max(-1e-7)))
+    return log_pr - log_not
+
+
+def refusal_scores(model, prompts: Any, refusal_tokens: Sequence[int],
+                   vector: SteeringVector | Sequence[SteeringVector] | None = None,
+                   batch_size: int = 16) -> torch.Tensor:
+    """Refusal log-odds ``[n]`` of each prompt's first response token (optionally under ``vector``)."""
+    return scores_from_logprobs(last_logprobs(model, prompts, vector, batch_size, desc="refusal score"),
+                                refusal_tokens)
+
+
+def kl_divergence(model, prompts: Any, vector: SteeringVector | Sequence[SteeringVector],
+                  batch_size: int = 16, base_logprobs: torch.Tensor | None = None) -> float:
+    """Mean ``KL(p_base || p_steered)`` (nats) of the last-position next-token distribution over ``prompts``."""
+    base = base_logprobs if base_logprobs is not None else last_logprobs(model, prompts, None, batch_size)
+    steered = last_logprobs(model, prompts, vector, batch_size, desc="KL")
+    return float((base.exp() * (base - steered)).sum(-1).mean())
+
+
+@torch.no_grad()
+def generate(model, prompts: Any, vector: SteeringVector | Sequence[SteeringVector] | None = None,
+             max_new_tokens: int = 24, batch_size: int = 16) -> list[str]:
+    """Greedy continuations of ``prompts`` (left-padded batches), under ``vector`` if given."""
+    out: list[str] = []
+    total = (n_prompts(prompts) + batch_size - 1) // batch_size
+    with _ctx(model, vector):
+        for batch in progress(batches(prompts, batch_size), desc="generate", total=total):
+            out += model.generate(prepared(model, batch), max_new_tokens=max_new_tokens, do_sample=False)
+    return out
+
+
+def default_judge() -> Callable[[str], bool]:
+    """The project's string-match refusal judge, :func:`interp.zoo.datasets.is_refusal`."""
+    from interp.zoo.datasets import is_refusal
+
+    return is_refusal
+
+
+def judge_generations(model, prompts: Any, vector: SteeringVector | Sequence[SteeringVector] | None = None,
+                      max_new_tokens: int = 24, batch_size: int = 16,
+                      judge: Callable[[str], bool] | None = None) -> tuple[list[str], list[bool]]:
+    """Generate greedily and judge each response: ``(responses, refused)``."""
+    judge = judge or default_judge()
+    responses = generate(model, prompts, vector, max_new_tokens, batch_size)
+    return responses, [bool(judge(r)) for r in responses]
+
+
+# ---------------------------------------------------------------------------------------- refusal data
+def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[str] | None = None,
+                 max_per_category: int | None = None, max_harmless: int | None = None) -> SteeringData:
+    """Chat-formatted :class:`SteeringData` from :func:`interp.zoo.datasets.refusal_instructions`.
+
+    ``positive`` are the harmful instructions of ``categories`` (default: every harmful category) with their
+    category labels; ``negative`` the harmless instructions of the split. ``max_per_category`` /
+    ``max_harmless`` keep the first prompts of each (the data set's own order), for cheaper runs.
+    """
+    from interp.zoo import datasets as zd
+
+    cats = list(categories) if categories is not None else list(zd.HARMFUL_CATEGORIES)
+    unknown = sorted(set(cats) - set(zd.HARMFUL_CATEGORIES))
+    if unknown:
+        raise ValueError(f"unknown harmful categories {unknown}; known: {list(zd.HARMFUL_CATEGORIES)}")
+    harmful = zd.refusal_instructions(split=split, harmful=True, categories=cats)
+    kept, counts = [], {c: 0 for c in cats}
+    for ins in harmful:
+        if max_per_category is None or counts[ins.category] < max_per_category:
+            kept.append(ins)
+            counts[ins.category] += 1
+    harmless = zd.refusal_instructions(split=split, harmful=False)
+    if max_harmless is not None:
+        harmless = harmless[:max_harmless]
+    if not kept or not harmless:
+        raise ValueError(f"the refusal data set has no {'harmful' if not kept else 'harmless'} prompts in "
+                         f"split {split!r} for categories {cats}")
+    return SteeringData(positive=[zd.format_chat(tokenizer, i) for i in kept],
+                        negative=[zd.format_chat(tokenizer, i) for i in harmless],
+                        categories=[i.category for i in kept])
+
+
+def eoi_length(tokenizer, max_len: int = 5) -> int:
+    """``n_eoi = min(len(eoi_toks), max_len)``: the number of chat-template tokens after the instruction.
+
+    Found by formatting two different instructions and counting the common token suffix, so it works for any
+    chat template (it needs :func:`interp.zoo.datasets.format_chat`).
+    """
+    from interp.zoo import datasets as zd
+
+    a = tokenizer(zd.format_chat(tokenizer, "Tell me about apples."), add_special_tokens=False)["input_ids"]
+    b = tokenizer(zd.format_chat(tokenizer, "How do volcanoes form"), add_special_tokens=False)["input_ids"]
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    if n == 0:
+        raise ValueError("the chat template leaves no tokens after the instruction; cannot locate end-of-instruction")
+    return min(n, max_len)
