@@ -4,3 +4,6 @@ Inactive attention-head scores (all score functions of the paper plus an ablatio
 cognitive-element rules, and VQ-VAE planning codes live here. Nothing in this package touches a
 backend directly; every activation comes from :class:`interp.Model`.
 """
+
+from .heads import (HeadScores, ablate_heads, dynamic_zeroing, evaluate_ablation, inactive_sweep,  # noqa: E402
+                    score_heads)

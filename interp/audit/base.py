@@ -1,0 +1,146 @@
+"""The audit-check interface: what a plug-in implements to appear in ``interp audit``.
+
+A check is a class with
+
+* ``name`` (the CLI name, e.g. ``"heads"``), ``title`` and ``description``;
+* ``Config``: a dataclass whose defaults are the method's defaults (``interp audit --set heads.fraction=0.2``
+  overrides a field);
+* ``run(model, data) -> Result``: the analysis, returning a typed :class:`interp.results.Result`;
+* ``render(result) -> Rendered``: HTML text, plotly figures and tables for the report;
+* optionally ``summary(result) -> dict`` (a few headline numbers for the overview and ``results.json``) and
+  ``to_json(result) -> dict`` (the machine-readable payload; defaults to ``result.to_dict()``).
+
+Checks are found through the entry-point group ``interp.checks`` (see :mod:`interp.audit.registry`), so a
+third-party package plugs in exactly as a built-in one does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+from interp.model import Model
+from interp.results import Result
+
+
+@dataclass
+class AuditData:
+    """The text set an audit runs on."""
+
+    texts: list[str]
+    source: str = "built-in"
+
+    def __post_init__(self) -> None:
+        if not self.texts:
+            raise ValueError(f"the audit text set ({self.source}) is empty")
+        if not all(isinstance(t, str) and t.strip() for t in self.texts):
+            raise ValueError("audit texts must be non-empty strings")
+
+    @classmethod
+    def builtin(cls) -> "AuditData":
+        """The built-in set: short, diverse English sentences shipped in ``interp/audit/data/texts.txt``."""
+        text = resources.files("interp.audit").joinpath("data/texts.txt").read_text(encoding="utf-8")
+        return cls([line for line in text.splitlines() if line.strip()], "built-in (interp/audit/data/texts.txt)")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "AuditData":
+        """One text per line (blank lines skipped)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"text file {str(path)!r} does not exist (expected a UTF-8 file with one text per line)")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return cls(lines, str(path))
+
+    def head(self, n: int | None) -> "AuditData":
+        return self if n is None else AuditData(self.texts[:n], self.source)
+
+
+@dataclass
+class Rendered:
+    """What a check contributes to the HTML report."""
+
+    html: str = ""  #: trusted HTML written by the check (paragraphs, lists)
+    figures: list[tuple[str, Any]] = field(default_factory=list)  #: (caption, plotly figure)
+    tables: list[tuple[str, Any]] = field(default_factory=list)  #: (caption, pandas DataFrame)
+
+
+@dataclass
+class NoConfig:
+    """Config of a check without options."""
+
+
+class Check:
+    """Base class of audit checks (subclassing is optional; the registry checks the attributes)."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoConfig
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config if config is not None else self.Config()
+
+    def run(self, model: Model, data: AuditData) -> Result:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def render(self, result: Result) -> Rendered:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def summary(self, result: Result) -> dict[str, Any]:
+        return {}
+
+    def to_json(self, result: Result) -> dict[str, Any]:
+        return result.to_dict()
+
+
+def _coerce(value: str, annotation: Any) -> Any:
+    """Parse a CLI string into the type of a config field."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if value.lower() in ("none", "null") and (type(None) in typing.get_args(annotation) or annotation is None):
+        return None
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)) and args:
+        last: Exception | None = None
+        for a in args:
+            try:
+                return _coerce(value, a)
+            except (TypeError, ValueError) as exc:
+                last = exc
+        raise ValueError(str(last))
+    if origin in (tuple, list):
+        inner = args[0] if args else str
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        vals = [_coerce(v, inner) for v in items]
+        return tuple(vals) if origin is tuple else vals
+    if annotation is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true/false, got {value!r}")
+    if annotation in (int, float, str):
+        return annotation(value)
+    return value
+
+
+def configure(check_cls: type, overrides: dict[str, str]) -> Any:
+    """Build ``check_cls.Config`` with string ``overrides`` (field -> value) parsed to the field types."""
+    cfg_cls = getattr(check_cls, "Config", NoConfig)
+    fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
+    hints = typing.get_type_hints(cfg_cls)
+    kwargs: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key not in fields:
+            raise ValueError(f"check {check_cls.name!r} has no option {key!r}; options: "
+                             f"{', '.join(fields) or '(none)'}")
+        try:
+            kwargs[key] = _coerce(raw, hints.get(key, str))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad value {raw!r} for {check_cls.name}.{key}: {exc}") from None
+    return cfg_cls(**kwargs)
+
+
+__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "configure"]

@@ -1,0 +1,279 @@
+"""The audit report: ``index.html`` (self-contained, plotly inlined once) and ``results.json`` (versioned).
+
+``results.json`` schema (``schema_version`` 1)::
+
+    {"schema": "interp.audit.results", "schema_version": 1, "created": ISO-8601, "interp_version": str,
+     "model": {"spec", "backend", "family", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head",
+               "d_vocab", "n_params", "dtype", "device"},
+     "data": {"source", "n_texts", "n_tokens"},
+     "checks": [{"name", "title", "status": "ok" | "error", "seconds", "config", "summary",
+                 "result" (the check's JSON payload, null on error), "error" (null on success),
+                 "artifacts" (folder with the full saved Result, relative to the report)}],
+     "timings": {"load_model": s, "check:NAME": s, ..., "total": s},
+     "environment": {"python", "platform", "torch", "transformers"}}
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import math
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from interp.io import _json_default, atomic_dir
+
+SCHEMA = "interp.audit.results"
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class CheckRecord:
+    """The outcome of one check inside an audit."""
+
+    name: str
+    title: str
+    status: str  # "ok" | "error"
+    seconds: float
+    config: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] | None = None
+    error: str | None = None
+    result: Any = None  # the Result object (saved under checks/NAME/)
+    rendered: Any = None  # interp.audit.base.Rendered
+    description: str = ""
+
+
+@dataclass
+class AuditReport:
+    """Everything an audit produced; :meth:`write` puts it on disk atomically."""
+
+    model: dict[str, Any]
+    data: dict[str, Any]
+    checks: list[CheckRecord]
+    timings: dict[str, float]
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status == "ok" for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        import interp
+
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": self.created,
+            "interp_version": interp.__version__, "model": self.model, "data": self.data,
+            "checks": [{"name": c.name, "title": c.title, "status": c.status, "seconds": round(c.seconds, 3),
+                        "config": c.config, "summary": c.summary, "result": c.payload, "error": c.error,
+                        "artifacts": f"checks/{c.name}" if c.result is not None and c.status == "ok" else None}
+                       for c in self.checks],
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "environment": environment(),
+        }
+
+    def to_html(self) -> str:
+        return render_html(self)
+
+    def write(self, out: str | os.PathLike) -> Path:
+        """Write ``out/index.html``, ``out/results.json`` and ``out/checks/NAME/`` in one atomic swap."""
+        out = prepare_output(out)
+        text = json.dumps(_clean(self.to_json()), indent=2, default=_json_default, allow_nan=False)
+        page = self.to_html()
+        with atomic_dir(out) as tmp:
+            for c in self.checks:
+                if c.result is not None and c.status == "ok" and hasattr(c.result, "save"):
+                    c.result.save(tmp / "checks" / c.name)
+            (tmp / "results.json").write_text(text, encoding="utf-8")
+            (tmp / "index.html").write_text(page, encoding="utf-8")
+        return out
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/inf -> None so that results.json is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    try:
+        import numpy as np
+        import torch
+
+        if isinstance(obj, (torch.Tensor, np.ndarray)):
+            return _clean(obj.tolist())
+        if isinstance(obj, (np.floating, np.integer, np.bool_)):
+            return _clean(obj.item())
+    except ImportError:  # pragma: no cover
+        pass
+    return obj
+
+
+def environment() -> dict[str, str]:
+    env = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for mod in ("torch", "transformers", "transformer_lens", "nnsight"):
+        try:
+            from importlib import metadata
+
+            env[mod] = metadata.version(mod.replace("_", "-"))
+        except Exception:  # noqa: BLE001 - optional information
+            continue
+    return env
+
+
+# ------------------------------------------------------------------------------- output folder
+def is_report_dir(path: Path) -> bool:
+    """Does ``path`` hold an earlier audit report (so it may be replaced)?"""
+    res = path / "results.json"
+    if not res.is_file():
+        return False
+    try:
+        return json.loads(res.read_text(encoding="utf-8")).get("schema") == SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prepare_output(out: str | os.PathLike) -> Path:
+    """Check that ``out`` can receive a report; raise ``ValueError`` with the reason otherwise.
+
+    ``out`` may be missing, an empty folder, or a folder holding an earlier report (which is replaced
+    atomically at the end). Anything else is refused, so an audit never overwrites unrelated files.
+    """
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {str(out)!r} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not is_report_dir(out):
+        raise ValueError(f"output folder {str(out)!r} is not empty and holds no earlier interp audit report; "
+                         "choose a new or empty folder")
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"output folder {str(out)!r} is not writable (no write permission in {str(ancestor)!r})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".{out.name}.probe.{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise ValueError(f"output folder {str(out)!r} is not writable: {exc.strerror or exc}") from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------- HTML
+_CSS = """
+body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:20px 32px}
+header h1{margin:0 0 4px 0;font-size:24px}
+header p{margin:0;color:#c9cfdb}
+nav{padding:8px 32px;background:#e9ecf1;font-size:14px}
+nav a{margin-right:16px;color:#1d4ed8;text-decoration:none}
+main{padding:16px 32px;max-width:1200px}
+section{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:16px 24px;margin:16px 0}
+h2{margin-top:0}
+table.data{border-collapse:collapse;font-size:13px;margin:8px 0 16px 0}
+table.data th,table.data td{border:1px solid #dde1e8;padding:4px 8px;text-align:right}
+table.data th{background:#f0f2f5}
+table.data td:first-child,table.data th:first-child{text-align:left}
+.status-ok{color:#15803d;font-weight:600}
+.status-error{color:#b91c1c;font-weight:600}
+pre.error{background:#fef2f2;border:1px solid #fecaca;padding:12px;overflow:auto;font-size:12px}
+figure{margin:8px 0 24px 0}
+figcaption{font-size:13px;color:#4b5563;margin-bottom:4px}
+.muted{color:#6b7280;font-size:13px}
+"""
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "–"
+        return f"{v:.4g}"
+    if v is None:
+        return "–"
+    return str(v)
+
+
+def _kv_table(rows: dict[str, Any]) -> str:
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in rows.items())
+    return f'<table class="data">{body}</table>'
+
+
+def _frame_html(df: Any) -> str:
+    return df.to_html(index=False, border=0, classes="data", float_format=lambda x: f"{x:.4g}", na_rep="–",
+                      escape=True)
+
+
+def _figure_html(fig: Any, div_id: str) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"responsive": True, "displaylogo": False})
+
+
+def render_html(report: AuditReport) -> str:
+    """The self-contained HTML page (plotly.js inlined once; no network needed to view it)."""
+    from plotly.offline import get_plotlyjs
+
+    m = report.model
+    title = f"interp audit — {html.escape(str(m.get('spec', 'model')))}"
+    nav = ['<a href="#model">Model</a>', '<a href="#overview">Overview</a>']
+    nav += [f'<a href="#check-{html.escape(c.name)}">{html.escape(c.title or c.name)}</a>' for c in report.checks]
+    nav.append('<a href="#timings">Timings</a>')
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>",
+             f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{_CSS}</style>",
+             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>",
+             f"<header><h1>{title}</h1><p>{len(report.checks)} check(s) · {html.escape(report.created)} · "
+             f"{'all checks passed' if report.ok else 'some checks failed'}</p></header>",
+             f"<nav>{''.join(nav)}</nav><main>"]
+    card = {"spec": m.get("spec"), "backend": m.get("backend"), "architecture": m.get("family"),
+            "layers": m.get("n_layers"), "attention heads": m.get("n_heads"), "key/value heads": m.get("n_kv_heads"),
+            "d_model": m.get("d_model"), "d_head": m.get("d_head"), "vocabulary": m.get("d_vocab"),
+            "parameters": f"{m['n_params']:,}" if isinstance(m.get("n_params"), int) else m.get("n_params"),
+            "dtype": m.get("dtype"), "device": m.get("device")}
+    data = {"text set": report.data.get("source"), "texts": report.data.get("n_texts"),
+            "tokens": report.data.get("n_tokens")}
+    parts.append(f'<section id="model"><h2>Model card</h2>{_kv_table(card)}<h3>Data</h3>{_kv_table(data)}</section>')
+    rows = []
+    for c in report.checks:
+        status = f'<span class="status-{c.status}">{c.status}</span>'
+        summ = "; ".join(f"{html.escape(str(k))}: {html.escape(_fmt(v))}" for k, v in c.summary.items())
+        rows.append(f"<tr><td><a href=\"#check-{html.escape(c.name)}\">{html.escape(c.name)}</a></td><td>{status}</td>"
+                    f"<td>{c.seconds:.1f} s</td><td style=\"text-align:left\">{summ}</td></tr>")
+    parts.append('<section id="overview"><h2>Overview</h2><table class="data"><tr><th>check</th><th>status</th>'
+                 f'<th>time</th><th>summary</th></tr>{"".join(rows)}</table></section>')
+    for c in report.checks:
+        parts.append(f'<section id="check-{html.escape(c.name)}" class="check" data-check="{html.escape(c.name)}">'
+                     f"<h2>{html.escape(c.title or c.name)}</h2>")
+        if c.description:
+            parts.append(f'<p class="muted">{html.escape(c.description)}</p>')
+        parts.append(f'<p class="muted">status <span class="status-{c.status}">{c.status}</span> · '
+                     f"{c.seconds:.1f} s · config: <code>{html.escape(json.dumps(_clean(c.config), default=str))}</code></p>")
+        if c.status != "ok":
+            parts.append(f'<pre class="error">{html.escape(c.error or "unknown error")}</pre></section>')
+            continue
+        r = c.rendered
+        if r is not None:
+            parts.append(r.html)
+            for i, (caption, fig) in enumerate(r.figures):
+                parts.append(f"<figure><figcaption>{html.escape(caption)}</figcaption>"
+                             f"{_figure_html(fig, f'fig-{c.name}-{i}')}</figure>")
+            for caption, df in r.tables:
+                parts.append(f"<h3>{html.escape(caption)}</h3>{_frame_html(df)}")
+        parts.append("</section>")
+    timings = {k: f"{v:.2f} s" for k, v in report.timings.items()}
+    env = environment()
+    parts.append(f'<section id="timings"><h2>Timings</h2>{_kv_table(timings)}<h3>Environment</h3>{_kv_table(env)}'
+                 "<p class=\"muted\">Machine-readable results: <a href=\"results.json\">results.json</a>; "
+                 "full results per check under <code>checks/</code>.</p></section>")
+    parts.append("</main></body></html>")
+    return "\n".join(parts)
+
+
+__all__ = ["AuditReport", "CheckRecord", "SCHEMA", "SCHEMA_VERSION", "prepare_output", "is_report_dir",
+           "render_html", "environment"]

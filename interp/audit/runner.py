@@ -1,0 +1,98 @@
+"""Run audit checks on a model and collect an :class:`~interp.audit.report.AuditReport`."""
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from interp.model import Model
+from interp.progress import progress
+
+from .base import AuditData, configure
+from .registry import get_check
+from .report import AuditReport, CheckRecord, prepare_output
+
+
+def model_card(model: Model, spec: str | None = None) -> dict[str, Any]:
+    """Shape facts, parameter count, dtype and device of a wrapped model."""
+    cfg = model.cfg
+    module = getattr(model, "hf_model", None) or getattr(model, "tl", None)
+    n_params = dtype = None
+    if module is not None:
+        params = list(module.parameters())
+        n_params = int(sum(p.numel() for p in params))
+        dtype = str(params[0].dtype).replace("torch.", "") if params else None
+    return {"spec": spec or str(getattr(model, "source", "") or cfg.family), "backend": model.backend,
+            "family": cfg.family, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+            "d_model": cfg.d_model, "d_head": cfg.d_head, "d_vocab": cfg.d_vocab, "n_params": n_params,
+            "dtype": dtype, "device": str(model.device)}
+
+
+def _count_tokens(model: Model, texts: Sequence[str]) -> int | None:
+    if model.tokenizer is None:
+        return None
+    try:
+        return int(sum(len(model.tokenizer(t)["input_ids"]) for t in texts))
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None = None,
+              out: str | Path | None = None, options: Mapping[str, Mapping[str, str]] | None = None,
+              spec: str | None = None, timings: Mapping[str, float] | None = None,
+              keep_going: bool = True) -> AuditReport:
+    """Run ``checks`` (names or check instances) on ``model`` and ``data``; write the report to ``out``.
+
+    ``options`` maps a check name to string overrides of its config fields. A check that raises is
+    recorded as ``status="error"`` with its traceback (``keep_going=False`` re-raises instead). The
+    output folder is validated before anything runs and written atomically at the end.
+    """
+    t_start = time.perf_counter()
+    if out is not None:
+        prepare_output(out)
+    data = data or AuditData.builtin()
+    options = dict(options or {})
+    instances = []
+    for c in checks:
+        if isinstance(c, str):
+            cls = get_check(c)
+            instances.append(cls(configure(cls, dict(options.get(c, {})))))
+        else:
+            instances.append(c)
+    unknown_opts = set(options) - {getattr(i, "name", "") for i in instances}
+    if unknown_opts:
+        raise ValueError(f"options given for checks that are not selected: {', '.join(sorted(unknown_opts))}")
+    records: list[CheckRecord] = []
+    all_timings = dict(timings or {})
+    for check in progress(instances, desc="audit", total=len(instances), leave=True):
+        name = getattr(check, "name", type(check).__name__)
+        cfg = getattr(check, "config", None)
+        cfg_dict = dataclasses.asdict(cfg) if cfg is not None and dataclasses.is_dataclass(cfg) else {}
+        t0 = time.perf_counter()
+        try:
+            result = check.run(model, data)
+            rendered = check.render(result)
+            summary = dict(check.summary(result)) if hasattr(check, "summary") else {}
+            payload = check.to_json(result) if hasattr(check, "to_json") else result.to_dict()
+            rec = CheckRecord(name, getattr(check, "title", name), "ok", time.perf_counter() - t0, cfg_dict,
+                              summary, payload, None, result, rendered, getattr(check, "description", ""))
+        except Exception as exc:  # noqa: BLE001 - recorded in the report
+            if not keep_going:
+                raise
+            rec = CheckRecord(name, getattr(check, "title", name), "error", time.perf_counter() - t0, cfg_dict,
+                              error=f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}",
+                              description=getattr(check, "description", ""))
+        records.append(rec)
+        all_timings[f"check:{name}"] = rec.seconds
+    all_timings["total"] = all_timings.get("load_model", 0.0) + (time.perf_counter() - t_start)
+    report = AuditReport(model_card(model, spec),
+                         {"source": data.source, "n_texts": len(data.texts), "n_tokens": _count_tokens(model, data.texts)},
+                         records, all_timings)
+    if out is not None:
+        report.write(out)
+    return report
+
+
+__all__ = ["run_audit", "model_card"]

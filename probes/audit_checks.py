@@ -1,0 +1,230 @@
+"""Identifying and Evaluating Inactive Heads in Pretrained LLMs (ICLR 2026) as an ``interp audit`` check.
+
+``HeadsCheck`` (entry point ``heads`` in the ``interp.checks`` group) scores every head with every score
+function of the paper on half of the audit texts, thresholds them the paper's way (per input, τ_p from the
+empirical CDF at the target fraction ``p``), and checks the finding that matters to a user: ablating the
+heads the output-norm score flags (AHON (LN) by default) changes the loss on the *other* half of the texts
+less than ablating as many random heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from interp.audit import AuditData, Check, Rendered
+from interp.results import Result
+
+from .heads import (BEST_SCORE, PAPER_FRACTIONS, SCORE_FUNCTIONS, AblationResult, HeadScores, SweepResult,
+                    evaluate_ablation, inactive_sweep, resolve_scores, score_heads)
+
+
+@dataclass
+class HeadsConfig:
+    """Options of the ``heads`` check (defaults follow the paper where it has one)."""
+
+    scores: tuple[str, ...] | None = None  #: score functions to compute (None = all 15)
+    fraction: float = 0.10  #: target fraction p of (input, head) pairs flagged (paper grid 0 ... 0.30)
+    min_share: float = 0.5  #: a head is in the fixed flagged set if flagged on more than this share of inputs
+    ablation_score: str = BEST_SCORE  #: score whose flagged heads are ablated
+    ablation_method: str = "zero"  #: "zero" (paper) or "mean"
+    n_random: int = 3  #: random head sets of the same size
+    sweep: bool = False  #: also run the paper's sweep over p = 0 ... 30 % (dynamic zeroing)
+    batch_size: int = 8
+    max_length: int = 128  #: tokens per text
+    seed: int = 0
+
+
+@dataclass
+class HeadsCheckResult(Result):
+    """Everything the ``heads`` check measured."""
+
+    per_input: dict[str, torch.Tensor]  #: score -> [n_score_texts, n_layers, n_heads]
+    n_tokens: torch.Tensor
+    model: str
+    fraction: float
+    min_share: float
+    summary_rows: list[dict[str, Any]]
+    iou: list[list[float]]
+    flagged: dict[str, list[list[int]]]  #: score -> fixed flagged set [[layer, head], ...]
+    ablation: dict[str, Any] | None  #: AblationResult fields (None when no head was flagged)
+    sweep: dict[str, Any] | None
+    n_score_texts: int
+    n_eval_texts: int
+    kind: ClassVar[str] = "heads_check"
+
+    @property
+    def head_scores(self) -> HeadScores:
+        return HeadScores(per_input=self.per_input, n_tokens=self.n_tokens, model=self.model)
+
+    @property
+    def ablation_result(self) -> AblationResult | None:
+        return None if self.ablation is None else AblationResult(**self.ablation)
+
+    @property
+    def sweep_result(self) -> SweepResult | None:
+        return None if self.sweep is None else SweepResult(**self.sweep)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.summary_rows)
+
+    def figure(self):
+        return self.head_scores.figure()
+
+
+def _flag_figure(rows: list[dict[str, Any]], fraction: float):
+    import plotly.graph_objects as go
+
+    names = [r["score"] for r in rows]
+    fig = go.Figure(go.Bar(x=names, y=[100 * r["fraction_heads_flagged"] for r in rows],
+                           marker_color=["#1f77b4" if SCORE_FUNCTIONS[n].number else "#9ca3af" for n in names],
+                           hovertemplate="%{x}: %{y:.1f}% of heads<extra></extra>"))
+    fig.update_layout(title={"text": f"Heads flagged on a majority of inputs at p = {100 * fraction:g}% "
+                                     "(grey: extra variants)"},
+                      yaxis={"title": {"text": "% of heads"}}, height=380, margin={"b": 140})
+    return fig
+
+
+def _iou_figure(names: list[str], iou: list[list[float]]):
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Heatmap(z=iou, x=names, y=names, colorscale="Blues", zmin=0, zmax=1,
+                               hovertemplate="%{y} vs %{x}: IoU %{z:.2f}<extra></extra>"))
+    fig.update_layout(title={"text": "Overlap (IoU) of the per-input inactive masks"}, height=560,
+                      yaxis={"autorange": "reversed"}, margin={"l": 140, "b": 140})
+    return fig
+
+
+class HeadsCheck(Check):
+    """Inactive attention heads: the paper's score functions, thresholds and an ablation check."""
+
+    name: ClassVar[str] = "heads"
+    title: ClassVar[str] = "Inactive attention heads"
+    description: ClassVar[str] = ("Sandoval-Segura et al., 'Identifying and Evaluating Inactive Heads in Pretrained "
+                                  "LLMs' (ICLR 2026): 12 score functions (+3 variants) per layer and head, dynamic "
+                                  "per-input thresholds, and ablation of the flagged heads versus random heads.")
+    Config: ClassVar[type] = HeadsConfig
+
+    def run(self, model, data: AuditData) -> HeadsCheckResult:
+        cfg: HeadsConfig = self.config
+        if model.cfg.modality != "text" or model.tokenizer is None:
+            raise ValueError("the heads check needs a text model with a tokenizer")
+        if not 0.0 <= cfg.fraction <= 1.0:
+            raise ValueError(f"heads.fraction must be in [0, 1], got {cfg.fraction}")
+        names = resolve_scores(cfg.scores)
+        ablation_score = resolve_scores(cfg.ablation_score)[0]
+        if ablation_score not in names:
+            names.append(ablation_score)
+        texts = list(data.texts)
+        if len(texts) >= 2:  # interleaved halves: score on one, evaluate ablations on held-out texts
+            score_texts, eval_texts = texts[0::2], texts[1::2]
+        else:
+            score_texts = eval_texts = texts
+        scores = score_heads(model, score_texts, names, batch_size=cfg.batch_size, max_length=cfg.max_length)
+        summary = scores.summary(cfg.fraction, cfg.min_share)
+        iou = scores.iou(cfg.fraction)
+        flagged = {n: [[l, h] for l, h in scores.flagged(n, cfg.fraction, min_share=cfg.min_share)] for n in names}
+        ablation = None
+        heads = flagged[ablation_score]
+        if heads and model.cfg.is_causal_lm:
+            res = evaluate_ablation(model, eval_texts, [tuple(x) for x in heads], n_random=cfg.n_random, seed=cfg.seed,
+                                    method=cfg.ablation_method,
+                                    mean_from=score_texts if cfg.ablation_method == "mean" else None,
+                                    batch_size=cfg.batch_size, max_length=cfg.max_length,
+                                    label=f"{ablation_score} flagged")
+            ablation = asdict(res)
+        sweep = None
+        if cfg.sweep and model.cfg.is_causal_lm:
+            sw = inactive_sweep(model, eval_texts, ablation_score, PAPER_FRACTIONS, calibration=scores,
+                                n_random=cfg.n_random, seed=cfg.seed, batch_size=cfg.batch_size,
+                                max_length=cfg.max_length)
+            sweep = asdict(sw)
+        return HeadsCheckResult(scores.per_input, scores.n_tokens, scores.model, cfg.fraction, cfg.min_share,
+                                summary.to_dict("records"), iou.values.tolist(), flagged, ablation, sweep,
+                                len(score_texts), len(eval_texts))
+
+    def summary(self, result: HeadsCheckResult) -> dict[str, Any]:
+        cfg: HeadsConfig = self.config
+        out: dict[str, Any] = {"heads": result.head_scores.n_layers * result.head_scores.n_heads}
+        best = resolve_scores(cfg.ablation_score)[0]
+        out[f"flagged by {best}"] = len(result.flagged.get(best, []))
+        abl = result.ablation_result
+        if abl is not None:
+            out["Δloss flagged"] = abl.delta
+            out["Δloss random"] = abl.random_delta
+            out["flagged < random"] = abs(abl.delta) < abs(abl.random_delta)
+        sw = result.sweep_result
+        if sw is not None:
+            out["% inactive (paper metric)"] = sw.percent_inactive
+        return out
+
+    def to_json(self, result: HeadsCheckResult) -> dict[str, Any]:
+        hs = result.head_scores
+        return {"schema": "interp.checks.heads/1", "n_layers": hs.n_layers, "n_heads": hs.n_heads,
+                "fraction": result.fraction, "min_share": result.min_share,
+                "n_score_texts": result.n_score_texts, "n_eval_texts": result.n_eval_texts,
+                "mean_scores": {n: t.tolist() for n, t in hs.scores.items()},
+                "summary": result.summary_rows, "flagged": result.flagged,
+                "iou": {"names": hs.names, "values": result.iou},
+                "ablation": None if result.ablation is None else {
+                    **result.ablation, "delta": result.ablation_result.delta,
+                    "random_delta": result.ablation_result.random_delta},
+                "sweep": None if result.sweep is None else {
+                    **result.sweep, "percent_inactive": result.sweep_result.percent_inactive,
+                    "percent_inactive_random": result.sweep_result.percent_inactive_random}}
+
+    def render(self, result: HeadsCheckResult) -> Rendered:
+        import pandas as pd
+
+        cfg: HeadsConfig = self.config
+        hs = result.head_scores
+        best = resolve_scores(cfg.ablation_score)[0]
+        total = hs.n_layers * hs.n_heads
+        parts = [f"<p>{total} heads ({hs.n_layers} layers × {hs.n_heads} heads) scored on {result.n_score_texts} "
+                 f"texts with {len(hs.names)} score functions. A head is <em>inactive on an input</em> when its score "
+                 f"passes τ<sub>p</sub>, the p-quantile (1−p for AWFT) of all (input, layer, head) scores, with "
+                 f"p = {100 * result.fraction:g}%; the fixed set below keeps heads flagged on more than "
+                 f"{100 * result.min_share:g}% of the inputs.</p>"]
+        abl = result.ablation_result
+        if abl is not None:
+            verdict = "smaller" if abs(abl.delta) < abs(abl.random_delta) else "NOT smaller"
+            parts.append(f"<p>Ablating ({html.escape(abl.method)}) the {abl.n_heads:g} heads flagged by "
+                         f"<b>{html.escape(best)}</b> changes the loss on {result.n_eval_texts} held-out texts by "
+                         f"<b>{abl.delta:+.4f}</b> (baseline {abl.baseline:.4f}); ablating as many random heads "
+                         f"changes it by <b>{abl.random_delta:+.4f}</b> ± {abl.random_delta_std:.4f} "
+                         f"({len(abl.random)} draws): the flagged heads' effect is <b>{verdict}</b>.</p>")
+        else:
+            parts.append(f"<p>No head is flagged by {html.escape(best)} on a majority of inputs at this p, so "
+                         "there is no ablation comparison.</p>")
+        figures = [("Mean score per layer and head (choose the score function in the dropdown)", hs.figure()),
+                   ("Share of heads in the fixed flagged set, per score function",
+                    _flag_figure(result.summary_rows, result.fraction)),
+                   ("How much the score functions agree", _iou_figure(hs.names, result.iou))]
+        if abl is not None:
+            figures.append(("Loss change: flagged heads versus random heads", abl.figure()))
+        sw = result.sweep_result
+        if sw is not None:
+            parts.append(f"<p>Paper metric (largest p whose loss stays within {100 * sw.tolerance:g}% of the baseline, "
+                         f"{html.escape(sw.mode)} zeroing): <b>{sw.percent_inactive:g}%</b> with {html.escape(sw.score)} "
+                         f"versus {sw.percent_inactive_random:g}% with random heads.</p>")
+            figures.append(("Loss versus target fraction of zeroed heads (paper's sweep)", sw.figure()))
+        table = pd.DataFrame(result.summary_rows)[["score", "title", "paper_number", "inactive_if", "threshold",
+                                                   "flagged_per_input", "heads_flagged", "fraction_heads_flagged"]]
+        tables = [("Score functions", table)]
+        fl = result.flagged.get(best, [])
+        if fl:
+            rate = hs.flag_rate(best, result.fraction)
+            mean = hs.scores[best]
+            tables.append((f"Heads flagged by {best}", pd.DataFrame(
+                [{"layer": l, "head": h, f"mean {best}": float(mean[l, h]), "share of inputs flagged": float(rate[l, h])}
+                 for l, h in fl])))
+        if abl is not None:
+            tables.append(("Ablation", abl.to_frame()))
+        return Rendered("".join(parts), figures, tables)
+
+
+__all__ = ["HeadsCheck", "HeadsConfig", "HeadsCheckResult"]

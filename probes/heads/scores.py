@@ -1,0 +1,535 @@
+"""Identifying and Evaluating Inactive Heads in Pretrained LLMs (Sandoval-Segura et al., ICLR 2026): the score functions.
+
+Every score function of the paper is computed for every input, layer and head from one batched
+forward pass through the capture layer (``attn.hook_pattern``, ``attn.hook_v``, ``attn.hook_z``, and the
+output-projection weight per head), vectorised over layers, inputs and heads.
+
+Notation for one head and one input (paper, Appendix A.12 / official code): ``A`` is the attention
+matrix ``[query, key]``, ``V`` the value vectors ``[pos, d_head]`` (grouped-query KV heads are broadcast
+to the query heads that read them, as the model does), ``O = A V`` the head output before the output
+projection (``hook_z``), ``W_O[h]`` the rows of the output projection that read head ``h``.
+
+=====  ======================  ==========================================================  ============
+ #      name                    definition                                                  inactive if
+=====  ======================  ==========================================================  ============
+ 1      ``AWFT``                mean over query rows i of ``A[i, first]``                   score > τ
+ 2      ``AWFT (LN)``           #1 / mean of #1 over the heads of the layer                 > τ
+ 3      ``AEQD``                mean over query rows of the entropy ``-Σ_j A[i,j] ln A``    < τ
+ 4      ``AEQD (LN)``           layer-normalised #3                                         < τ
+ 5      ``FTVVN``               ``‖V[first]‖``                                              < τ
+ 6      ``FTVVN (LN)``          layer-normalised #5                                         < τ
+ 7      ``AVVN``                ``mean_t ‖V[t]‖``                                           < τ
+ 8      ``AVVN (LN)``           layer-normalised #7                                         < τ
+ 9      ``LTHON``               ``‖O[last]‖``                                               < τ
+ 10     ``LTHON (LN)``          #9 / mean over the layer's heads of ``mean_t ‖O[t]‖``       < τ
+ 11     ``AHON``                ``mean_t ‖O[t]‖``                                           < τ
+ 12     ``AHON (LN)``           layer-normalised #11 (the paper's best function)            < τ
+ extra  ``LTHON (HN)``          ``‖O[last]‖ / mean_t ‖O[t]‖`` of the same head              < τ
+ extra  ``FullHeadOutput``      ``mean_t ‖O[t] W_O[h]‖`` (appendix)                         < τ
+ extra  ``FullHeadOutput (LN)`` layer-normalised ``FullHeadOutput`` (appendix)              < τ
+=====  ======================  ==========================================================  ============
+
+"LN" means *layer-normalised* (divided by the mean of the same score over all heads of that layer, for
+the same input); it has nothing to do with LayerNorm.
+
+Padding is excluded by NaN-masking: padded query rows and padded positions are set to NaN before the
+means (``nanmean``), exactly as the official code does. Choices where the paper/code leave room:
+
+* "first token" and "last token" are the first and last *real* (non-padding) tokens of each input, so
+  left- and right-padded batches give the same scores (the official code assumes right padding and uses
+  index 0 and the last non-pad index, which is the same thing there).
+* AWFT averages over every real query row, including row 0 (whose weight on token 0 is 1 in a causal
+  model), as the code's ``nanmean`` over the causal-masked matrix does.
+* Padded query rows are excluded from the entropy mean (the code's ``nansum`` turns a fully masked row
+  into 0 and would average it in; we treat that as an artefact and drop those rows).
+* The appendix variants are named after the code classes (``FullHeadOutput``, ``FullHeadOutputNormalized``
+  → ``FullHeadOutput (LN)``); their norm ``‖O W_O[h]‖`` is computed exactly as the quadratic form
+  ``sqrt(O (W_O W_Oᵀ) Oᵀ)``, which avoids materialising a ``d_model`` vector per head and token. The
+  output-projection bias (shared by all heads) is not part of any head's output.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from interp.model import Model
+from interp.progress import progress
+from interp.results import Result
+
+#: Target fractions of the paper's dynamic thresholding (0, 5, ..., 30 %).
+PAPER_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+
+
+@dataclass(frozen=True)
+class ScoreFunction:
+    """One per-head score function of the paper."""
+
+    name: str  #: short name used as key (``"AHON (LN)"``)
+    title: str  #: the paper's full name
+    code_class: str  #: class name in the official code
+    inactive_if: str  #: ``"<"`` (low score = inactive) or ``">"`` (high score = inactive, AWFT)
+    uses: tuple[str, ...]  #: activations it needs: ``pattern``, ``v``, ``z``, ``w_o``
+    number: int | None  #: row in the paper's table (1..12); ``None`` for the extra variants
+
+    @property
+    def extra(self) -> bool:
+        return self.number is None
+
+
+_SPECS = [
+    ScoreFunction("AWFT", "Avg Weight of First Token", "DormantHeads", ">", ("pattern",), 1),
+    ScoreFunction("AWFT (LN)", "Avg Weight of First Token (LN)", "NormalizedDormantHeads", ">", ("pattern",), 2),
+    ScoreFunction("AEQD", "Avg Entropy of Query Distributions", "EntropyHeads", "<", ("pattern",), 3),
+    ScoreFunction("AEQD (LN)", "Avg Entropy of Query Distributions (LN)", "NormalizedEntropyHeads", "<",
+                  ("pattern",), 4),
+    ScoreFunction("FTVVN", "First Token Value Vector Norm", "ValueVectorMagnitudeFirstToken", "<", ("v",), 5),
+    ScoreFunction("FTVVN (LN)", "First Token Value Vector Norm (LN)", "ValueVectorMagnitudeNormalizedFirstToken",
+                  "<", ("v",), 6),
+    ScoreFunction("AVVN", "Avg Value Vector Norm", "ValueVectorAvgMagnitude", "<", ("v",), 7),
+    ScoreFunction("AVVN (LN)", "Avg Value Vector Norm (LN)", "ValueVectorAvgNormalizedMagnitude", "<", ("v",), 8),
+    ScoreFunction("LTHON", "Last Token Head Output Norm", "HeadOutputMagnitudeLastToken", "<", ("z",), 9),
+    ScoreFunction("LTHON (LN)", "Last Token Head Output Norm (LN)", "HeadOutputMagnitudeNormalizedLastToken", "<",
+                  ("z",), 10),
+    ScoreFunction("AHON", "Avg Head Output Norm", "UnnormalizedHonorHeads", "<", ("z",), 11),
+    ScoreFunction("AHON (LN)", "Avg Head Output Norm (LN)", "HonorHeads", "<", ("z",), 12),
+    ScoreFunction("LTHON (HN)", "Last Token Head Output Norm (HN)", "HeadOutputMagnitudeNormalizedHeadLastToken",
+                  "<", ("z",), None),
+    ScoreFunction("FullHeadOutput", "Avg Full Head Output Norm (O·W_O)", "FullHeadOutput", "<", ("z", "w_o"), None),
+    ScoreFunction("FullHeadOutput (LN)", "Avg Full Head Output Norm (O·W_O, LN)", "FullHeadOutputNormalized", "<",
+                  ("z", "w_o"), None),
+]
+#: Every score function, in the paper's order (the 12 of the paper, then the extra variants).
+SCORE_FUNCTIONS: dict[str, ScoreFunction] = {s.name: s for s in _SPECS}
+#: The 12 score functions of the paper (6 base scores × {raw, layer-normalised}).
+PAPER_SCORES: tuple[str, ...] = tuple(s.name for s in _SPECS if not s.extra)
+#: The code's extra score (HN) and the appendix's full-head-output variants.
+EXTRA_SCORES: tuple[str, ...] = tuple(s.name for s in _SPECS if s.extra)
+#: The function the paper finds best overall.
+BEST_SCORE = "AHON (LN)"
+
+_HOOK_OF = {"pattern": "attn.hook_pattern", "v": "attn.hook_v", "z": "attn.hook_z"}
+
+
+def resolve_scores(names: str | Iterable[str] | None) -> list[str]:
+    """Validate score names (``None`` = all); accepts the code class names as aliases."""
+    if names is None:
+        return list(SCORE_FUNCTIONS)
+    if isinstance(names, str):
+        names = [names]
+    alias = {s.code_class: s.name for s in _SPECS}
+    lower = {k.lower(): k for k in SCORE_FUNCTIONS}
+    out: list[str] = []
+    for n in names:
+        key = n if n in SCORE_FUNCTIONS else alias.get(n) or lower.get(str(n).lower())
+        if key is None:
+            raise ValueError(f"unknown score function {n!r}; choose from {', '.join(SCORE_FUNCTIONS)}")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def required_activations(names: Iterable[str]) -> set[str]:
+    """Which activations (``pattern``, ``v``, ``z``, ``w_o``) the given scores need."""
+    need: set[str] = set()
+    for n in names:
+        need.update(SCORE_FUNCTIONS[n].uses)
+    return need
+
+
+# ----------------------------------------------------------------------------------------- weights
+def output_weights(model: Model) -> torch.Tensor:
+    """Output-projection weight per head, ``[n_layers, n_heads, d_head, d_model]``, on every backend.
+
+    ``O[h] @ W[l, h]`` is head ``h``'s contribution to the attention output of layer ``l`` (without the
+    shared bias). Read from ``model.tl.blocks[l].attn.W_O`` on the TransformerLens backend and from the
+    module at ``model.spec.o`` (``nn.Linear`` or GPT-2's ``Conv1D``) on the torch and nnsight backends.
+    """
+    cfg = model.cfg
+    if model.backend == "transformer_lens":
+        mats = [blk.attn.W_O.detach() for blk in model.tl.blocks]
+        w = torch.stack([m if m.dim() == 3 else m.reshape(cfg.n_heads, cfg.d_head, -1) for m in mats])
+    else:
+        spec = getattr(model, "spec", None)
+        hf = getattr(model, "hf_model", None)
+        if spec is None or hf is None or spec.o is None:
+            raise ValueError(f"cannot find the output projection of this {type(model).__name__}: expected a "
+                             "Hugging Face model with an architecture map (model.spec.o) or a TransformerLens model")
+        mats = []
+        for layer in range(cfg.n_layers):
+            mod = hf.get_submodule(f"{spec.blocks}.{layer}.{spec.o}")
+            weight = mod.weight.detach()
+            if isinstance(mod, nn.Linear):
+                weight = weight.T  # [in = n_heads * d_head, out = d_model]
+            elif type(mod).__name__ != "Conv1D":  # GPT-2's Conv1D already stores [in, out]
+                raise ValueError(f"unsupported output projection {type(mod).__name__} at {spec.blocks}.{layer}.{spec.o}; "
+                                 "expected nn.Linear or transformers' Conv1D")
+            if weight.shape[0] != cfg.n_heads * cfg.d_head:
+                raise ValueError(f"output projection input size {weight.shape[0]} != n_heads*d_head = "
+                                 f"{cfg.n_heads}*{cfg.d_head}")
+            mats.append(weight.reshape(cfg.n_heads, cfg.d_head, weight.shape[1]))
+        w = torch.stack(mats)
+    return w
+
+
+# ------------------------------------------------------------------------------ core computation
+def _positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the first and last real token of each row of ``mask`` ``[batch, pos]``."""
+    valid = mask.bool()
+    if not bool(valid.any(-1).all()):
+        raise ValueError("an input has no real tokens (its attention mask is all zeros)")
+    s = mask.shape[-1]
+    first = valid.int().argmax(-1)
+    last = s - 1 - valid.flip(-1).int().argmax(-1)
+    return first, last
+
+
+def _nan_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """NaN-mask the positions where ``valid`` is False, then ``nanmean`` over the last axis."""
+    return torch.where(valid, x, torch.full_like(x, float("nan"))).nanmean(-1)
+
+
+def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[l, b, h, index[b]]`` for ``x`` ``[L, B, H, S]`` and ``index`` ``[B]`` -> ``[L, B, H]``."""
+    idx = index.to(x.device).view(1, -1, 1, 1).expand(*x.shape[:3], 1)
+    return x.gather(-1, idx).squeeze(-1)
+
+
+def head_statistics(mask: torch.Tensor, pattern: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                    z: torch.Tensor | None = None, w_o: torch.Tensor | None = None,
+                    n_heads: int | None = None) -> dict[str, torch.Tensor]:
+    """The base per-head statistics, each ``[n_layers, batch, n_heads]`` (float32).
+
+    Args:
+        mask: ``[batch, pos]`` attention mask (1 = real token).
+        pattern: ``[n_layers, batch, n_heads, query, key]`` attention probabilities.
+        v: ``[n_layers, batch, pos, n_kv_heads, d_head]`` value vectors (broadcast to ``n_heads``).
+        z: ``[n_layers, batch, pos, n_heads, d_head]`` head outputs before the output projection.
+        w_o: ``[n_layers, n_heads, d_head, d_model]`` output projection per head (needs ``z``).
+
+    Returns keys among ``awft, aeqd`` (pattern), ``ftvvn, avvn`` (v), ``lthon, ahon`` (z), ``fho`` (z, w_o).
+    """
+    first, last = _positions(mask)
+    valid = mask.bool()
+    out: dict[str, torch.Tensor] = {}
+    if pattern is not None:
+        a = pattern.float()
+        rows = valid.to(a.device)[None, :, None, :]  # real query rows
+        col = a.gather(-1, first.to(a.device).view(1, -1, 1, 1, 1).expand(*a.shape[:4], 1)).squeeze(-1)
+        out["awft"] = _nan_mean(col, rows)
+        entropy = -torch.special.xlogy(a, a).sum(-1)  # [L, B, H, Q]; 0 ln 0 = 0 (masked keys)
+        out["aeqd"] = _nan_mean(entropy, rows)
+    if v is not None:
+        n_kv = v.shape[3]
+        heads = n_heads or n_kv
+        if heads % n_kv:
+            raise ValueError(f"{heads} query heads cannot share {n_kv} KV heads evenly")
+        vn = v.float().norm(dim=-1)  # [L, B, S, Hkv]
+        if heads != n_kv:  # grouped-query attention: query head h reads KV head h // (heads / n_kv)
+            vn = vn.repeat_interleave(heads // n_kv, dim=-1)
+        vn = vn.transpose(2, 3)  # [L, B, H, S]
+        pos = valid.to(vn.device)[None, :, None, :]
+        out["ftvvn"] = _pick(vn, first)
+        out["avvn"] = _nan_mean(vn, pos)
+    if z is not None:
+        zf = z.float()
+        zn = zf.norm(dim=-1).transpose(2, 3)  # [L, B, H, S]
+        pos = valid.to(zn.device)[None, :, None, :]
+        out["lthon"] = _pick(zn, last)
+        out["ahon"] = _nan_mean(zn, pos)
+        if w_o is not None:
+            gram = torch.einsum("lhde,lhfe->lhdf", w_o.float().to(zf.device), w_o.float().to(zf.device))
+            sq = torch.einsum("lbshd,lhdf,lbshf->lbhs", zf, gram, zf)
+            out["fho"] = _nan_mean(sq.clamp_min(0).sqrt(), pos)
+    return out
+
+
+def _layer_norm(x: torch.Tensor) -> torch.Tensor:
+    """Divide by the mean over the heads of the same layer and input (``x``: ``[L, B, H]``)."""
+    return x / x.mean(-1, keepdim=True)
+
+
+def scores_from_statistics(stats: Mapping[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Score functions from :func:`head_statistics`; each ``[batch, n_layers, n_heads]``."""
+    def get(key: str) -> torch.Tensor:
+        if key not in stats:
+            raise ValueError(f"statistic {key!r} missing; computed: {sorted(stats)}")
+        return stats[key]
+
+    make = {
+        "AWFT": lambda: get("awft"),
+        "AWFT (LN)": lambda: _layer_norm(get("awft")),
+        "AEQD": lambda: get("aeqd"),
+        "AEQD (LN)": lambda: _layer_norm(get("aeqd")),
+        "FTVVN": lambda: get("ftvvn"),
+        "FTVVN (LN)": lambda: _layer_norm(get("ftvvn")),
+        "AVVN": lambda: get("avvn"),
+        "AVVN (LN)": lambda: _layer_norm(get("avvn")),
+        "LTHON": lambda: get("lthon"),
+        "LTHON (LN)": lambda: get("lthon") / get("ahon").mean(-1, keepdim=True),
+        "AHON": lambda: get("ahon"),
+        "AHON (LN)": lambda: _layer_norm(get("ahon")),
+        "LTHON (HN)": lambda: get("lthon") / get("ahon"),
+        "FullHeadOutput": lambda: get("fho"),
+        "FullHeadOutput (LN)": lambda: _layer_norm(get("fho")),
+    }
+    return {n: make[n]().transpose(0, 1).contiguous() for n in names}
+
+
+def _batches(model: Model, inputs: Any, batch_size: int | None, max_length: int | None,
+             padding_side: str | None) -> list[dict[str, torch.Tensor]]:
+    """Split inputs into forward-ready batches (texts are tokenized per batch)."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, str) for t in inputs):
+        size = batch_size or len(inputs)
+        return [model.tokenize(list(inputs[i:i + size]), padding_side=padding_side, max_length=max_length)
+                for i in range(0, len(inputs), size)]
+    if isinstance(inputs, (list, tuple)) and not inputs:
+        raise ValueError("score_heads needs at least one input")
+    if isinstance(inputs, Mapping):
+        key = "input_ids" if "input_ids" in inputs else "pixel_values"
+        if key not in inputs:
+            raise ValueError(f"input dict needs 'input_ids' or 'pixel_values', got keys {sorted(inputs)}")
+        n = inputs[key].shape[0]
+        size = batch_size or n
+        return [{k: v[i:i + size] for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+                for i in range(0, n, size)]
+    if isinstance(inputs, torch.Tensor):
+        t = inputs[None] if (inputs.dim() == 1 and not inputs.is_floating_point()) else inputs
+        size = batch_size or t.shape[0]
+        key = "pixel_values" if t.is_floating_point() else "input_ids"
+        return [{key: t[i:i + size]} for i in range(0, t.shape[0], size)]
+    raise TypeError(f"unsupported inputs of type {type(inputs).__name__}: pass a string, a list of strings, "
+                    "token ids [batch, pos], a dict with input_ids/attention_mask, or images [batch, c, h, w]")
+
+
+def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = None,
+                batch_size: int | None = None, max_length: int | None = None,
+                padding_side: str | None = None) -> "HeadScores":
+    """Compute the inactive-head score functions for every input, layer and head.
+
+    One forward pass per batch (``batch_size=None``: all inputs in one pass) captures the attention
+    patterns, value vectors and head outputs of every layer; the scores are then computed vectorised
+    over layers, inputs and heads, with padding NaN-masked.
+
+    Args:
+        model: a wrapped model (any backend, any supported architecture, grouped-query attention included).
+        inputs: text(s), token ids ``[batch, pos]``, a dict with ``input_ids``/``attention_mask``, or images.
+        scores: score names (see :data:`SCORE_FUNCTIONS`); ``None`` computes all of them.
+        batch_size: inputs per forward pass (bounds memory; patterns are ``[layers, batch, heads, pos, pos]``).
+        max_length: truncate texts to this many tokens.
+        padding_side: ``"left"``/``"right"`` (the scores are the same either way).
+
+    Returns:
+        :class:`HeadScores` with ``per_input[name]`` ``[n_inputs, n_layers, n_heads]``.
+    """
+    names = resolve_scores(scores)
+    need = required_activations(names)
+    hooks = [f"blocks.*.{_HOOK_OF[k]}" for k in ("pattern", "v", "z") if k in need]
+    w_o = output_weights(model) if "w_o" in need else None
+    batches = _batches(model, inputs, batch_size, max_length, padding_side)
+    parts: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    tokens: list[torch.Tensor] = []
+    for batch in progress(batches, desc="head scores", total=len(batches)):
+        _, cache = model.run_with_cache(batch, names=hooks)
+        acts = {k: cache.stack(_HOOK_OF[k]) for k in ("pattern", "v", "z") if k in need}
+        ref = acts.get("z", acts.get("v"))
+        b, s = (ref.shape[1], ref.shape[2]) if ref is not None else (acts["pattern"].shape[1], acts["pattern"].shape[-1])
+        mask = batch.get("attention_mask")
+        mask = torch.ones(b, s, dtype=torch.long) if mask is None else mask.cpu()
+        if mask.shape != (b, s):
+            raise ValueError(f"attention mask {tuple(mask.shape)} does not match activations of batch {b} and "
+                             f"{s} positions")
+        stats = head_statistics(mask, acts.get("pattern"), acts.get("v"), acts.get("z"), w_o,
+                                n_heads=model.cfg.n_heads)
+        for n, t in scores_from_statistics(stats, names).items():
+            parts[n].append(t.cpu())
+        tokens.append(mask.sum(-1))
+    return HeadScores(per_input={n: torch.cat(p) for n, p in parts.items()}, n_tokens=torch.cat(tokens),
+                      model=str(getattr(model, "source", "") or model.cfg.family))
+
+
+# -------------------------------------------------------------------------------------- result
+@dataclass
+class HeadScores(Result):
+    """Per-input scores of every score function; see :func:`score_heads`.
+
+    Attributes:
+        per_input: score name -> ``[n_inputs, n_layers, n_heads]`` (the paper thresholds per input).
+        n_tokens: ``[n_inputs]`` real (non-padding) tokens of each input.
+        model: the model spec or family the scores came from.
+    """
+
+    per_input: dict[str, torch.Tensor]
+    n_tokens: torch.Tensor
+    model: str = ""
+    kind: ClassVar[str] = "head_scores"
+
+    # -- shape
+    @property
+    def names(self) -> list[str]:
+        return list(self.per_input)
+
+    @property
+    def n_inputs(self) -> int:
+        return int(next(iter(self.per_input.values())).shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(next(iter(self.per_input.values())).shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        return int(next(iter(self.per_input.values())).shape[2])
+
+    @property
+    def scores(self) -> dict[str, torch.Tensor]:
+        """Score name -> ``[n_layers, n_heads]``: the mean over inputs."""
+        return {n: t.nanmean(0) for n, t in self.per_input.items()}
+
+    def _get(self, name: str) -> torch.Tensor:
+        key = resolve_scores(name)[0]
+        if key not in self.per_input:
+            raise ValueError(f"score {key!r} was not computed; available: {', '.join(self.per_input)}")
+        return self.per_input[key]
+
+    # -- thresholding (the paper's dynamic, per-input procedure)
+    def threshold(self, name: str, fraction: float) -> float:
+        """τ_p from the empirical CDF of all (input, layer, head) scores: the ``p``-quantile (or the
+        ``1-p``-quantile for a "greater-than" score such as AWFT), linearly interpolated."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        values = self._get(name).flatten().double()
+        values = values[~values.isnan()]
+        if values.numel() == 0:
+            raise ValueError(f"score {name!r} has no finite values")
+        q = fraction if SCORE_FUNCTIONS[resolve_scores(name)[0]].inactive_if == "<" else 1.0 - fraction
+        return float(torch.quantile(values, q))
+
+    def thresholds(self, name: str, fractions: Sequence[float] = PAPER_FRACTIONS) -> list[float]:
+        """τ_p for each target fraction (the paper's 0, 5, ..., 30 % by default)."""
+        return [self.threshold(name, p) for p in fractions]
+
+    def inactive(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None
+                 ) -> torch.Tensor:
+        """Boolean mask ``[n_inputs, n_layers, n_heads]`` of the heads inactive on each input.
+
+        The paper's rule: ``score < τ`` (``score > τ`` for AWFT), with ``τ = threshold`` when given (e.g. a
+        τ calibrated on another data set), else τ_p of this data for the target ``fraction``. With
+        ``fraction=0`` nothing is flagged.
+        """
+        key = resolve_scores(name)[0]
+        t = self._get(key)
+        tau = self.threshold(key, fraction) if threshold is None else float(threshold)
+        if SCORE_FUNCTIONS[key].inactive_if == "<":
+            return t < tau
+        return t > tau
+
+    def flag_rate(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None
+                  ) -> torch.Tensor:
+        """``[n_layers, n_heads]``: share of inputs on which each head is flagged inactive."""
+        return self.inactive(name, fraction, threshold).float().mean(0)
+
+    def flagged(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None,
+                min_share: float = 0.5) -> list[tuple[int, int]]:
+        """A fixed head set: ``(layer, head)`` flagged on more than ``min_share`` of the inputs."""
+        rate = self.flag_rate(name, fraction, threshold)
+        return [(int(l), int(h)) for l, h in (rate > min_share).nonzero().tolist()]
+
+    def ranking(self, name: str = BEST_SCORE) -> list[tuple[int, int]]:
+        """Every ``(layer, head)``, most inactive first (by the mean score over inputs)."""
+        key = resolve_scores(name)[0]
+        mean = self._get(key).nanmean(0).flatten()
+        order = mean.argsort(descending=SCORE_FUNCTIONS[key].inactive_if == ">")
+        return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
+
+    def iou(self, fraction: float = 0.1) -> "Any":
+        """Pairwise intersection-over-union of the per-input inactive masks of the score functions."""
+        import pandas as pd
+
+        masks = {n: self.inactive(n, fraction).flatten() for n in self.names}
+        table = pd.DataFrame(index=self.names, columns=self.names, dtype=float)
+        for a in self.names:
+            for b in self.names:
+                inter = (masks[a] & masks[b]).sum().item()
+                union = (masks[a] | masks[b]).sum().item()
+                table.loc[a, b] = inter / union if union else float("nan")
+        return table
+
+    def summary(self, fraction: float = 0.1, min_share: float = 0.5) -> "Any":
+        """One row per score: τ at ``fraction``, the share of (input, head) pairs flagged, and the
+        fraction of heads flagged on more than ``min_share`` of the inputs (a fixed head set)."""
+        import pandas as pd
+
+        rows = []
+        total = self.n_layers * self.n_heads
+        for n in self.names:
+            spec = SCORE_FUNCTIONS[n]
+            mask = self.inactive(n, fraction)
+            rows.append({"score": n, "title": spec.title, "paper_number": str(spec.number) if spec.number else "extra",
+                         "inactive_if": spec.inactive_if,
+                         "threshold": self.threshold(n, fraction),
+                         "flagged_per_input": float(mask.float().mean()),
+                         "heads_flagged": len(self.flagged(n, fraction, min_share=min_share)),
+                         "fraction_heads_flagged": len(self.flagged(n, fraction, min_share=min_share)) / total})
+        return pd.DataFrame(rows)
+
+    # -- views
+    def to_frame(self) -> "Any":
+        """Tidy table: one row per (score, layer, head) with the mean, std and min/max over inputs."""
+        import pandas as pd
+
+        frames = []
+        layers = torch.arange(self.n_layers).repeat_interleave(self.n_heads)
+        heads = torch.arange(self.n_heads).repeat(self.n_layers)
+        for n, t in self.per_input.items():
+            flat = t.flatten(1)
+            finite = ~flat.isnan()
+            filled_hi = torch.where(finite, flat, torch.full_like(flat, -math.inf))
+            filled_lo = torch.where(finite, flat, torch.full_like(flat, math.inf))
+            mean = flat.nanmean(0)
+            var = ((flat - mean).pow(2).nan_to_num(0.0).sum(0) / (finite.sum(0) - 1).clamp_min(1))
+            frames.append(pd.DataFrame({"score": n, "layer": layers.numpy(), "head": heads.numpy(),
+                                        "mean": mean.numpy(), "std": var.sqrt().numpy(),
+                                        "min": filled_lo.min(0).values.numpy(),
+                                        "max": filled_hi.max(0).values.numpy(),
+                                        "inactive_if": SCORE_FUNCTIONS[n].inactive_if}))
+        return pd.concat(frames, ignore_index=True)
+
+    def figure(self, names: Sequence[str] | None = None):
+        """Plotly heatmaps (layer × head, mean over inputs), one per score, chosen with a dropdown."""
+        import plotly.graph_objects as go
+
+        names = resolve_scores(names) if names is not None else self.names
+        fig = go.Figure()
+        means = self.scores
+        for i, n in enumerate(names):
+            spec = SCORE_FUNCTIONS[n]
+            fig.add_trace(go.Heatmap(
+                z=means[n].numpy(), x=list(range(self.n_heads)), y=list(range(self.n_layers)), visible=i == 0,
+                colorscale="Viridis" if spec.inactive_if == "<" else "Viridis_r", name=n,
+                colorbar={"title": {"text": n}},
+                hovertemplate="layer %{y}, head %{x}<br>" + n + " = %{z:.4g}<extra></extra>"))
+        buttons = []
+        for i, n in enumerate(names):
+            spec = SCORE_FUNCTIONS[n]
+            title = f"{spec.title} — inactive if score {spec.inactive_if} τ"
+            buttons.append({"label": n, "method": "update",
+                            "args": [{"visible": [j == i for j in range(len(names))]}, {"title.text": title}]})
+        first = SCORE_FUNCTIONS[names[0]]
+        fig.update_layout(
+            title={"text": f"{first.title} — inactive if score {first.inactive_if} τ"},
+            xaxis={"title": {"text": "head"}, "dtick": 1}, yaxis={"title": {"text": "layer"}, "autorange": "reversed"},
+            updatemenus=[{"buttons": buttons, "direction": "down", "x": 1.0, "xanchor": "right", "y": 1.15,
+                          "yanchor": "top", "showactive": True}],
+            height=max(360, 24 * self.n_layers + 160), margin={"t": 90})
+        return fig
+
+
+__all__ = ["ScoreFunction", "SCORE_FUNCTIONS", "PAPER_SCORES", "EXTRA_SCORES", "BEST_SCORE", "PAPER_FRACTIONS",
+           "HeadScores", "score_heads", "output_weights", "head_statistics", "scores_from_statistics",
+           "resolve_scores", "required_activations"]
