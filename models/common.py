@@ -89,19 +89,23 @@ def warmup_cosine(step: int, total_steps: int, warmup_frac: float = 0.1, final_f
 
 
 @contextlib.contextmanager
-def torch_threads(num_threads: int | None) -> Iterator[None]:
-    """Temporarily set torch's intra-op thread count (``None`` leaves it unchanged); restores it on exit.
+def limit_threads(num_threads: int | None) -> Iterator[None]:
+    """Temporarily cap torch's intra-op threads and the BLAS/OpenMP pools of NumPy/SciPy (``None``: no change).
 
-    Small-matrix workloads (batched QR, tiny einsums) run much faster single-threaded on a busy CPU.
+    Small-matrix workloads (batched QR, tiny einsums, many small least-squares fits) run far faster
+    single-threaded on a busy CPU, where spinning BLAS threads otherwise dominate. Restores on exit.
     """
     if num_threads is None:
         yield
         return
     if num_threads < 1:
         raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
+    from threadpoolctl import threadpool_limits
+
     before = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        yield
+        with threadpool_limits(limits=num_threads):
+            yield
     finally:
         torch.set_num_threads(before)
