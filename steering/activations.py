@@ -17,12 +17,13 @@ from .base import batches, n_prompts, prepared
 
 
 def _stop_layer(model, names: Sequence[str]) -> int | None:
-    """The smallest ``stop_at_layer`` that still fires every one of ``names`` (``None``: run the whole model)."""
+    """The smallest ``stop_at_layer`` that still fires every one of ``names`` (``None``: run the whole model).
+
+    Block hooks only ever need blocks ``0..max layer``; stopping there also skips the unembedding."""
     layers = [parse(n)[0] for n in names]
     if any(layer is None for layer in layers):
         return None
-    top = max(layers) + 1
-    return top if top < model.cfg.n_layers else None
+    return max(layers) + 1
 
 
 @torch.no_grad()

@@ -83,7 +83,8 @@ class SteeringData:
 
     ``positive``: prompts that show the behaviour (e.g. harmful requests, which the model refuses);
     ``negative``: prompts that do not (harmless requests). Each is a list of strings (already chat-formatted,
-    see :func:`steering.refusal.refusal_data`) or token ids ``[n, pos]`` of equal length (no padding).
+    see :func:`steering.refusal.refusal_data`; tokenized without adding special tokens) or token ids
+    ``[n, pos]`` of equal length (no padding).
     ``categories``: optional label per positive prompt (needed by RepIt).
     """
 
@@ -144,10 +145,11 @@ def batches(prompts: Any, batch_size: int) -> Iterator[Any]:
 
 def prepared(model, prompts: Any) -> Any:
     """Model inputs for a batch: strings are tokenized with LEFT padding (so position ``-1`` is the
-    last real token of every row); id tensors pass through."""
+    last real token of every row) and without added special tokens (prompts are chat-formatted, the
+    template already holds them); id tensors pass through."""
     if isinstance(prompts, torch.Tensor):
         return prompts
-    return model.tokenize(list(prompts), padding_side="left")
+    return model.tokenize(list(prompts), padding_side="left", add_special_tokens=False)
 
 
 # ============================================================================ the fitted object

@@ -38,13 +38,16 @@ def _ctx(model, vector: SteeringVector | Sequence[SteeringVector] | None):
 
 
 def refusal_token_ids(tokenizer, starts: Sequence[str] | None = None) -> list[int]:
-    """First token id of each refusal opening in ``starts`` (default :data:`REFUSAL_STARTS`, plus the
-    openings of the zoo's refusal responses when :mod:`interp.zoo.datasets` exposes them)."""
+    """First token id of each refusal opening in ``starts``.
+
+    Default: the openers of the zoo's refusal responses (:data:`interp.zoo.datasets.REFUSAL_OPENERS`, the
+    refusals ``zoo:smollm2-135m-refusal`` was trained to give), or :data:`REFUSAL_STARTS` without the zoo.
+    """
     if starts is None:
         starts = list(REFUSAL_STARTS)
         with contextlib.suppress(ImportError, AttributeError):
             from interp.zoo import datasets as zd
-            starts += [r.split()[0] for r in getattr(zd, "REFUSAL_RESPONSES", ()) if r.split()]
+            starts = list(zd.REFUSAL_OPENERS)
     ids: list[int] = []
     for s in starts:
         toks = tokenizer(s, add_special_tokens=False)["input_ids"]
@@ -150,8 +153,8 @@ def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[st
     if not kept or not harmless:
         raise ValueError(f"the refusal data set has no {'harmful' if not kept else 'harmless'} prompts in "
                          f"split {split!r} for categories {cats}")
-    return SteeringData(positive=[zd.format_chat(tokenizer, i) for i in kept],
-                        negative=[zd.format_chat(tokenizer, i) for i in harmless],
+    return SteeringData(positive=[zd.format_chat(tokenizer, i.text) for i in kept],
+                        negative=[zd.format_chat(tokenizer, i.text) for i in harmless],
                         categories=[i.category for i in kept])
 
 

@@ -20,8 +20,9 @@ import interp
 from interp.testing import tiny_model
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama():
+    """A tiny random Llama (2 layers, d 64); tests must not modify its weights (copy it instead)."""
     hf, tok = tiny_model("llama", seed=0)
     return interp.wrap(hf, tok, backend="torch")
 

@@ -145,3 +145,41 @@ def test_collect_left_padding_matches_unpadded(llama):
     acts = collect(llama, texts, ["blocks.1.hook_resid_pre"], [-2, -1])
     one = collect(llama, ["hi"], ["blocks.1.hook_resid_pre"], [-2, -1])
     assert acts.shape == (2, 1, 2, 64) and torch.allclose(acts[1], one[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("gpt2", True)])
+def test_weight_orthogonalisation_equals_activation_ablation(arch, tied):
+    import transformers as T
+
+    import interp
+    from interp.testing import tiny_config, tiny_tokenizer
+
+    cfg = tiny_config(arch)
+    cfg.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    hf = getattr(T, cfg.architectures[0])(cfg).eval()
+    tok = tiny_tokenizer()
+    model = interp.wrap(hf, tok)
+    texts = ["The quick brown fox", "jumps over", "the lazy dog, twice"]
+    r = torch.randn(64)
+    vec = steering.ablation_vector(r)
+    base = model(texts)
+    with vec.apply(model):
+        ablated = model(texts)
+    edited = steering.orthogonalize_weights(model, vec)
+    assert any(p.endswith(("o_proj", "c_proj")) for p in edited) and any("embed" in p or "wte" in p for p in edited)
+    ortho = model(texts)  # no hooks: the weights do it
+    assert (ablated - base).abs().max() > 1e-3
+    assert torch.allclose(ortho, ablated, atol=1e-5)
+    _, cache = model.run_with_cache(texts, names=["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post"])
+    for t in cache.values():
+        assert (t @ vec.direction).abs().max() < 1e-5
+    if tied:  # the unembedding kept its original weights
+        assert hf.get_output_embeddings().weight is not hf.get_input_embeddings().weight
+
+
+def test_orthogonalisation_rejects_bad_input(llama):
+    with pytest.raises(ValueError, match="expected \\[64\\]"):
+        steering.orthogonalize_weights(llama, torch.ones(8))
+    with pytest.raises(ValueError, match="non-zero"):
+        steering.orthogonalize_weights(llama, torch.zeros(64))
