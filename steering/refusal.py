@@ -127,13 +127,23 @@ def judge_generations(model, prompts: Any, vector: SteeringVector | Sequence[Ste
 
 
 # ---------------------------------------------------------------------------------------- refusal data
+def _spread(n_items: int, k: int | None) -> list[int]:
+    """``k`` indices spread evenly over ``range(n_items)`` (all of them when ``k`` is None or >= n_items)."""
+    if k is None or k >= n_items:
+        return list(range(n_items))
+    if k <= 0:
+        return []
+    return sorted({round(i * (n_items - 1) / max(k - 1, 1)) for i in range(k)})
+
+
 def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[str] | None = None,
                  max_per_category: int | None = None, max_harmless: int | None = None) -> SteeringData:
     """Chat-formatted :class:`SteeringData` from :func:`interp.zoo.datasets.refusal_instructions`.
 
     ``positive`` are the harmful instructions of ``categories`` (default: every harmful category) with their
     category labels; ``negative`` the harmless instructions of the split. ``max_per_category`` /
-    ``max_harmless`` keep the first prompts of each (the data set's own order), for cheaper runs.
+    ``max_harmless`` keep that many prompts spread evenly over each category's list (so over its tasks and
+    wordings) / over the harmless list (so over the harmless categories), for cheaper runs.
     """
     from interp.zoo import datasets as zd
 
@@ -141,15 +151,12 @@ def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[st
     unknown = sorted(set(cats) - set(zd.HARMFUL_CATEGORIES))
     if unknown:
         raise ValueError(f"unknown harmful categories {unknown}; known: {list(zd.HARMFUL_CATEGORIES)}")
-    harmful = zd.refusal_instructions(split=split, harmful=True, categories=cats)
-    kept, counts = [], {c: 0 for c in cats}
-    for ins in harmful:
-        if max_per_category is None or counts[ins.category] < max_per_category:
-            kept.append(ins)
-            counts[ins.category] += 1
+    kept = []
+    for cat in cats:
+        items = zd.refusal_instructions(split=split, harmful=True, categories=[cat])
+        kept += [items[i] for i in _spread(len(items), max_per_category)]
     harmless = zd.refusal_instructions(split=split, harmful=False)
-    if max_harmless is not None:
-        harmless = harmless[:max_harmless]
+    harmless = [harmless[i] for i in _spread(len(harmless), max_harmless)]
     if not kept or not harmless:
         raise ValueError(f"the refusal data set has no {'harmful' if not kept else 'harmless'} prompts in "
                          f"split {split!r} for categories {cats}")

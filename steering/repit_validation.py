@@ -115,14 +115,18 @@ def _pooled(flags: list[bool], cats: list[str], keep: set[str]) -> float:
 
 
 def evaluate(model, method: RepIt, test: SteeringData, harmless: Any, targets: list[str], max_new_tokens: int = 24,
-             batch_size: int = 16, n_examples: int = 2, conditions=CONDITIONS) -> dict[str, Any]:
-    """Judged and scored refusal rates per category for each condition, KL on ``harmless``, examples."""
+             batch_size: int = 16, n_examples: int = 2, conditions=CONDITIONS,
+             scored_conditions=None) -> dict[str, Any]:
+    """Judged (``conditions``) and first-token-scored (``scored_conditions``; ``None``: "none" and every vector
+    of ``method.vectors_``) refusal rates per category, KL on ``harmless`` per vector, example generations."""
     tokens = list(method.config.refusal_tokens or refusal_token_ids(model.tokenizer))
     cats = test.categories
     judged, scored, pooled, responses = {}, {}, {}, {}
     base_harmless = last_logprobs(model, harmless, None, batch_size)
     kl = {}
     all_scored = {"none": None, **method.vectors_}
+    if scored_conditions is not None:
+        all_scored = {k: v for k, v in all_scored.items() if k in scored_conditions}
     for cond, vec in all_scored.items():
         s = scores_from_logprobs(last_logprobs(model, test.positive, vec, batch_size), tokens) > 0
         scored[cond] = _rates(s.tolist(), cats)
