@@ -215,9 +215,10 @@ def tail_only(target: torch.Tensor, correction: torch.Tensor, k: int) -> torch.T
 class CategoryVectors:
     """Difference-in-means vectors per category at every (position, layer) of ``hook``.
 
-    ``vectors[c]``, ``harmless_mean``: ``[n_pos, n_layers, d]``; ``positions`` are negative indices
-    (``-n_eoi..-1``); ``harmful_post_last`` / ``harmless_post_last``: mean ``hook_resid_post`` at the last
-    position ``[n_layers, d]`` (for the evaluation layers of the selection); ``counts[c]``: #prompts.
+    ``vectors[c]``, ``harmless_mean``: ``[n_pos, len(layers), d]`` (``layers``: the layers computed, all by
+    default); ``positions`` are negative indices (``-n_eoi..-1``); ``harmful_post_last`` /
+    ``harmless_post_last``: mean ``hook_resid_post`` at the last position ``[n_layers, d]`` (for the evaluation
+    layers of the selection; ``None`` unless every layer was computed); ``counts[c]``: #prompts.
     """
 
     vectors: dict[str, torch.Tensor]
@@ -225,16 +226,27 @@ class CategoryVectors:
     positions: list[int]
     hook: str
     counts: dict[str, int]
-    harmful_post_last: torch.Tensor
-    harmless_post_last: torch.Tensor
+    layers: list[int]
+    harmful_post_last: torch.Tensor | None = None
+    harmless_post_last: torch.Tensor | None = None
 
     def pos_index(self, position: int) -> int:
         if position not in self.positions:
             raise ValueError(f"position {position} was not computed; positions: {self.positions}")
         return self.positions.index(position)
 
+    def layer_index(self, layer: int) -> int:
+        if layer not in self.layers:
+            raise ValueError(f"layer {layer} was not computed; layers: {self.layers}")
+        return self.layers.index(layer)
+
     def at(self, category: str, position: int, layer: int) -> torch.Tensor:
-        return self.vectors[category][self.pos_index(position), layer]
+        """``r_c[p, l]`` ``[d]``."""
+        return self.vectors[category][self.pos_index(position), self.layer_index(layer)]
+
+    def reference(self, position: int, layer: int) -> torch.Tensor:
+        """The harmless mean ``mu_minus[p, l]`` ``[d]``."""
+        return self.harmless_mean[self.pos_index(position), self.layer_index(layer)]
 
     def stack(self, categories: Sequence[str], position: int, layer: int) -> torch.Tensor:
         """``[n, d]`` vectors of ``categories`` at ``(position, layer)``."""
@@ -242,30 +254,40 @@ class CategoryVectors:
 
 
 def category_vectors(model, data: SteeringData, n_eoi: int, hook: str = "hook_resid_pre",
-                     batch_size: int = 16) -> CategoryVectors:
-    """Step 1: per-category difference-in-means vectors at the last ``n_eoi`` positions of every layer."""
+                     batch_size: int = 16, layers: Sequence[int] | None = None) -> CategoryVectors:
+    """Step 1: per-category difference-in-means vectors at the last ``n_eoi`` positions of every layer
+    (or only of ``layers``: then the forward passes stop after the last of them, and the last-position
+    ``hook_resid_post`` means needed by the selection are not computed)."""
     if data.categories is None:
         raise ValueError("RepIt needs category labels for the positive (harmful) prompts")
     positions = list(range(-n_eoi, 0))
     L = model.cfg.n_layers
-    pre, post = resid_names(model, hook), resid_names(model, "hook_resid_post")
+    every = layers is None
+    layers = list(range(L)) if every else sorted({int(x) for x in layers})
+    if not layers or not all(0 <= x < L for x in layers):
+        raise ValueError(f"layers must be in 0..{L - 1}, got {layers}")
+    pre = resid_names(model, hook, layers)
+    post = resid_names(model, "hook_resid_post") if every else []
     names = pre + post
+    k = len(pre)
 
     def means(prompts, desc):
-        acts = collect(model, prompts, names, positions, batch_size, desc=desc)  # [n, 2L, P, d]
-        return acts[:, :L].mean(0).transpose(0, 1), acts[:, L:, -1], n_prompts(prompts)  # [P, L, d], [n, L, d]
+        acts = collect(model, prompts, names, positions, batch_size, desc=desc)  # [n, k (+L), P, d]
+        post_last = acts[:, k:, -1] if post else None  # [n, L, d]
+        return acts[:, :k].mean(0).transpose(0, 1), post_last, n_prompts(prompts)  # [P, k, d]
 
     harmless, harmless_post, _ = means(data.negative, "harmless")
     vectors, counts, post_sum, total = {}, {}, 0, 0
     for cat in data.category_names:
-        prompts = data.of_category(cat)
-        mu, post_c, n = means(prompts, f"category {cat}")
+        mu, post_c, n = means(data.of_category(cat), f"category {cat}")
         vectors[cat] = mu - harmless
         counts[cat] = n
-        post_sum = post_sum + post_c.sum(0)
+        if post_c is not None:
+            post_sum = post_sum + post_c.sum(0)
         total += n
     return CategoryVectors(vectors=vectors, harmless_mean=harmless, positions=positions, hook=hook, counts=counts,
-                           harmful_post_last=post_sum / total, harmless_post_last=harmless_post.mean(0))
+                           layers=layers, harmful_post_last=post_sum / total if post else None,
+                           harmless_post_last=harmless_post.mean(0) if post else None)
 
 
 def exclude_similar(cv: CategoryVectors, targets: Sequence[str], non_targets: Sequence[str], position: int,
@@ -338,6 +360,8 @@ def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful
                      positions: Sequence[int] | None = None, batch_size: int = 16) -> Selection:
     """Step 2: pick ``(position, layer)`` maximising refusal score + steering score, subject to KL <= threshold."""
     L = model.cfg.n_layers
+    if cv.harmful_post_last is None:
+        raise ValueError("select_direction needs category vectors of every layer (category_vectors(..., layers=None))")
     cos = torch.nn.functional.cosine_similarity(cv.harmful_post_last, cv.harmless_post_last, dim=-1)  # [L]
     n_eval = max(1, int(eval_layer_frac * L))
     eval_layers = sorted(torch.argsort(cos)[:n_eval].tolist())
@@ -354,7 +378,7 @@ def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful
     for layer in progress(cand_layers, desc="COSMIC layers"):
         for pos in pos_list:
             r = cv.stack(targets, pos, layer).mean(0)
-            ref = cv.harmless_mean[cv.pos_index(pos), layer]
+            ref = cv.reference(pos, layer)
             abl = affine_vector(r, ref, layer, cv.hook)
             add = SteeringVector(method="repit", operation="add", hooks=(f"blocks.{layer}.{cv.hook}",),
                                  direction=r, scale=1.0)
@@ -372,7 +396,7 @@ def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful
     for row in rows:
         layer, pos = row["layer"], row["position"]
         r = cv.stack(targets, pos, layer).mean(0)
-        abl = affine_vector(r, cv.harmless_mean[cv.pos_index(pos), layer], layer, cv.hook)
+        abl = affine_vector(r, cv.reference(pos, layer), layer, cv.hook)
         row["kl"] = kl_divergence(model, harmless_prompts, abl, batch_size, base_logprobs=base)
         if row["kl"] <= kl_threshold:
             chosen = row
@@ -552,10 +576,11 @@ class RepIt(SteeringMethod):
         val_nt = _cap(val.of_category(*non_targets), cap)
         val_harmless = _cap(val.negative, cap)
 
-        cv = category_vectors(model, data, n_eoi, c.hook, c.batch_size)
+        fixed = c.layer is not None and c.position is not None
+        cv = category_vectors(model, data, n_eoi, c.hook, c.batch_size, layers=[int(c.layer)] if fixed else None)
         self.category_vectors_ = cv
 
-        if c.layer is not None and c.position is not None:
+        if fixed:
             layer, pos = int(c.layer), int(c.position)
             cv.pos_index(pos)
             self.selection_ = None
@@ -566,7 +591,7 @@ class RepIt(SteeringMethod):
             self.selection_ = sel
         if c.exclude_threshold is not None:
             non_targets = exclude_similar(cv, targets, non_targets, pos, layer, c.exclude_threshold) or non_targets
-        ref = cv.harmless_mean[cv.pos_index(pos), layer]
+        ref = cv.reference(pos, layer)
 
         def vector_at(rho: float) -> SteeringVector:
             v, _, _ = isolated_target(cv, targets, non_targets, pos, layer, rho, c.reweight)

@@ -183,3 +183,21 @@ def test_orthogonalisation_rejects_bad_input(llama):
         steering.orthogonalize_weights(llama, torch.ones(8))
     with pytest.raises(ValueError, match="non-zero"):
         steering.orthogonalize_weights(llama, torch.zeros(64))
+
+
+def test_same_effect_on_every_backend(llama):
+    import interp
+
+    vecs = [SteeringVector("x", "affine", ("blocks.1.hook_resid_pre",), torch.randn(64), reference=torch.randn(64)),
+            steering.ablation_vector(torch.randn(64))]
+    texts = ["hello world", "abc"]
+    ref = []
+    for v in vecs:
+        with v.apply(llama):
+            ref.append((llama(texts), llama.generate(texts, max_new_tokens=3)))
+    for backend in ("nnsight", "transformer_lens"):
+        other = interp.wrap(llama.hf_model, llama.tokenizer, backend=backend)
+        for v, (logits, gen) in zip(vecs, ref):
+            with v.apply(other):
+                assert torch.allclose(other(texts), logits, atol=1e-5)
+                assert other.generate(texts, max_new_tokens=3) == gen
