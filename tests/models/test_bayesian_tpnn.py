@@ -1,0 +1,368 @@
+"""Tests for models.bayesian_tpnn (Bayesian-TPNN, ICLR 2026).
+
+Default tests: basis identities, the analytic Langevin gradient against autograd, acceptance ratios against a
+hand computation, a prior-only chain that must reproduce the prior (checks every reversible-jump ratio at
+once), state invariants after every move, and a small run whose true components must outrank all others.
+The full validation of the digest (3000 iterations, stepwise ablation over seeds, diabetes) is ``slow``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from models.bayesian_tpnn import (
+    SYNTHETIC_TRUE_COMPONENTS, BayesianTPNN, BayesianTPNNConfig, BayesianTPNNResult, TPNNNode, experiment,
+    node_forward, selection_auroc, synthetic_anova, tpnn_basis, tpnn_factors,
+)
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+# ---------------------------------------------------------------------------------------------- basis
+def test_factor_means_are_zero_even_for_extreme_thresholds():
+    rng = np.random.default_rng(0)
+    x = rng.random((500, 6))
+    b = np.array([0.001, 0.2, 0.5, 0.8, 0.999, 0.5])
+    u = np.log(np.array([1e-4, 0.01, 0.05, 0.3, 1e-3, 5.0]))
+    h, log_m = tpnn_factors(x, b, u)
+    assert np.isfinite(h).all()
+    assert np.abs(h.mean(axis=0)).max() <= 1e-8
+    # the same log_m reproduces the training factors when passed explicitly (test-time evaluation)
+    h2, _ = tpnn_factors(x, b, u, log_m)
+    assert np.allclose(h, h2)
+    # paper form 1 - s + c s with c = -(1 - m)/m equals our 1 - s/m
+    s = _sigmoid((x[:, 2] - b[2]) / np.exp(u[2]))
+    m = s.mean()
+    assert np.allclose(1 - s + (-(1 - m) / m) * s, h[:, 2])
+
+
+def test_interaction_node_integrates_to_zero_along_each_input():
+    rng = np.random.default_rng(1)
+    x = rng.random((400, 4))
+    S, b, u = (0, 2, 3), np.array([0.3, 0.6, 0.45]), np.log(np.array([0.02, 0.1, 0.01]))
+    _, log_m, _ = node_forward(x[:, list(S)], b, u, need_grad=False)
+    node = TPNNNode(S, b, u, log_m)
+    args = [a[None] for a in (np.array(S), np.ones(3, bool), b, u, log_m)]
+    for pos, j in enumerate(S):
+        fixed = rng.random(4)
+        grid = np.tile(fixed, (400, 1))
+        grid[:, j] = x[:, j]          # x_j runs over its empirical marginal, the other inputs are held fixed
+        phi = tpnn_basis(grid, *args)[:, 0]
+        assert abs(phi.mean()) <= 1e-8, f"not centred along input {j}"
+    assert node.order == 3
+
+
+def test_vectorised_basis_matches_per_node_products():
+    rng = np.random.default_rng(2)
+    x = rng.random((300, 5))
+    nodes = []
+    for S in [(0,), (1, 3), (0, 2, 4), (4,)]:
+        b, u = rng.uniform(0.1, 0.9, len(S)), np.log(rng.uniform(0.005, 0.2, len(S)))
+        _, log_m, _ = node_forward(x[:, list(S)], b, u, need_grad=False)
+        nodes.append(TPNNNode(S, b, u, log_m))
+    from models.bayesian_tpnn import _pad_nodes
+
+    Phi = tpnn_basis(x, *_pad_nodes(nodes))
+    x_new = rng.random((50, 5))
+    Phi_new = tpnn_basis(x_new, *_pad_nodes(nodes))
+    for k, nd in enumerate(nodes):
+        h, _ = tpnn_factors(x[:, list(nd.S)], nd.b, nd.u)
+        assert np.allclose(Phi[:, k], h.prod(axis=1), atol=1e-12)
+        h_new, _ = tpnn_factors(x_new[:, list(nd.S)], nd.b, nd.u, nd.log_m)
+        assert np.allclose(Phi_new[:, k], h_new.prod(axis=1), atol=1e-12)
+
+
+def test_langevin_gradient_matches_autograd():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = rng.random((200, 3))
+    b, u = np.array([0.3, 0.55, 0.7]), np.log(np.array([0.05, 0.2, 0.02]))
+    phi, log_m, J = node_forward(x, b, u)
+    xt = torch.tensor(x, dtype=torch.float64)
+    theta = torch.tensor(np.concatenate([b, u]), dtype=torch.float64, requires_grad=True)
+    z = (xt - theta[:3]) / torch.exp(theta[3:])
+    s = torch.sigmoid(z)
+    phi_t = (1 - s / s.mean(0)).prod(1)
+    assert np.allclose(phi_t.detach().numpy(), phi, atol=1e-12)
+    J_t = torch.autograd.functional.jacobian(
+        lambda th: (1 - torch.sigmoid((xt - th[:3]) / torch.exp(th[3:]))
+                    / torch.sigmoid((xt - th[:3]) / torch.exp(th[3:])).mean(0)).prod(1), theta)
+    assert np.allclose(J_t.numpy(), J, rtol=1e-8, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------- priors
+def _prepared(n=6, p=3, seed=0, weights=(0.5, 0.2, 0.3), **kw):
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, p))
+    y = rng.standard_normal(n)
+    model = BayesianTPNN(BayesianTPNNConfig(n_iter=10, burn_in=0, **kw))
+    model.prepare(X, y, input_weights=None if weights is None else np.array(weights), seed=seed)
+    return model, X, y
+
+
+def test_prior_on_sets_is_normalised_and_sampled_correctly():
+    model, _, _ = _prepared(n=10, p=5, weights=(0.4, 0.1, 0.2, 0.05, 0.25))
+    subsets = [S for d in range(1, 4) for S in itertools.combinations(range(5), d)]
+    dens = np.array([math.exp(model.log_prior_S(S)) for S in subsets])
+    assert abs(dens.sum() - 1.0) < 1e-12
+    # P(S | d) ∝ prod p_input by brute force
+    pin = model.p_input
+    for d in range(1, 4):
+        sub = [S for S in subsets if len(S) == d]
+        w = np.array([np.prod(pin[list(S)]) for S in sub])
+        got = np.array([math.exp(model.log_prior_S(S)) for S in sub]) * 3
+        assert np.allclose(got, w / w.sum())
+    draws = [model._sample_S() for _ in range(20000)]
+    freq = np.array([sum(1 for s in draws if s == S) for S in subsets]) / len(draws)
+    assert 0.5 * np.abs(freq - dens).sum() < 0.02
+
+
+def test_birth_and_death_acceptance_match_hand_computation():
+    model, X, y = _prepared()
+    cfg = model.config
+    y_std = (y - y.mean()) / y.std()
+    Xs = (X - X.min(0)) / (X.max(0) - X.min(0))
+    n = len(y)
+    sigma2, tau2 = 0.4, cfg.beta_prior_sd ** 2
+    st = model.state_from_nodes([((0,), [0.4], [0.05])], sigma2)
+
+    def col(S, b, g):
+        out = np.ones(n)
+        for j, bj, gj in zip(S, b, g):
+            s = _sigmoid((Xs[:, j] - bj) / gj)
+            out *= 1 - s / s.mean()
+        return out
+
+    S_new, b_new, g_new = (0, 2), np.array([0.41, 0.7]), np.array([0.06, 0.02])
+    node, phi = model._make_node(list(S_new), b_new, np.log(g_new))
+    assert np.allclose(phi, col(S_new, b_new, g_new))
+
+    Phi_old = col((0,), [0.4], [0.05])[:, None]
+    Phi_new = np.column_stack([Phi_old, phi])
+    mvn = stats.multivariate_normal
+    d_ll = (mvn.logpdf(y_std, np.zeros(n), sigma2 * np.eye(n) + tau2 * Phi_new @ Phi_new.T)
+            - mvn.logpdf(y_std, np.zeros(n), sigma2 * np.eye(n) + tau2 * Phi_old @ Phi_old.T))
+    pin = 0.5 * np.array([0.5, 0.2, 0.3]) + 0.5 / 3
+    e2 = pin[0] * pin[1] + pin[0] * pin[2] + pin[1] * pin[2]
+    log_pi_S = math.log(1 / 3) + math.log(pin[0] * pin[2] / e2)
+    log_pi_bu = sum(stats.gamma.logpdf(g, cfg.gamma_shape, scale=cfg.gamma_scale) + math.log(g) for g in g_new)
+    log_pi_node = log_pi_S + log_pi_bu
+    tot = cfg.p_birth + cfg.p_stepwise + cfg.p_death + cfg.p_add + cfg.p_delete + cfg.p_change
+    p_b, p_sb, p_d = cfg.p_birth / tot, cfg.p_stepwise / tot, cfg.p_death / tot
+    # stepwise from the single parent {x1}: add x3 with prob pin[2] / (1 - pin[0]), new (b, gamma) from prior,
+    # parent's (b, log gamma) jittered by N(0, 0.02^2) / N(0, 0.1^2)
+    log_q_sb = (math.log(pin[2] / (1 - pin[0]))
+                + stats.gamma.logpdf(g_new[1], cfg.gamma_shape, scale=cfg.gamma_scale) + math.log(g_new[1])
+                + stats.norm.logpdf(0.41, 0.4, 0.02) + stats.norm.logpdf(math.log(0.06), math.log(0.05), 0.1))
+    log_q = math.log(p_b * math.exp(log_pi_node) + p_sb * math.exp(log_q_sb))
+    hand = d_ll - cfg.c0 * math.log(n) + log_pi_node + math.log(p_d) - log_q
+    got = model.log_accept_birth(st, node, phi)
+    assert got == pytest.approx(hand, rel=1e-9, abs=1e-9)
+
+    # the death of that node from the grown state is the exact reverse
+    st2 = model.state_from_nodes([((0,), [0.4], [0.05]), (S_new, b_new, g_new)], sigma2)
+    assert model.log_accept_death(st2, 1) == pytest.approx(-hand, rel=1e-9, abs=1e-9)
+
+    # from the empty state only birth is possible: ratio = LR e^{-C0 log n} p_death(1) / 1 (proposal = prior)
+    st0 = model.state_from_nodes([], sigma2)
+    node1, phi1 = model._make_node([1], np.array([0.3]), np.log(np.array([0.01])))
+    d_ll1 = (mvn.logpdf(y_std, np.zeros(n), sigma2 * np.eye(n) + tau2 * np.outer(phi1, phi1))
+             - mvn.logpdf(y_std, np.zeros(n), sigma2 * np.eye(n)))
+    assert model.log_accept_birth(st0, node1, phi1) == pytest.approx(
+        d_ll1 - cfg.c0 * math.log(n) + math.log(p_d), rel=1e-9, abs=1e-9)
+
+
+def test_edge_moves_are_exact_reverses():
+    model, X, y = _prepared(n=8, p=4, weights=(0.1, 0.4, 0.3, 0.2))
+    st = model.state_from_nodes([((0, 2), [0.3, 0.6], [0.02, 0.05]), ((1,), [0.5], [0.01])], 0.3)
+    # add x4 to node 0 and delete it again
+    new, phi = model._make_node([0, 2, 3], np.array([0.3, 0.6, 0.8]), np.log(np.array([0.02, 0.05, 0.03])))
+    la_add = model.log_accept_add(st, 0, new, phi, 3)
+    st_big = model.state_from_nodes([((0, 2, 3), [0.3, 0.6, 0.8], [0.02, 0.05, 0.03]), ((1,), [0.5], [0.01])], 0.3)
+    back, phi_b = model._make_node([0, 2], np.array([0.3, 0.6]), np.log(np.array([0.02, 0.05])))
+    assert model.log_accept_delete(st_big, 0, back, phi_b, 3) == pytest.approx(-la_add, abs=1e-9)
+    # hand value of the proposal part of the add ratio: p_del/|S'| / (p_add p_in(4)/Z)
+    pin = model.p_input
+    G, c = model._replace(st, 0, phi)
+    d_ll = model.log_ml(G, c, 0.3) - model.log_ml(st.G, st.c, 0.3)
+    hand = (d_ll + model.log_prior_S((0, 2, 3)) - model.log_prior_S((0, 2))
+            + math.log(1 / 3) - math.log(pin[3] / (1 - pin[0] - pin[2])))   # p_add = p_delete
+    assert la_add == pytest.approx(hand, abs=1e-9)
+    # change x3 -> x2 in node 0 and back
+    ch, phi_c = model._make_node([0, 1], np.array([0.3, 0.45]), np.log(np.array([0.02, 0.07])))
+    la_ch = model.log_accept_change(st, 0, ch, phi_c, 2, 1)
+    st_ch = model.state_from_nodes([((0, 1), [0.3, 0.45], [0.02, 0.07]), ((1,), [0.5], [0.01])], 0.3)
+    assert model.log_accept_change(st_ch, 0, st.nodes[0], st.Phi[:, 0], 1, 2) == pytest.approx(-la_ch, abs=1e-9)
+
+
+def test_prior_only_chain_samples_the_prior():
+    """With the likelihood switched off the chain must sample the prior: K ~ exp(-C0 K log n) truncated at
+    max_nodes, node sets ~ pi(S), thresholds U(0,1), log gamma ~ log Gamma(1, 0.01). This checks the birth /
+    stepwise-birth mixture density, death and the three edge moves together (non-uniform p_input and order
+    prior so that no ratio is trivially 1). Dropping the stepwise term of the creation density moves the K
+    distribution by TV ~0.2; mis-weighting edge add or change moves the set distribution by TV >= 0.1."""
+    rng = np.random.default_rng(0)
+    X = rng.random((20, 4))
+    cfg = BayesianTPNNConfig(n_iter=2500, burn_in=100, c0=0.25, max_nodes=6, sample_prior=True,
+                             structure_moves_per_iter=8, order_weights=(0.5, 0.3, 0.2), p_birth=0.1,
+                             p_stepwise=0.1, p_death=0.1, p_add=0.3, p_delete=0.3, p_change=0.3)
+    model = BayesianTPNN(cfg).fit(X, rng.standard_normal(20), seed=0, input_weights=np.array([0.4, 0.3, 0.2, 0.1]))
+    K = model.trace_["K"][cfg.burn_in:]
+    expected = np.exp(-cfg.c0 * math.log(20) * np.arange(7))
+    expected /= expected.sum()
+    emp = np.bincount(K, minlength=7) / len(K)
+    assert 0.5 * np.abs(emp - expected).sum() < 0.08, (emp, expected)
+    sets = [S for state in model.trace_["sets"][cfg.burn_in:] for S in state]
+    subsets = [S for d in range(1, 4) for S in itertools.combinations(range(4), d)]
+    freq = np.array([sets.count(S) for S in subsets]) / len(sets)
+    dens = np.array([math.exp(model.log_prior_S(S)) for S in subsets])
+    assert 0.5 * np.abs(freq - dens).sum() < 0.065, (freq, dens)
+    b = np.concatenate([dr["b"][dr["mask"]] for dr in model.draws_])
+    u = np.concatenate([dr["u"][dr["mask"]] for dr in model.draws_])
+    assert abs(b.mean() - 0.5) < 0.04
+    assert abs(u.mean() - (np.log(0.01) - np.euler_gamma)) < 0.15
+
+
+def test_moves_keep_a_valid_state_and_every_move_is_tried():
+    X, y, _ = synthetic_anova(300, seed=4)
+    cfg = BayesianTPNNConfig(n_iter=40, burn_in=20, structure_moves_per_iter=10)
+    model = BayesianTPNN(cfg)
+    checked = []
+
+    def check(it, st):
+        model.check_state(st)
+        checked.append(it)
+
+    model.fit(X, y, seed=4, callback=check)
+    assert len(checked) == cfg.n_iter
+    assert all(model.move_counts_[m] > 0 for m in ("birth", "stepwise", "death", "add", "delete", "change"))
+    assert model.acceptance_["birth"] > 0
+
+
+# ---------------------------------------------------------------------------------------------- small run
+@pytest.fixture(scope="module")
+def small_run():
+    rng = np.random.default_rng(7)
+    X = rng.random((700, 5))
+    f = np.sin(2 * np.pi * X[:, 0]) + 4 * (X[:, 1] - 0.5) * (X[:, 2] - 0.5)
+    y = f + 0.1 * rng.standard_normal(700)
+    cfg = BayesianTPNNConfig(n_iter=250, burn_in=125)
+    model = BayesianTPNN(cfg).fit(X[:500], y[:500], seed=7)
+    return model, X, y, f
+
+
+def test_small_run_ranks_true_components_above_all_others(small_run):
+    model, X, y, f = small_run
+    true = [(0,), (1, 2)]
+    imp = model.importance_
+    assert min(imp.get(t, 0.0) for t in true) > max((v for S, v in imp.items() if S not in true), default=0.0)
+    assert selection_auroc(imp, true, 5, 3) == 1.0
+    # the fitted interaction is the true one, centred on the data
+    eff = model.component_effect((1, 2), X[:500])
+    truth = 4 * (X[:500, 1] - 0.5) * (X[:500, 2] - 0.5)
+    assert np.corrcoef(eff, truth)[0, 1] > 0.9
+    assert abs(model.component_effect((0,), X[:500]).mean()) < 1e-8
+
+
+def test_small_run_predicts_as_well_as_gradient_boosting(small_run):
+    from models.bayesian_tpnn import _hgb_rmse
+
+    model, X, y, _ = small_run
+    rmse = np.sqrt(np.mean((model.predict(X[500:]) - y[500:]) ** 2))
+    assert rmse <= 1.1 * _hgb_rmse(X[:500], y[:500], X[500:], y[500:], seed=0)[0]
+
+
+def test_experiment_result_roundtrip(tmp_path):
+    cfg = BayesianTPNNConfig(n_iter=40, burn_in=20)
+    kw = dict(n_train=300, n_test=100, hierarchical_n=300, hierarchical_iter=20)
+    res = experiment(cfg, seed=0, ablation_seeds=(0,), hierarchical_seeds=(0,), diabetes=True, **kw)
+    assert isinstance(res, BayesianTPNNResult)
+    for ab in (res.ablation, res.ablation_hierarchical):
+        assert ab["seeds"] == [0] and len(ab["inclusion_567_on"]) == len(ab["inclusion_567_off"]) == 1
+    assert res.diabetes["rmse"] > 0 and res.diabetes["hgb_rmse"] > 0
+    frame = res.to_frame()
+    assert {"dataset", "component", "importance", "is_true"} <= set(frame.columns)
+    assert set(frame["dataset"]) == {"synthetic", "diabetes"}
+    assert len(res.ablation_frame()) == 4
+    assert "digest_inclusion_567_on" in res.summary()
+    assert len(res.figure().data) >= 4
+    loaded = BayesianTPNNResult.load(res.save(tmp_path / "r"))
+    assert loaded.importance == res.importance and loaded.selection_auroc == res.selection_auroc
+    assert loaded.ablation == res.ablation and loaded.diabetes == res.diabetes
+    assert np.array_equal(loaded.trace_K, res.trace_K)
+    # reproducible for a fixed seed
+    again = experiment(cfg, seed=0, ablation_seeds=(), hierarchical_seeds=(), diabetes=False, **kw)
+    assert again.importance == res.importance and again.rmse == res.rmse
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="burn_in"):
+        BayesianTPNNConfig(n_iter=10, burn_in=10)
+    with pytest.raises(ValueError, match="input_importance"):
+        BayesianTPNNConfig(input_importance="shap")
+    model = BayesianTPNN(BayesianTPNNConfig(n_iter=5, burn_in=1))
+    with pytest.raises(ValueError, match=r"X \[n, p\]"):
+        model.fit(np.zeros((5, 2)), np.zeros(4))
+    with pytest.raises(RuntimeError, match="fit"):
+        model.predict(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="input_weights"):
+        model.fit(np.random.rand(10, 2), np.random.rand(10), input_weights=np.array([1.0, -1.0]))
+
+
+# ---------------------------------------------------------------------------------------------- full validation
+def _worse_without_stepwise(ab) -> bool:
+    """The digest's "detection of x5:x6:x7 is worse with stepwise birth disabled", made quantitative:
+    mean posterior inclusion lower by at least 0.05, or mean posterior importance below 90%."""
+    from models.bayesian_tpnn import ablation_means
+
+    m = ablation_means(ab)
+    return (m["inclusion_567_off"] < m["inclusion_567_on"] - 0.05
+            or m["importance_567_off"] < 0.9 * m["importance_567_on"])
+
+
+@pytest.fixture(scope="module")
+def full_result():
+    return experiment(seed=0)      # digest defaults: n = 2000, 3000 iterations, burn-in 1000, C0 = 0.5
+
+
+@pytest.mark.slow
+def test_full_selection_auroc(full_result):
+    assert full_result.selection_auroc >= 0.95, full_result.summary()
+    assert full_result.true_ranked_first, full_result.importance
+
+
+@pytest.mark.slow
+def test_full_rmse_within_10_percent_of_hgb(full_result):
+    assert full_result.rmse <= 1.1 * full_result.hgb_rmse, full_result.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Not reproduced: on the digest's function x5:x6:x7 is a pure interaction (every lower-order projection is "
+    "zero), so no parent node exists for a stepwise birth to extend; stepwise births are (almost) never "
+    "accepted and every run finds x5:x6:x7 through ordinary births, with or without stepwise birth "
+    "(see docs/models/bayesian_tpnn.md)."))
+def test_full_stepwise_ablation_digest_function(full_result):
+    assert _worse_without_stepwise(full_result.ablation), full_result.ablation
+
+
+@pytest.mark.slow
+def test_full_stepwise_ablation_hierarchical_variant(full_result):
+    """When x5:x6 carries signal (the case stepwise birth is built for) disabling it hurts detection."""
+    ab = full_result.ablation_hierarchical
+    assert _worse_without_stepwise(ab), ab
+    assert min(ab["stepwise_accept_on"]) > 0
+
+
+@pytest.mark.slow
+def test_full_diabetes(full_result):
+    dia = full_result.diabetes
+    assert np.isfinite(dia["rmse"]) and dia["hgb_rmse"] > 0
+    assert dia["rmse"] < 77.0          # sd of the diabetes target: better than predicting the mean
+    assert dia["components"], dia
