@@ -1,0 +1,62 @@
+"""Full CPU-scale Complete(d)P sweep: coordinate check, LR transfer (width 64->256, depth 2->8, SP vs CompleteP),
+batch-size and duration rules, per-module multipliers (search at the proxy, transfer to 4x width).
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/completep_sweep.py                 # everything, ~15-20 CPU minutes
+    .venv/bin/python benchmarks/completep_sweep.py --stages coord lr
+
+Every training run is a unit stored in ``benchmarks/results/completep_sweep.json`` as soon as it finishes
+(written atomically: a temporary file renamed over the old one). Interrupt at any time; running the same
+command again skips the finished units and continues. The final file also holds the summary (measured
+numbers and pass flags) and the total CPU seconds of all units.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from interp.io import atomic_write_json  # noqa: E402
+from models.completep import CompletePConfig, experiment  # noqa: E402
+from models.completep.experiments import STAGES  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "completep_sweep.json")
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1 is fastest on a shared 2-core machine)")
+    ap.add_argument("--figure", type=Path, default=None, help="also write the plotly figure as HTML here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    units: dict = dict(doc.get("units", {}))
+    cfg = CompletePConfig(stages=tuple(args.stages))
+    started = time.time()
+
+    def save(store: dict, **extra) -> None:
+        atomic_write_json(args.out, {"config": cfg.to_dict(), "units": dict(store), **extra})
+
+    result = experiment(cfg, store=units, on_update=lambda store: save(store, status="running"))
+    cpu = sum(float(u.get("cpu_seconds", 0.0)) for u in units.values())
+    save(units, status="complete", summary=result.summary, cpu_seconds_total=cpu,
+         wall_seconds_this_invocation=time.time() - started)
+    if args.figure is not None:
+        result.figure().write_html(str(args.figure))
+    print(json.dumps(result.summary, indent=2, default=str))
+    print(f"total CPU seconds over all units: {cpu:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
