@@ -1,0 +1,32 @@
+"""How to Square Tensor Networks and Circuits Without Squaring Them (Loconte, Javaloy & Vergari, ICLR 2026).
+
+Squared (complex) circuits ``p(x) = |c(x)|^2 / Z`` whose unitary parameterisation makes ``Z = 1`` and
+lets marginals be computed without squaring the circuit:
+
+* :mod:`.circuit`: generic tensorized circuits (input / Kronecker or Hadamard product / sum layers),
+  the unitarity conditions U1-U4, the semi-unitary QR parameterisation, the marginalization recursion,
+  explicit squaring (the baseline, structured circuits only) and brute force; random circuit builders,
+  a tree (TTN-like) structure and a two-partition structure that no tensor network expresses;
+* :mod:`.tree`: vectorised binary trees and mixtures of trees over different variable orders (for 64
+  pixels), with log-scale renormalisation and the explicit-squaring Gram recursion;
+* :mod:`.experiment`: the validations (exactness on random circuits, learning on quantised digits).
+
+Choices where the sources were unclear (see ``docs/models/squared_circuits.md``): semi-unitary weights
+via a phase-corrected QR parameterisation trained with Adam instead of the paper's LandingPC optimizer;
+orthonormal categorical inputs as rows of a per-variable unitary ``V x V`` matrix; a balanced binary
+tree over the pixels in Z-order (region graphs of the paper unknown); the baseline is the same tree
+with unconstrained weights normalised by the explicit-squaring Gram recursion.
+"""
+from .circuit import (Circuit, CircuitBuilder, CircuitStructure, Node, NotStructuredError, as_weight,
+                      random_structure, semi_unitary, tree_structure, two_partition_structure)
+from .experiment import (ExactnessResult, LearningResult, SquaredCircuitsConfig, SquaredCircuitsResult,
+                         exactness_experiment, experiment, learning_experiment, marginal_errors, quantize_digits,
+                         train_tree)
+from .tree import TreeMixtureCircuit, morton_order
+
+__all__ = [
+    "Circuit", "CircuitBuilder", "CircuitStructure", "Node", "NotStructuredError", "as_weight", "random_structure",
+    "semi_unitary", "tree_structure", "two_partition_structure", "TreeMixtureCircuit", "morton_order",
+    "SquaredCircuitsConfig", "ExactnessResult", "LearningResult", "SquaredCircuitsResult", "exactness_experiment",
+    "experiment", "learning_experiment", "marginal_errors", "quantize_digits", "train_tree",
+]
