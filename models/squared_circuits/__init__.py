@@ -11,22 +11,28 @@ lets marginals be computed without squaring the circuit:
   pixels), with log-scale renormalisation and the explicit-squaring Gram recursion;
 * :mod:`.experiment`: the validations (exactness on random circuits, learning on quantised digits).
 
-Choices where the sources were unclear (see ``docs/models/squared_circuits.md``): semi-unitary weights
-via a phase-corrected QR parameterisation trained with Adam instead of the paper's LandingPC optimizer;
-orthonormal categorical inputs as rows of a per-variable unitary ``V x V`` matrix; a balanced binary
-tree over the pixels in Z-order (region graphs of the paper unknown); the baseline is the same tree
-with unconstrained weights normalised by the explicit-squaring Gram recursion.
+Choices where the sources were unclear (see ``docs/models/squared_circuits.md``):
+
+* semi-unitary weights via a phase-corrected QR parameterisation (raw parameters orthonormalised once at
+  initialisation) trained with Adam, instead of the paper's LandingPC optimizer (update rule unknown);
+* orthonormal categorical inputs as rows of a per-variable unitary ``V x V`` matrix; branches of a sum take
+  disjoint row blocks (U4);
+* a balanced binary tree over the 8x8 pixels in Z-order (the paper's region graphs are unknown); the
+  non-tensor-network model sums two such trees over the Z-order and its transpose;
+* the baseline is the same tree with unconstrained weights, started from the unitary model's initial
+  function and normalised every step by the explicit-squaring Gram recursion; both use the same optimiser,
+  schedule and validation-based epoch selection.
 """
 from .circuit import (Circuit, CircuitBuilder, CircuitStructure, Node, NotStructuredError, as_weight,
                       random_structure, semi_unitary, tree_structure, two_partition_structure)
 from .experiment import (ExactnessResult, LearningResult, SquaredCircuitsConfig, SquaredCircuitsResult,
                          exactness_experiment, experiment, learning_experiment, marginal_errors, quantize_digits,
-                         train_tree)
+                         step_time_sweep, train_tree)
 from .tree import TreeMixtureCircuit, morton_order
 
 __all__ = [
     "Circuit", "CircuitBuilder", "CircuitStructure", "Node", "NotStructuredError", "as_weight", "random_structure",
     "semi_unitary", "tree_structure", "two_partition_structure", "TreeMixtureCircuit", "morton_order",
     "SquaredCircuitsConfig", "ExactnessResult", "LearningResult", "SquaredCircuitsResult", "exactness_experiment",
-    "experiment", "learning_experiment", "marginal_errors", "quantize_digits", "train_tree",
+    "experiment", "learning_experiment", "marginal_errors", "quantize_digits", "step_time_sweep", "train_tree",
 ]

@@ -350,7 +350,7 @@ def learning_experiment(config: SquaredCircuitsConfig | None = None) -> Learning
             histories[name]["num_parameters"] = model.num_parameters()
         if cfg.mixture:
             model_c = TreeMixtureCircuit(64, cfg.levels, cfg.width, orders=[order, morton_order(8, 8, transpose=True)],
-                                         unitary=True, dtype=dtype, generator=gen)
+                                         unitary=True, dtype=dtype, generator=gen).retract_()
             histories["C_unitary_two_tree_mixture"] = train_tree(
                 model_c, x_train, x_val, x_test, cfg.epochs, cfg.batch_size, cfg.lr,
                 torch.Generator().manual_seed(cfg.seed + 1), cfg.z_check_every, cfg.warmup_frac, desc="C_mixture")
