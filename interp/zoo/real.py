@@ -201,8 +201,8 @@ def dinov2_state_dict_from_onnx(onnx_file: Path, hf_keys: set[str]) -> tuple[dic
     eps = None
     consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
     for node in graph.node:
-        if node.op_type == "MatMul" and node.name.startswith("/backbone/"):
-            weight = next(i for i in node.input if i in inits)
+        if node.op_type == "MatMul" and node.name.startswith("/backbone/") and any(i in inits for i in node.input):
+            weight = next(i for i in node.input if i in inits)  # attention-score MatMuls have no weight
             module = node.name.removeprefix("/").rsplit("/", 1)[0].replace("/", ".")
             sd[f"{_hf_name(module, hf_keys)}.weight"] = tensor(weight).T.contiguous()
         elif node.name == "/backbone/embeddings/Concat_6":  # [cls pos, interpolated patch pos]

@@ -1,0 +1,63 @@
+"""``interp zoo list | build NAME [--force] | info NAME``: the zoo on the command line."""
+from __future__ import annotations
+
+import json
+
+import typer
+
+from . import registry
+
+app = typer.Typer(help="Built-in model zoo: list the entries, build (and cache) one, or show what it is.",
+                  no_args_is_help=True)
+
+
+def _entry_or_exit(name: str) -> str:
+    try:
+        return registry.get_entry(name).name
+    except KeyError as err:
+        typer.echo(str(err.args[0]), err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command("list")
+def list_entries() -> None:
+    """List the zoo entries, whether each is cached, and what it is."""
+    rows = [registry.info(n) for n in registry.available()]
+    width = max((len(r.name) for r in rows), default=4)
+    typer.echo(f"{'name':<{width}}  {'cached':<6}  {'architecture':<17}  {'size':<28}  build")
+    for r in rows:
+        typer.echo(f"{r.name:<{width}}  {'yes' if r.path else 'no':<6}  {r.architecture:<17}  {r.size:<28}  "
+                   f"{'slow (minutes)' if r.slow else 'fast'}")
+    typer.echo(f"\ncache: {registry.zoo_dir()}  (set ${registry.CACHE_ENV} to move it)")
+
+
+@app.command()
+def build(name: str = typer.Argument(..., help="zoo entry name, e.g. smollm2-135m"),
+          force: bool = typer.Option(False, "--force", help="rebuild even if a cached folder exists")) -> None:
+    """Build an entry into the cache (no-op when cached unless --force) and print its folder."""
+    name = _entry_or_exit(name)
+    folder = registry.build(name, force=force)
+    typer.echo(str(folder))
+
+
+@app.command()
+def info(name: str = typer.Argument(..., help="zoo entry name"),
+         as_json: bool = typer.Option(False, "--json", help="print the full record as JSON")) -> None:
+    """Describe an entry: source, architecture, size, recipe hash, cached folder and build metrics."""
+    name = _entry_or_exit(name)
+    i = registry.info(name)
+    if as_json:
+        record = {k: (str(v) if k == "path" and v is not None else v) for k, v in i.__dict__.items()}
+        typer.echo(json.dumps(record, indent=2, default=str))
+        return
+    typer.echo(f"name:         {i.name}")
+    typer.echo(f"description:  {i.description}")
+    typer.echo(f"source:       {i.source}")
+    typer.echo(f"architecture: {i.architecture}")
+    typer.echo(f"size:         {i.size}")
+    typer.echo(f"recipe hash:  {i.recipe_hash}")
+    typer.echo(f"cached:       {i.path if i.path else 'no (run: interp zoo build ' + i.name + ')'}")
+    if i.metrics:
+        typer.echo("build metrics:")
+        for k, v in i.metrics.items():
+            typer.echo(f"  {k}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}")
