@@ -25,8 +25,11 @@ What is here:
 
 Choices where the paper (as digested) is unclear, all documented here:
 
-* *Affine levels.* ``f(x) = (x − min)/s_f`` with ``s_f = (max − min)/(2^b − 1)`` per block, so
-  ``round(f(x)) ∈ {0, …, 2^b − 1}``; for 1 bit this thresholds at the block mid-range.
+* *Affine levels.* ``b ≥ 2``: ``f(x) = (x − min)/s_f`` with ``s_f = (max − min)/(2^b − 1)`` per block, so
+  ``round(f(x)) ∈ {0, …, 2^b − 1}``. 1 bit: ``f(x) = (x − x̄)/s_f`` with ``s_f = mean|x − x̄|`` and
+  ``q = sign(f(x)) ∈ {−1, +1}`` (two levels around the block mean). The min/max variant thresholds a
+  1-bit block at its mid-range, which leaves ReLU activations with nearly all-zero codes; the STE
+  baseline uses the same ``f`` so both methods see identical codes.
 * *Linear levels.* 1-bit: ``q = sign(f(x))`` (``sign(0) = +1``) with ``s_f = mean|x|`` (the XNOR-Net
   scale, so the STE baseline dequantizes to the L2-optimal binary code); ternary (``bits=1.5``) and
   ``b ≥ 2``: symmetric ``round`` with ``s_f = max|x| / q_max``, ``q_max = 1`` or ``2^(b−1) − 1``.
@@ -39,6 +42,13 @@ Choices where the paper (as digested) is unclear, all documented here:
   activation; the CPU recipe's block of 64 is the default (the paper uses 128).
 * *First layer input.* Raw pixels entering the first layer are not quantized by default
   (``quantize_input=False``); every later activation and every weight is.
+* *Digits MLP.* ``Linear → ReLU → Linear → ReLU → Linear``; each ``DequantLinear`` quantizes its input
+  (the ReLU output: 1-bit affine) and its weight. Variants: ``ste`` and ``ridge`` use 1-bit affine
+  weights; ``ridge_2:4`` uses 1-bit *linear* weights with 2:4 sparsity (ternary {−1, 0, +1} codes,
+  sparsity needs the linear transform); ``ste_linear``/``ridge_linear``/``fp32`` are extra references.
+* *Divergence* = a non-finite loss, or a last-epoch training loss above the first epoch's.
+  *Epoch-to-epoch loss variance* = ``var(diff(epoch losses))`` after the first 10 % of epochs (the log-loss
+  version is reported too). An extra STE-vs-ridge run at a large learning rate (0.05) probes stability.
 """
 from __future__ import annotations
 
