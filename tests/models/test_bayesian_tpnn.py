@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from models.bayesian_tpnn import (
-    SYNTHETIC_TRUE_COMPONENTS, BayesianTPNN, BayesianTPNNConfig, BayesianTPNNResult, TPNNNode, experiment,
+    BayesianTPNN, BayesianTPNNConfig, BayesianTPNNResult, TPNNNode, experiment,
     node_forward, selection_auroc, synthetic_anova, tpnn_basis, tpnn_factors,
 )
 
