@@ -484,6 +484,8 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
     ``inputs`` themselves), dynamic per-input zeroing of the heads past τ_p, and the same number of random
     heads per input. Pattern-based scores on the torch/nnsight backends use per-input masks from an
     unablated pass (``mode="prepass"``); everything else is computed inside the ablated pass (``"dynamic"``).
+    ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
+    (may drop by 0.01, the paper's "within 1 point").
     """
     key = resolve_scores(score)[0]
     fn = _metric_fn(metric)

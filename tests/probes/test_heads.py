@@ -263,7 +263,11 @@ def test_planted_heads_are_flagged_by_exactly_the_scores_that_see_them(planted):
         rate = scores.flag_rate(name, fraction=len(expected) / total)
         for l in range(scores.n_layers):
             for h in range(scores.n_heads):
-                assert (rate[l, h] >= 0.9) if (l, h) in expected else (rate[l, h] <= 0.1), (name, l, h)
+                assert (rate[l, h] >= 0.95) if (l, h) in expected else (rate[l, h] <= 0.05), (name, l, h)
+    # the digest's criterion: the heads with dead outputs are the bottom 3 of AHON (LN) on >= 95 % of inputs
+    flat = scores.per_input["AHON (LN)"].flatten(1)
+    bottom = [{(int(i) // 4, int(i) % 4) for i in row} for row in flat.argsort(-1)[:, :3]]
+    assert sum(b == EXPECTED["AHON (LN)"] for b in bottom) >= 0.95 * len(bottom)
     # a sink head with normal values is *more* active than average by the output norms
     assert scores.scores["AHON (LN)"][0, 0] > 1.5
 
@@ -359,10 +363,10 @@ def test_planted_heads_ablation_costs_less_than_random_heads(planted):
     heads = scores.flagged("AHON (LN)", fraction=3 / 16)
     assert set(heads) == {(1, 2), (1, 3), (3, 2)}
     with model.intervene(plants):
-        res = evaluate_ablation(model, TEXTS, heads, n_random=5, seed=0)
+        res = evaluate_ablation(model, TEXTS, heads, n_random=3, seed=0)
     assert abs(res.delta) < 1e-3 * abs(res.baseline)
     assert abs(res.delta) < 0.2 * abs(res.random_delta)
-    assert res.n_heads == 3 and len(res.random) == 5
+    assert res.n_heads == 3 and len(res.random) == 3
     frame = res.to_frame()
     assert list(frame["condition"][:2]) == ["baseline", "selected"]
 
