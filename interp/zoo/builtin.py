@@ -92,7 +92,7 @@ TOY_GRAMMAR = register(ZooEntry(
                 "interp.zoo.grammar (LL(1) parser), so correct continuations are known exactly.",
     source="trained locally on interp.zoo.grammar.ToyGrammar samples",
     architecture="LlamaForCausalLM",
-    size="0.8M params",
+    size="1.06M params",
     builder=_lazy(".grammar:build_toy_grammar"),
     params=_grammar_params(),
 ))

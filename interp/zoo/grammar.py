@@ -230,10 +230,10 @@ class ToyGrammarConfig:
     n_heads: int = 4
     d_mlp: int = 512
     seq_len: int = 64
-    batch_size: int = 32
-    steps: int = 1200
+    batch_size: int = 16
+    steps: int = 300
     lr: float = 3e-3
-    warmup: int = 100
+    warmup: int = 30
     weight_decay: float = 0.01
     seed: int = 0
     n_eval_docs: int = 64

@@ -53,13 +53,14 @@ class RefusalConfig:
     lora_alpha: int = 16
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     layers: tuple[int, ...] = tuple(range(8, 24))
-    epochs: int = 2
+    epochs: int = 1
     batch_size: int = 8
     lr: float = 2e-3
     warmup_steps: int = 10
     bf16_autocast: bool = True         # mixed precision for the training forward/backward (CPU AMP)
     seed: int = 0
     eval_max_new_tokens: int = 16
+    eval_per_category: int | None = None  # None: the whole test split; k: the first k test prompts per category
     gen_batch_size: int = 32
     ppl_window: int = 256
     min_harmful_refusal: float = 0.9
@@ -274,7 +275,17 @@ def evaluate_refusal(model, tokenizer, cfg: RefusalConfig, split: str = "test",
 
     ``is_base=True`` reads/writes the on-disk cache of base-model responses.
     """
-    inst = list(instructions) if instructions is not None else D.refusal_instructions(split=split)
+    if instructions is None:
+        instructions = D.refusal_instructions(split=split)
+        if cfg.eval_per_category is not None:
+            seen: dict[str, int] = defaultdict(int)
+            kept = []
+            for x in instructions:
+                if seen[x.category] < cfg.eval_per_category:
+                    kept.append(x)
+                    seen[x.category] += 1
+            instructions = kept
+    inst = list(instructions)
     gen = base_responses if is_base else generate_responses
     resp = gen(model, tokenizer, [x.text for x in inst], cfg.eval_max_new_tokens, cfg.gen_batch_size, desc=desc)
     return {"rates": refusal_rates(resp, inst), "responses": resp, "instructions": inst}

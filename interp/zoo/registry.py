@@ -13,8 +13,8 @@ train it locally). Building writes a normal Hugging Face folder (``config.json``
 - the recipe is the entry's name, version, hyper-parameters, the versions of the packages it reads
   weights from, and the recipe hashes of the entries it is built from, so changing any of them gives a
   new hash and hence a rebuild;
-- concurrent builds of one entry (several processes or pytest-xdist workers) serialise on a file lock,
-  and the waiting ones then find the finished folder.
+- concurrent builds of one recipe (several processes or pytest-xdist workers) serialise on a file lock
+  per entry and recipe hash, and the waiting ones then find the finished folder.
 """
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def build(name: str, force: bool = False) -> Path:
         return final
     lock_dir = zoo_dir() / ".locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_dir / f"{entry.name}.lock")):
+    with FileLock(str(lock_dir / f"{entry.name}-{digest}.lock")):  # one lock per recipe
         if not force and _is_complete(final):
             return final
         _remove_leftovers(entry, digest)
