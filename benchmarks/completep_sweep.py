@@ -9,7 +9,8 @@ Usage (from the repository root)::
 Every training run is a unit stored in ``benchmarks/results/completep_sweep.json`` as soon as it finishes
 (written atomically: a temporary file renamed over the old one). Interrupt at any time; running the same
 command again skips the finished units and continues. The final file also holds the summary (measured
-numbers and pass flags) and the total CPU seconds of all units.
+numbers and pass flags) and the total CPU seconds of all units; after a run of every stage, units that the
+current configuration no longer uses (e.g. from older settings) are dropped.
 """
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ from models.completep import CompletePConfig, experiment  # noqa: E402
 from models.completep.experiments import STAGES  # noqa: E402
 
 
+class TrackingStore(dict):
+    """The unit store, remembering which units this configuration reads or writes (to drop stale ones)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.used: set[str] = set()
+
+    def __getitem__(self, key: str):
+        self.used.add(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: str, value) -> None:
+        self.used.add(key)
+        super().__setitem__(key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "completep_sweep.json")
@@ -40,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
-    units: dict = dict(doc.get("units", {}))
+    units = TrackingStore(doc.get("units", {}))
     cfg = CompletePConfig(stages=tuple(args.stages))
     started = time.time()
 
@@ -48,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(args.out, {"config": cfg.to_dict(), "units": dict(store), **extra})
 
     result = experiment(cfg, store=units, on_update=lambda store: save(store, status="running"))
+    if set(args.stages) == set(STAGES):  # a complete run: keep only the units of this configuration
+        units = {k: v for k, v in units.items() if k in units.used}
     cpu = sum(float(u.get("cpu_seconds", 0.0)) for u in units.values())
     save(units, status="complete", summary=result.summary, cpu_seconds_total=cpu,
          wall_seconds_this_invocation=time.time() - started)

@@ -66,6 +66,7 @@ class CompletePConfig:
     # 4. duration at fixed batch (finer, half-octave grid; optimum refined by a parabola in log2 LR)
     duration_steps: tuple[int, ...] = (200, 400)
     duration_exponents: tuple[float, ...] = tuple(x / 2 for x in range(-20, -7))
+    duration_seeds: tuple[int, ...] = (0, 1)
     # 5. per-module multipliers: trust-region random search at the proxy, transfer to a wider model
     search_hp: str = "lr"
     search_modules: tuple[str, ...] = MODULES
@@ -85,6 +86,10 @@ class CompletePConfig:
             raise ValueError("lr_exponents needs at least 3 grid points")
         if self.batch_size not in self.batch_sizes and "batch" in self.stages:
             raise ValueError(f"batch_sizes {self.batch_sizes} must contain the base batch_size {self.batch_size}")
+        if "lr" in self.stages and (self.base_width not in self.transfer_widths
+                                    or self.base_depth not in self.transfer_depths):
+            raise ValueError(f"transfer_widths {self.transfer_widths} / transfer_depths {self.transfer_depths} must "
+                             f"contain the base shape (width {self.base_width}, depth {self.base_depth})")
         bad = [m for m in self.search_modules if m not in MODULES]
         if bad:
             raise ValueError(f"unknown search modules {bad}; expected a subset of {MODULES}")
@@ -249,7 +254,8 @@ class CompletePResult(Result):
                 for (p, name), g in sub.groupby(["parameterization", "name"]):
                     g = g.sort_values(xname)
                     fig.add_trace(go.Scatter(x=g[xname], y=g.rms, mode="lines+markers", name=f"{p} {name}",
-                                             line=dict(dash=dash.get(p, "solid")), legendgroup="coord"), 1, col)
+                                             line=dict(dash=dash.get(p, "solid")), legendgroup=f"coord {p} {name}",
+                                             showlegend=col == 1), 1, col)
                 fig.update_xaxes(type="log", title_text=xname, row=1, col=col)
                 fig.update_yaxes(type="log", row=1, col=col)
         sweeps = pd.DataFrame(self.sweeps)
@@ -409,7 +415,8 @@ def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store
 def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
                       on_update: Callable[[Store], None] | None = None) -> CompletePResult:
     """CompleteP base shape, fixed batch, step counts ``duration_steps`` on the half-octave grid
-    ``duration_exponents`` (raw LR, no rule applied). The optimum is refined by a parabola in log2 LR.
+    ``duration_exponents`` (raw LR, no rule applied), losses averaged over the initialisation seeds
+    ``duration_seeds``. The optimum is refined by a parabola in log2 LR.
     Pass if doubling the steps moves the optimum by a factor within ``2**[-0.75, -0.25]`` (the SDE rule
     predicts ``1/sqrt(2) = 2**-0.5``)."""
     corpus = corpus or load_kjv_corpus()
@@ -417,7 +424,7 @@ def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, st
     opt: dict[str, float] = {}
     for s in cfg.duration_steps:
         unit = lr_grid(cfg, corpus, "completep", cfg.base_width, cfg.base_depth, cfg.duration_exponents, s,
-                       cfg.batch_size, store=store, on_update=on_update)
+                       cfg.batch_size, seeds=cfg.duration_seeds, store=store, on_update=on_update)
         rows += _sweep_rows(unit, "duration", "completep", cfg.base_width, cfg.base_depth, cfg.batch_size, s, 1.0)
         opt[str(s)] = refined_optimum(cfg.duration_exponents, _mean_over_seeds(unit))
     summary: dict[str, Any] = {"refined_log2_lr": opt}
