@@ -185,6 +185,29 @@ class Model:
     def _context(self, name: str) -> HookContext:
         return HookContext(name=name, attention_mask=self._mask, pass_index=self._pass)
 
+    def _call_hooks(self, name: str, tensor: torch.Tensor, fns: Sequence[InterventionFn],
+                    writable: bool = True) -> tuple[torch.Tensor, bool]:
+        """Run ``fns`` in order on the canonical tensor of ``name``; returns ``(tensor, changed)``.
+
+        Every backend calls this, so the shape checks and error messages are the same everywhere.
+        """
+        ctx = self._context(name)
+        changed = False
+        for fn in fns:
+            out = fn(tensor, ctx)
+            if out is None or out is tensor:
+                continue
+            if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
+                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(f"intervention on {name!r} returned {shape}; expected a tensor of "
+                                 f"shape {tuple(tensor.shape)}")
+            if not writable:
+                raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
+                                 "backend (HF attention returns the pattern after using it); "
+                                 "intervene on attn.hook_z or use backend='transformer_lens'")
+            tensor, changed = out, True
+        return tensor, changed
+
     def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``)."""
         return self._run(inputs, attention_mask=attention_mask)

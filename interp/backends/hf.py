@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from ..architectures import ArchSpec, Site, arch_spec
-from ..interventions import HookContext
 from ..model import HookSet, Model, ModelConfig
 
 
@@ -63,22 +62,7 @@ class HFModel(Model):
         """Run the hook functions of one module call on its raw input/output value."""
         changed_any = False
         for name, site, fns in entries:
-            t = site.lens.get(raw)
-            ctx = self._context(name)
-            changed = False
-            for fn in fns:
-                out = fn(t, ctx)
-                if out is None or out is t:
-                    continue
-                if not isinstance(out, torch.Tensor) or out.shape != t.shape:
-                    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                    raise ValueError(f"intervention on {name!r} returned {shape}; expected a tensor of "
-                                     f"shape {tuple(t.shape)}")
-                if not site.lens.writable:
-                    raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
-                                     "backend (HF attention returns the pattern after using it); "
-                                     "intervene on attn.hook_z or use backend='transformer_lens'")
-                t, changed = out, True
+            t, changed = self._call_hooks(name, site.lens.get(raw), fns, site.lens.writable)
             if changed:
                 raw = site.lens.set(raw, t)
                 changed_any = True

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from ..interventions import HookContext
 from ..model import HookSet, Model, ModelConfig
 from ..names import BLOCK_HOOKS, order_key
 
@@ -99,17 +98,7 @@ class TLModel(Model):
             return torch.device("cpu")
 
     def _tl_hook(self, name: str, fns: list, tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
-        ctx: HookContext = self._context(name)
-        changed = False
-        for fn in fns:
-            out = fn(tensor, ctx)
-            if out is None or out is tensor:
-                continue
-            if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
-                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise ValueError(f"intervention on {name!r} returned {shape}; expected a tensor of shape "
-                                 f"{tuple(tensor.shape)}")
-            tensor, changed = out, True
+        tensor, changed = self._call_hooks(name, tensor, fns)
         return tensor if changed else None
 
     def _forward(self, batch, hooks: HookSet, stop_at_layer, grad):
