@@ -103,6 +103,7 @@ class EPConfig:
             raise ValueError(f"skip_probability must be in [0, 1], got {self.skip_probability}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        self.steps()  # validates T and K
 
     @property
     def n_layers(self) -> int:

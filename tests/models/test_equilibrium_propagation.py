@@ -168,6 +168,8 @@ def test_bad_input_is_rejected():
         EPConfig(hidden=(8, 8, 8), skips=((1, 2),))
     with pytest.raises(ValueError, match="beta needs"):
         EPConfig(hidden=(8, 8, 8), beta=(0.1,))
+    with pytest.raises(ValueError, match="T and K"):
+        EPConfig(T=0)
     with pytest.raises(ValueError, match="feedback"):
         EPConfig(feedback="mirror")
     with pytest.raises(ValueError, match="method"):
