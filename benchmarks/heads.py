@@ -39,15 +39,18 @@ def main() -> dict:
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--texts", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--concat", type=int, default=1, help="join this many built-in texts into one (longer) input")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--out", default=str(RESULTS / "heads"))
+    ap.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/heads[_<tag>])")
+    ap.add_argument("--tag", default="", help="suffix of the default results name")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     interp.set_progress(False)
     model = interp.load(args.model, backend=args.backend)
-    texts = AuditData.builtin().texts[: args.texts]
+    pool = AuditData.builtin().texts
+    texts = [" ".join(pool[(i * args.concat + j) % len(pool)] for j in range(args.concat)) for i in range(args.texts)]
     batch = model.tokenize(texts, max_length=args.max_length)
     variants = {
         "forward": lambda: model(batch),
@@ -69,12 +72,12 @@ def main() -> dict:
     result = {
         "model": args.model, "backend": args.backend, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
         "batch": list(batch["input_ids"].shape), "real_tokens": int(batch["attention_mask"].sum()),
-        "reps": args.reps, "threads": torch.get_num_threads(), "machine": platform.platform(),
+        "reps": args.reps, "concat": args.concat, "threads": torch.get_num_threads(), "machine": platform.platform(),
         "median_seconds": med, "ratio_to_forward_pattern": {k: v / ref for k, v in med.items()},
         "target": "score_heads <= 1.5 x forward_pattern",
         "target_met": med["score_heads"] <= 1.5 * ref,
     }
-    out = Path(args.out)
+    out = Path(args.out or RESULTS / (f"heads_{args.tag}" if args.tag else "heads"))
     atomic_write_json(out.with_suffix(".json"), result)
     lines = [f"# score_heads vs one forward with pattern capture ({args.model}, {args.backend})", "",
              f"batch {result['batch']} ({result['real_tokens']} real tokens), median of {args.reps} interleaved "
