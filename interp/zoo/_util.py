@@ -41,3 +41,17 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
         logging.getLogger("transformers").setLevel(root_level)
 
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op torch threads (``None``: leave as is); restores the old count."""
+    import torch
+
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
