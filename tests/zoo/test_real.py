@@ -68,6 +68,11 @@ def test_dinov2_equals_reference(dinov2_dir, backend):
     assert zoo.info("dinov2-s14").metrics["max_abs_error_vs_onnxruntime"] < 1e-4
 
 
+def test_dinov2_refused_by_transformer_lens(dinov2_dir):
+    with pytest.raises(ValueError, match="TransformerLens cannot bridge Dinov2Model"):
+        interp.load("zoo:dinov2-s14", backend="transformer_lens")
+
+
 def test_dinov2_folder(dinov2_dir):
     cfg = json.loads((dinov2_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Dinov2Model"] and cfg["patch_size"] == 14 and cfg["num_hidden_layers"] == 12

@@ -234,3 +234,24 @@ def test_entry_validation():
         zoo.register(zoo.ZooEntry(name="minilm-l6", description="", source="", architecture="", size="",
                                   builder=lambda o, p: None))
     assert registry.get_entry("minilm-l6").architecture == "BertModel"
+
+
+def test_entry_point_plugins(tmp_zoo, monkeypatch):
+    """Other packages register entries through the ``interp.zoo`` entry-point group."""
+    import importlib.metadata
+
+    calls: list = []
+
+    class FakeEP:
+        def load(self):
+            return lambda: [zoo.ZooEntry(name="test-plugin", description="from a plugin", source="plugin",
+                                         architecture="LlamaForCausalLM", size="tiny", builder=_tiny_builder(calls))]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [FakeEP()] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        assert "test-plugin" in zoo.available()
+        assert (zoo.path("test-plugin") / "config.json").exists() and len(calls) == 1
+    finally:
+        zoo.unregister("test-plugin")
