@@ -46,6 +46,7 @@ class SteeringCheckConfig:
     candidate_layers: tuple[int, ...] | None = None  #: None: every third layer of the first 80%
     rho: float | None = None  #: fix rho (skips the search)
     nontarget_retain: float = 0.9
+    intervention: str = "affine"  #: RepIt deployment: "affine" (paper, one layer) or "ablation" (every layer)
     batch_size: int = 16
 
 
@@ -132,10 +133,12 @@ class SteeringCheck(Check):
                 layers = tuple(range(0, top, 3)) if top > 6 else None
             method = RepIt(RepItConfig(targets=tuple(c.targets), layer=c.layer, position=c.position,
                                        candidate_layers=layers, rho=c.rho, nontarget_retain=c.nontarget_retain,
+                                       intervention=c.intervention,
                                        max_select_prompts=max(8, c.val_per_category * 4), batch_size=c.batch_size))
             vec = method.fit(model, train, val)
-            ev = evaluate(model, method, test, test.negative, list(c.targets), c.max_new_tokens, c.batch_size,
-                          n_examples=1, scored_conditions=("none", "natural", "repit"))
+            vectors = {"none": None, "natural": method.vectors_["natural"], "repit": vec}
+            ev = evaluate(model, vectors, test, test.negative, list(c.targets), None, None, c.max_new_tokens,
+                          c.batch_size, n_examples=1)
             judged, kl, examples = ev["judged"], {k: ev["kl"][k] for k in ("natural", "repit")}, ev["examples"]
             loc = method.localization_
             dims = None if loc is None else int(loc.k_for_share)

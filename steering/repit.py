@@ -37,6 +37,12 @@ Choices where the paper/code is not explicit (also listed in ``docs/steering.md`
 * "Share of the correction's norm" held by top-k dims is the squared-norm (energy) share; Gini is the Gini
   coefficient of ``|p|``; kurtosis is Pearson's (normal = 3).
 * ``top_k`` (the paper's tail-only construction, not recoverable from the code): ``v_tail = v - p * 1[top-k |p|]``.
+
+A property worth knowing (proved in ``docs/steering.md``, tested in ``tests/steering/test_isolate.py``): because
+``C = Rw^T Rw / n + lambda I`` has the non-target span as an invariant subspace, the whitened projection
+``L Q Q^T L^-1`` equals the Euclidean orthogonal projector onto ``span(R)``. In exact arithmetic
+``v' = v - (1 - sqrt(1 - rho)) P_span(R) v`` for every reweighting and ridge; the whitening only changes the
+numerics (which is why the code records condition numbers).
 """
 from __future__ import annotations
 
@@ -315,6 +321,32 @@ def affine_vector(direction: torch.Tensor, reference: torch.Tensor, layer: int, 
                           metadata={"layer": layer, **(metadata or {})})
 
 
+INTERVENTIONS = ("affine", "ablation")
+
+
+def intervention_vector(direction: torch.Tensor, cv: "CategoryVectors", position: int, layer: int,
+                        intervention: str = "affine", coeff: float = 0.0, metadata: dict | None = None,
+                        tensors: dict | None = None) -> SteeringVector:
+    """The deployed form of a RepIt-family vector read at ``(position, layer)``.
+
+    ``"affine"`` (the paper's step 5): affine ablation at ``blocks.{layer}.hook_resid_pre`` only, reference
+    ``mu_minus[p, l]``, coefficient ``coeff``. ``"ablation"``: the direction projected out of every layer's
+    residual stream (COSMIC's linear mode, Arditi et al.'s directional ablation; ``coeff`` unused).
+    """
+    if intervention == "affine":
+        return affine_vector(direction, cv.reference(position, layer), layer, cv.hook, coeff, metadata=metadata,
+                             tensors=tensors)
+    if intervention == "ablation":
+        from .ablation import ablation_vector
+
+        vec = ablation_vector(direction, source_layer=layer, position=position, hook=cv.hook, tensors=tensors,
+                              method="repit")
+        vec.metadata.update(metadata or {})
+        vec.metadata["layer"] = layer
+        return vec
+    raise ValueError(f"intervention must be one of {INTERVENTIONS}, got {intervention!r}")
+
+
 def isolated_target(cv: CategoryVectors, targets: Sequence[str], non_targets: Sequence[str], position: int,
                     layer: int, rho: float, reweight: str = "invnorm") -> tuple[torch.Tensor, torch.Tensor, list]:
     """``(v_repit, v_naive, infos)``: per-target isolation, averaged over the targets (step 3)."""
@@ -348,17 +380,46 @@ class Selection(Result):
                                   title=f"COSMIC score (chosen: layer {self.layer}, position {self.position})")
 
 
-def _flat_cos(rep: torch.Tensor, centroid: torch.Tensor) -> float:
-    a = rep.flatten(1)
-    b = centroid.flatten()[None]
-    return float(torch.nn.functional.cosine_similarity(a, b, dim=1).mean())
+def _global_direction(rep: torch.Tensor) -> torch.Tensor:
+    """COSMIC's summary of a prompt set: the mean over prompts and evaluation layers of the last-token
+    output ``rep`` ``[n, n_eval, 1, d]``, normalised ``[d]``."""
+    m = rep.double().mean(dim=(0, 1, 2))
+    return m / (m.norm() + 1e-8)
+
+
+def _peak_layer(rows: list[dict], key: str, positions: Sequence[int]) -> float:
+    """Median over ``positions`` of the layer where ``key`` peaks (COSMIC's filter for position -1)."""
+    peaks = []
+    for pos in positions:
+        cand = [r for r in rows if r["position"] == pos]
+        if cand:
+            peaks.append(max(cand, key=lambda r: r[key])["layer"])
+    if not peaks:
+        return float("inf")
+    return float(torch.tensor(peaks, dtype=torch.float64).nanmedian())  # lower median, as torch.nanmedian
 
 
 def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful_prompts: Any,
                      harmless_prompts: Any, eval_layer_frac: float = 0.10, discard_last_frac: float = 0.20,
                      kl_threshold: float = 0.1, layers: Sequence[int] | None = None,
-                     positions: Sequence[int] | None = None, batch_size: int = 16) -> Selection:
-    """Step 2: pick ``(position, layer)`` maximising refusal score + steering score, subject to KL <= threshold."""
+                     positions: Sequence[int] | None = None, batch_size: int = 16,
+                     intervention: str = "affine") -> Selection:
+    """Step 2 (COSMIC, ``select_direction_cosmic.py`` with affine steering): pick ``(position, layer)``.
+
+    * Evaluation layers: the ``max(1, int(eval_layer_frac * L))`` layers whose mean harmful and harmless
+      last-token outputs (``hook_resid_post``) have the lowest cosine similarity.
+    * A prompt set is summarised by the normalised mean, over prompts and evaluation layers, of the last-token
+      output. Refusal score of a candidate: cosine between the summary of ``harmful_prompts`` under the
+      affine ablation of the naive target vector ``r[p, l]`` (reference ``mu_minus[p, l]``, coefficient 0) and the
+      unsteered harmless summary. Steering score: cosine between the summary of ``harmless_prompts`` under the
+      affine activation addition (coefficient 1) and the unsteered harmful summary. With
+      ``intervention="ablation"`` (COSMIC's linear mode) the ablation is directional ablation at every layer and
+      the addition is plain activation addition at the source layer.
+    * Discarded: layers in the last ``discard_last_frac`` of the model, candidates whose ablation moves the
+      harmless last-position next-token distribution by KL > ``kl_threshold``, and, at position -1, layers
+      above both the median peak layer of the refusal scores and that of the steering scores over the other
+      positions. The best remaining refusal + steering score wins.
+    """
     L = model.cfg.n_layers
     if cv.harmful_post_last is None:
         raise ValueError("select_direction needs category vectors of every layer (category_vectors(..., layers=None))")
@@ -367,42 +428,56 @@ def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful
     eval_layers = sorted(torch.argsort(cos)[:n_eval].tolist())
     eval_names = resid_names(model, "hook_resid_post", eval_layers)
     pos_list = list(cv.positions if positions is None else positions)
-    harm_rep = collect(model, harmful_prompts, eval_names, pos_list, batch_size, desc="harmful centroid")
-    harmless_rep = collect(model, harmless_prompts, eval_names, pos_list, batch_size, desc="harmless centroid")
-    mu_harmful, mu_harmless = harm_rep.mean(0), harmless_rep.mean(0)
-    keep_below = L - int(discard_last_frac * L)
-    cand_layers = [l for l in (range(L) if layers is None else layers) if 0 <= l < keep_below]
-    if not cand_layers:
-        raise ValueError(f"no candidate layers left below layer {keep_below} (of {L})")
+
+    def summary(prompts: Any, desc: str) -> torch.Tensor:
+        return _global_direction(collect(model, prompts, eval_names, [-1], batch_size, desc=desc))
+
+    base_harmful, base_harmless = summary(harmful_prompts, "harmful baseline"), summary(harmless_prompts, "harmless")
+    keep_below = int(L * (1.0 - discard_last_frac))  # as the code's filter_fn
+    cand_layers = sorted({int(x) for x in (range(L) if layers is None else layers) if 0 <= int(x) < L})
     rows = []
     for layer in progress(cand_layers, desc="COSMIC layers"):
         for pos in pos_list:
             r = cv.stack(targets, pos, layer).mean(0)
-            ref = cv.reference(pos, layer)
-            abl = affine_vector(r, ref, layer, cv.hook)
-            add = SteeringVector(method="repit", operation="add", hooks=(f"blocks.{layer}.{cv.hook}",),
-                                 direction=r, scale=1.0)
-            with abl.apply(model):
-                refusal = _flat_cos(collect(model, harmful_prompts, eval_names, pos_list, batch_size, desc="ablate"),
-                                    mu_harmless)
+            if not float(r.norm()) > 1e-6:  # e.g. block 0's input at template tokens: no direction at all
+                continue
+            with intervention_vector(r, cv, pos, layer, intervention, 0.0).apply(model):
+                refusal = float(summary(harmful_prompts, "ablate") @ base_harmless)
+            if intervention == "affine":
+                add = affine_vector(r, cv.reference(pos, layer), layer, cv.hook, coeff=1.0)
+            else:  # COSMIC's linear mode: plain activation addition at the source layer
+                add = SteeringVector("repit", "add", (f"blocks.{layer}.{cv.hook}",), r, scale=1.0)
             with add.apply(model):
-                steer = _flat_cos(collect(model, harmless_prompts, eval_names, pos_list, batch_size, desc="add"),
-                                  mu_harmful)
+                steer = float(summary(harmless_prompts, "add") @ base_harmful)
             rows.append({"layer": layer, "position": pos, "refusal_score": refusal, "steering_score": steer,
-                         "total": refusal + steer, "kl": float("nan")})
+                         "total": refusal + steer, "kl": float("nan"), "status": ""})
+    if not rows:
+        raise ValueError("every candidate (position, layer) has a zero target vector; choose other layers")
+    others = [p for p in pos_list if p != -1]
+    limit_refusal = _peak_layer(rows, "refusal_score", others)
+    cutoff_steering = _peak_layer(rows, "steering_score", others)
     rows.sort(key=lambda r: -r["total"])
     base = last_logprobs(model, harmless_prompts, None, batch_size)
     chosen = None
     for row in rows:
         layer, pos = row["layer"], row["position"]
+        if layer >= keep_below:
+            row["status"] = "late layer"
+            continue
+        if pos == -1 and limit_refusal < layer and cutoff_steering < layer:
+            row["status"] = "past peak"
+            continue
         r = cv.stack(targets, pos, layer).mean(0)
-        abl = affine_vector(r, cv.reference(pos, layer), layer, cv.hook)
+        abl = intervention_vector(r, cv, pos, layer, intervention, 0.0)
         row["kl"] = kl_divergence(model, harmless_prompts, abl, batch_size, base_logprobs=base)
-        if row["kl"] <= kl_threshold:
-            chosen = row
-            break
+        if row["kl"] > kl_threshold:
+            row["status"] = "kl"
+            continue
+        row["status"] = "chosen"
+        chosen = row
+        break
     if chosen is None:
-        raise RuntimeError(f"every candidate direction moves harmless outputs by KL > {kl_threshold}; "
+        raise RuntimeError(f"no candidate direction passes the filters (KL <= {kl_threshold}, layer < {keep_below}); "
                            "raise kl_threshold or check the data")
     return Selection(layer=int(chosen["layer"]), position=int(chosen["position"]), eval_layers=eval_layers,
                      candidates=rows)
@@ -503,6 +578,8 @@ class RepItConfig:
     ``n_eoi``: end-of-instruction positions (``None``: from the chat template, at most 5).
     ``exclude_threshold``: the optional near-duplicate filter (sin theta < threshold dropped; ``None``: off).
     ``top_k``: keep only the top-k dims of the correction (tail-only vector; ``None``: full correction).
+    ``intervention``: ``"affine"`` (the paper: single-layer affine ablation) or ``"ablation"`` (the vector projected
+    out of every layer, COSMIC's linear mode); see :func:`intervention_vector`.
     ``max_select_prompts``: prompts per set used by the COSMIC selection and the rho search.
     """
 
@@ -524,6 +601,7 @@ class RepItConfig:
     nontarget_ceiling: float = 0.1
     nontarget_retain: float | None = None
     coeff: float = 0.0
+    intervention: str = "affine"
     refusal_tokens: tuple[int, ...] | None = None
     exclude_threshold: float | None = None
     top_k: int | None = None
@@ -553,6 +631,8 @@ class RepIt(SteeringMethod):
             raise ValueError("RepIt needs category labels on the harmful prompts (SteeringData.categories)")
         if c.reweight not in REWEIGHTS:
             raise ValueError(f"reweight must be one of {REWEIGHTS}, got {c.reweight!r}")
+        if c.intervention not in INTERVENTIONS:
+            raise ValueError(f"intervention must be one of {INTERVENTIONS}, got {c.intervention!r}")
         targets = list(c.targets)
         missing = [t for t in targets if t not in data.category_names]
         if not targets or missing:
@@ -586,16 +666,18 @@ class RepIt(SteeringMethod):
             self.selection_ = None
         else:
             sel = select_direction(model, cv, targets, val_nt, val_harmless, c.eval_layer_frac, c.discard_last_frac,
-                                   c.kl_threshold, c.candidate_layers, c.candidate_positions, c.batch_size)
+                                   c.kl_threshold, c.candidate_layers, c.candidate_positions, c.batch_size,
+                                   c.intervention)
             layer, pos = sel.layer, sel.position
             self.selection_ = sel
         if c.exclude_threshold is not None:
             non_targets = exclude_similar(cv, targets, non_targets, pos, layer, c.exclude_threshold) or non_targets
-        ref = cv.reference(pos, layer)
+        def build(direction: torch.Tensor, metadata: dict | None = None, tensors: dict | None = None):
+            return intervention_vector(direction, cv, pos, layer, c.intervention, c.coeff, metadata, tensors)
 
         def vector_at(rho: float) -> SteeringVector:
             v, _, _ = isolated_target(cv, targets, non_targets, pos, layer, rho, c.reweight)
-            return affine_vector(v, ref, layer, c.hook, c.coeff)
+            return build(v)
 
         if c.rho is not None:
             rho = float(c.rho)
@@ -627,22 +709,20 @@ class RepIt(SteeringMethod):
         counts = torch.tensor([cv.counts[x] for x in non_targets], dtype=torch.float32)
         v_nontarget = (cv.stack(non_targets, pos, layer) * counts[:, None]).sum(0) / counts.sum()
         meta = {"position": pos, "hook": c.hook, "rho": rho, "targets": targets, "non_targets": non_targets,
-                "n_eoi": n_eoi, "reweight": c.reweight, "top_k": c.top_k,
+                "n_eoi": n_eoi, "reweight": c.reweight, "top_k": c.top_k, "intervention": c.intervention,
                 "localization": None if self.localization_ is None else
                 {k: getattr(self.localization_, k) for k in ("k_for_share", "target_share", "heavy_tail",
                                                               "kurtosis", "skewness", "gini", "d")}}
         tensors = {"naive": v_naive, "correction": correction, "nontarget": v_nontarget}
-        repit = affine_vector(v_repit, ref, layer, c.hook, c.coeff, metadata=meta, tensors=tensors)
-        base_meta = {"position": pos, "hook": c.hook}
+        repit = build(v_repit, meta, tensors)
+        base_meta = {"position": pos, "hook": c.hook, "intervention": c.intervention}
         self.vectors_ = {
-            "natural": affine_vector(v_naive, ref, layer, c.hook, c.coeff, metadata={**base_meta, "variant": "natural"}),
-            "nontarget": affine_vector(v_nontarget, ref, layer, c.hook, c.coeff,
-                                       metadata={**base_meta, "variant": "nontarget"}),
+            "natural": build(v_naive, {**base_meta, "variant": "natural"}),
+            "nontarget": build(v_nontarget, {**base_meta, "variant": "nontarget"}),
             "repit": repit,
         }
         if correction.norm() > 0:
-            self.vectors_["projection"] = affine_vector(correction, ref, layer, c.hook, c.coeff,
-                                                        metadata={**base_meta, "variant": "projection"})
+            self.vectors_["projection"] = build(correction, {**base_meta, "variant": "projection"})
         return repit
 
 
@@ -656,4 +736,5 @@ def _cap(prompts: Any, cap: int | None) -> Any:
 
 __all__ = ["isolate", "isolate_with_info", "IsolationInfo", "localize", "Localization", "tail_only",
            "category_vectors", "CategoryVectors", "exclude_similar", "select_direction", "Selection", "search_rho",
-           "RhoSearch", "RepIt", "RepItConfig", "affine_vector", "isolated_target", "REWEIGHTS"]
+           "RhoSearch", "RepIt", "RepItConfig", "affine_vector", "intervention_vector", "isolated_target", "REWEIGHTS",
+           "INTERVENTIONS"]

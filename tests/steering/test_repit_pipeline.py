@@ -36,11 +36,16 @@ def test_repit_fit_end_to_end(llama, data, tmp_path):
                                    max_select_prompts=12)
     vec = method.fit(llama, train, val)
     sel, search = method.selection_, method.rho_search_
-    # COSMIC selection: every (position, layer) candidate scored; the chosen one has the best total score
+    # COSMIC selection: every (position, layer) candidate scored, sorted by total score; the chosen one is the
+    # best that passes the filters (layer 1 is in the last 20% of this 2-layer model, so it is never chosen)
     assert len(sel.candidates) == 3 * 2 and {r["position"] for r in sel.candidates} == {-3, -2, -1}
-    best = max(sel.candidates, key=lambda r: r["total"])
-    assert (vec.layer, vec.metadata["position"]) == (best["layer"], best["position"])
-    assert sel.to_frame().shape[0] == 6
+    totals = [r["total"] for r in sel.candidates]
+    assert totals == sorted(totals, reverse=True)
+    k = [r["status"] for r in sel.candidates].index("chosen")
+    assert all(r["status"] in ("late layer", "past peak", "kl") for r in sel.candidates[:k])
+    assert all(r["status"] == "late layer" for r in sel.candidates[:k] if r["layer"] == 1)
+    assert (vec.layer, vec.metadata["position"]) == (sel.candidates[k]["layer"], sel.candidates[k]["position"])
+    assert vec.layer == 0 and sel.to_frame().shape[0] == 6
     # rho search evaluated the grid; the chosen rho is one of the evaluated points
     rhos = [p["rho"] for p in search.points]
     assert {0.0, 0.33, 0.66, 0.99} <= set(rhos) and vec.metadata["rho"] in rhos
@@ -82,3 +87,17 @@ def test_repit_fixed_layer_rho_and_tail(llama, data):
         steering.RepIt(targets=("zzz",), n_eoi=2, layer=1, position=-1, rho=1.0).fit(llama, train)
     with pytest.raises(ValueError, match="category labels"):
         steering.RepIt(n_eoi=2).fit(llama, SteeringData(train.positive, train.negative))
+
+
+def test_repit_ablation_mode(llama, data):
+    train, val = data
+    m = steering.RepIt(targets=("a",), n_eoi=2, layer=1, position=-1, rho=0.5, intervention="ablation")
+    vec = m.fit(llama, train, val)
+    assert vec.operation == "project_out" and vec.hooks == steering.ABLATION_HOOKS and vec.layer == 1
+    expect = m.vectors_["natural"].direction  # unit naive direction
+    assert torch.allclose(expect, vec.tensors["naive"] / vec.tensors["naive"].norm(), atol=1e-6)
+    with vec.apply(llama), llama.capture("blocks.0.hook_resid_post") as cache:
+        llama(val.positive[:3])
+    assert (cache["blocks.0.hook_resid_post"] @ vec.direction).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="intervention"):
+        steering.RepIt(targets=("a",), n_eoi=2, layer=1, position=-1, rho=0.5, intervention="x").fit(llama, train)
