@@ -137,25 +137,32 @@ def _spread(n_items: int, k: int | None) -> list[int]:
 
 
 def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[str] | None = None,
-                 max_per_category: int | None = None, max_harmless: int | None = None) -> SteeringData:
+                 max_per_category: int | None = None, max_harmless: int | None = None,
+                 source: Callable[..., list] | None = None) -> SteeringData:
     """Chat-formatted :class:`SteeringData` from :func:`interp.zoo.datasets.refusal_instructions`.
 
     ``positive`` are the harmful instructions of ``categories`` (default: every harmful category) with their
     category labels; ``negative`` the harmless instructions of the split. ``max_per_category`` /
     ``max_harmless`` keep that many prompts spread evenly over each category's list (so over its tasks and
     wordings) / over the harmless list (so over the harmless categories), for cheaper runs.
+
+    ``source(split=, harmful=, categories=)`` returns the instructions (:class:`interp.zoo.datasets.Instruction`);
+    default :func:`interp.zoo.datasets.refusal_instructions`; ``interp.zoo.toy_refusal.instructions`` gives the
+    data of ``zoo:toy-refusal``.
     """
     from interp.zoo import datasets as zd
 
-    cats = list(categories) if categories is not None else list(zd.HARMFUL_CATEGORIES)
-    unknown = sorted(set(cats) - set(zd.HARMFUL_CATEGORIES))
+    source = source or zd.refusal_instructions
+    known = list(dict.fromkeys(i.category for i in source(split=None, harmful=True)))
+    cats = list(categories) if categories is not None else known
+    unknown = sorted(set(cats) - set(known))
     if unknown:
-        raise ValueError(f"unknown harmful categories {unknown}; known: {list(zd.HARMFUL_CATEGORIES)}")
+        raise ValueError(f"unknown harmful categories {unknown}; known: {known}")
     kept = []
     for cat in cats:
-        items = zd.refusal_instructions(split=split, harmful=True, categories=[cat])
+        items = source(split=split, harmful=True, categories=[cat])
         kept += [items[i] for i in _spread(len(items), max_per_category)]
-    harmless = zd.refusal_instructions(split=split, harmful=False)
+    harmless = source(split=split, harmful=False)
     harmless = [harmless[i] for i in _spread(len(harmless), max_harmless)]
     if not kept or not harmless:
         raise ValueError(f"the refusal data set has no {'harmful' if not kept else 'harmless'} prompts in "

@@ -13,7 +13,12 @@ reports on the held-out ``test`` split (requests never seen in train or val):
   non-target harmful refusal >= ``min_nontarget_retain`` of its baseline, and the natural vector's collateral
   damage (its non-target refusal below ``min_nontarget_retain`` of baseline);
 * the number of residual dimensions holding 90% of the correction's squared norm, and the harmless-prompt KL
-  divergence of each vector.
+  divergence of each vector;
+* data efficiency (the paper's "target_size" study): the RepIt vector rebuilt from only ``n`` train prompts per
+  target category (same layer, position and rho), as its cosine to the full-data vector.
+
+:func:`toy_config` is the same experiment on ``zoo:toy-refusal`` (the digest's CPU-scale recipe: a 2-layer model,
+vectors at ``blocks.1.hook_resid_pre``), fast enough for the default test suite.
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class RepItExperimentConfig:
     """Defaults of the full validation (see ``docs/steering.md`` for the measured numbers)."""
 
     model: str = "zoo:smollm2-135m-refusal"
+    #: the instruction set: "refusal" (interp.zoo.datasets) or "toy-refusal" (interp.zoo.toy_refusal)
+    source: str = "refusal"
     backend: str = "torch"
     targets: tuple[str, ...] = ("bio", "chem", "nuclear")
     max_train_per_category: int | None = 24
@@ -54,6 +61,10 @@ class RepItExperimentConfig:
     min_target_drop: float = 0.8
     min_nontarget_retain: float = 0.9
     n_examples: int = 2  # generations per target category kept as examples
+    small_target_sizes: tuple[int, ...] = (12,)  # data-efficiency rebuilds (train prompts per target category)
+    #: what the reported rates and criteria are judged by: "generation" (string match on greedy generations)
+    #: or "first_token" (refusal log-odds of the first response token > 0, i.e. P(refusal) > 0.5)
+    judge: str = "generation"
     batch_size: int = 16
     seed: int = 0
 
@@ -69,15 +80,16 @@ class RepItValidation(Result):
     layer: int
     position: int
     rho: dict  # mode -> chosen rho
-    judged: dict  # condition -> category -> refusal rate (string-match judge on greedy generations)
+    judged: dict  # condition -> category -> refusal rate by the configured judge (config["judge"])
     scored: dict  # condition -> category -> refusal rate from the first-token log-odds (score > 0)
     n_test: dict  # category -> #held-out prompts
     kl: dict  # condition -> harmless KL(base || steered)
-    summary: dict  # condition -> {"target": rate, "nontarget": rate} (judged, pooled over prompts)
+    summary: dict  # condition -> {"target": rate, "nontarget": rate} (judged as ``judged``, pooled over prompts)
     criteria: dict  # name -> {"value", "threshold", "passed"}
     dims_90: dict  # mode -> #residual dims holding 90% of the correction's squared norm
     localization: dict
     rho_search: dict  # mode -> points
+    data_efficiency: dict  # n train prompts per target category -> cos(v'_n, v'_full) (first mode)
     selection_top: list
     examples: list  # {"category", "prompt", condition: response}
     config: dict
@@ -123,27 +135,34 @@ def _pooled(flags: list[bool], cats: list[str], keep: set[str]) -> float:
 
 def evaluate(model, vectors: dict[str, Any], test: SteeringData, harmless: Any, targets: list[str],
              judged: Sequence[str] | None = None, refusal_tokens: Sequence[int] | None = None,
-             max_new_tokens: int = 24, batch_size: int = 16, n_examples: int = 2) -> dict[str, Any]:
+             max_new_tokens: int = 24, batch_size: int = 16, n_examples: int = 2,
+             judge: str = "generation") -> dict[str, Any]:
     """Refusal rates per category under each named vector (``None`` = no intervention).
 
-    Every condition gets first-token-scored rates (and, for real vectors, the harmless KL); the conditions in
-    ``judged`` (default: all) also get greedy generations judged by string match, pooled target / non-target
-    rates and example generations.
+    Every condition gets first-token-scored rates (``scored``; and, for real vectors, the harmless KL); the
+    conditions in ``judged`` (default: all) also get greedy generations (examples) and their rates by ``judge``
+    (``judged``: string match on the generations, or the first-token score for ``"first_token"``) with pooled
+    target / non-target rates.
     """
+    if judge not in ("generation", "first_token"):
+        raise ValueError(f"judge must be 'generation' or 'first_token', got {judge!r}")
     tokens = list(refusal_tokens or refusal_token_ids(model.tokenizer))
     cats = test.categories
     judged = list(vectors) if judged is None else list(judged)
-    out_j, out_s, pooled, responses, kl = {}, {}, {}, {}, {}
+    out_j, out_s, pooled, responses, kl, first = {}, {}, {}, {}, {}, {}
     base_harmless = last_logprobs(model, harmless, None, batch_size)
     for cond, vec in vectors.items():
         s = scores_from_logprobs(last_logprobs(model, test.positive, vec, batch_size), tokens) > 0
-        out_s[cond] = _rates(s.tolist(), cats)
+        first[cond] = s.tolist()
+        out_s[cond] = _rates(first[cond], cats)
         if vec is not None:
             kl[cond] = kl_divergence(model, harmless, vec, batch_size, base_logprobs=base_harmless)
     tset = set(targets)
     for cond in judged:
         resp, flags = judge_generations(model, test.positive, vectors[cond], max_new_tokens, batch_size)
         responses[cond] = resp
+        if judge == "first_token":
+            flags = first[cond]
         out_j[cond] = _rates(flags, cats)
         pooled[cond] = {"target": _pooled(flags, cats, tset), "nontarget": _pooled(flags, cats, set(cats) - tset)}
     examples = []
@@ -151,6 +170,34 @@ def evaluate(model, vectors: dict[str, Any], test: SteeringData, harmless: Any, 
         for i in [i for i, c in enumerate(cats) if c == t][:n_examples]:
             examples.append({"category": t, "prompt": test.positive[i], **{c: responses[c][i] for c in judged}})
     return {"judged": out_j, "scored": out_s, "pooled": pooled, "kl": kl, "examples": examples}
+
+
+def _source(name: str):
+    """``(instructions function, refusal-token function or None)`` of a data source."""
+    if name == "refusal":
+        from interp.zoo.datasets import refusal_instructions
+        return refusal_instructions, None
+    if name == "toy-refusal":
+        from interp.zoo import toy_refusal
+        return toy_refusal.instructions, toy_refusal.refusal_tokens
+    raise ValueError(f"source must be 'refusal' or 'toy-refusal', got {name!r}")
+
+
+def toy_config(**overrides: Any) -> RepItExperimentConfig:
+    """The validation on ``zoo:toy-refusal``: vectors at layer 1, last position (the recipe's fixed choice; the
+    COSMIC selection would discard the last 20% of a 2-layer model, i.e. layer 1), every prompt of the splits,
+    affine mode. The rho search keeps the validation non-target refusal at >= 95% of baseline (ceiling 0.05),
+    a margin over the >= 90% pass criterion on held-out prompts: the paper's rule picks the smallest feasible
+    rho, a point on the constraint boundary of the validation set. Judged by the first response token (the
+    recipe's P(REFUSE) > 0.5): the paper's every-position intervention also hits the generated tokens, which this
+    2-layer model does not tolerate (after a correct first token it repeats ``Sure``)."""
+    base = dict(model="zoo:toy-refusal", source="toy-refusal", max_train_per_category=None, max_train_harmless=None,
+                max_test_per_category=None, max_test_harmless=None, max_new_tokens=8, modes=("affine",),
+                judge="first_token",
+                repit={"layer": 1, "position": -1, "nontarget_retain": 0.95, "max_select_prompts": None},
+                batch_size=64)
+    base.update(overrides)
+    return RepItExperimentConfig(**base)
 
 
 def _suffix(mode: str) -> str:
@@ -172,9 +219,11 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
     torch.manual_seed(c.seed)
     model = model if model is not None else interp.load(c.model, backend=c.backend)
     tok = model.tokenizer
-    train = refusal_data(tok, "train", max_per_category=c.max_train_per_category, max_harmless=c.max_train_harmless)
-    val = refusal_data(tok, "val", max_per_category=c.max_val_per_category)
-    test = refusal_data(tok, "test", max_per_category=c.max_test_per_category)
+    source, token_fn = _source(c.source)
+    train = refusal_data(tok, "train", max_per_category=c.max_train_per_category, max_harmless=c.max_train_harmless,
+                         source=source)
+    val = refusal_data(tok, "val", max_per_category=c.max_val_per_category, source=source)
+    test = refusal_data(tok, "test", max_per_category=c.max_test_per_category, source=source)
     harmless = test.negative
     if c.max_test_harmless is not None and len(harmless) > c.max_test_harmless:
         idx = torch.linspace(0, len(harmless) - 1, c.max_test_harmless).round().long().unique().tolist()
@@ -183,6 +232,8 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
     layer = position = None
     for mode in c.modes:
         opts = dict(c.repit)
+        if token_fn is not None:
+            opts.setdefault("refusal_tokens", tuple(token_fn(tok)))
         if layer is not None:
             opts.update(layer=layer, position=position)
         method = RepIt(RepItConfig(targets=tuple(c.targets), batch_size=c.batch_size, intervention=mode, **opts))
@@ -197,7 +248,7 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
             vectors[name + _suffix(mode)] = vec
         judged += ["natural" + _suffix(mode), "repit" + _suffix(mode)]
     ev = evaluate(model, vectors, test, harmless, list(c.targets), judged, first.config.refusal_tokens,
-                  c.max_new_tokens, c.batch_size, c.n_examples)
+                  c.max_new_tokens, c.batch_size, c.n_examples, c.judge)
     pooled = ev["pooled"]
     base_t, base_nt = pooled["none"]["target"], pooled["none"]["nontarget"]
     criteria = {}
@@ -213,6 +264,7 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
         criteria[f"natural{sfx}_collateral"] = {"value": nat, "threshold": c.min_nontarget_retain,
                                                 "passed": bool(nat < c.min_nontarget_retain)}
     locs = {mode: m.localization_ for mode, m in methods.items()}
+    efficiency = _data_efficiency(model, first, train, c.small_target_sizes)
     sel = first.selection_
     vec = first.vectors_["repit"]
     return RepItValidation(
@@ -223,8 +275,35 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
         localization={mode: ({} if loc is None else {k: v for k, v in asdict(loc).items() if k != "dims"})
                       for mode, loc in locs.items()},
         rho_search={mode: ([] if m.rho_search_ is None else m.rho_search_.points) for mode, m in methods.items()},
+        data_efficiency=efficiency,
         selection_top=[] if sel is None else sel.candidates[:10], examples=ev["examples"],
         config={**asdict(c), "targets": list(c.targets), "modes": list(c.modes)})
+
+
+def _data_efficiency(model, method: RepIt, train: SteeringData, sizes: Sequence[int]) -> dict[str, float]:
+    """cos(v'_n, v'_full) of the RepIt vector rebuilt from the first ``n`` train prompts of each target category
+    (all non-target and harmless prompts kept; layer, position and rho fixed to the full fit's)."""
+    from .repit import category_vectors, isolated_target
+
+    full = method.vectors_["repit"]
+    meta = full.metadata
+    targets, non_targets = list(meta["targets"]), list(meta["non_targets"])
+    out = {}
+    for n in sizes:
+        keep, seen = [], {t: 0 for t in targets}
+        for i, cat in enumerate(train.categories):
+            if cat in seen:
+                if seen[cat] >= n:
+                    continue
+                seen[cat] += 1
+            keep.append(i)
+        small = SteeringData(select(train.positive, keep), train.negative, [train.categories[i] for i in keep])
+        cv = category_vectors(model, small, int(meta["n_eoi"]), meta["hook"], method.config.batch_size,
+                              layers=[int(full.layer)])
+        v, _, _ = isolated_target(cv, targets, non_targets, int(meta["position"]), int(full.layer), float(meta["rho"]),
+                                  meta["reweight"])
+        out[str(n)] = float(torch.nn.functional.cosine_similarity(v, full.direction.float(), dim=0))
+    return out
 
 
 def _count(cats: list[str]) -> dict[str, int]:
@@ -234,4 +313,4 @@ def _count(cats: list[str]) -> dict[str, int]:
     return out
 
 
-__all__ = ["RepItExperimentConfig", "RepItValidation", "experiment", "evaluate", "CONDITIONS", "MODES"]
+__all__ = ["RepItExperimentConfig", "RepItValidation", "experiment", "evaluate", "toy_config", "CONDITIONS", "MODES"]
