@@ -318,7 +318,7 @@ def _train_toy_grammar(out: Path, cfg: ToyGrammarConfig) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..progress import progress
-    from ._util import quiet_transformers
+    from ._util import quiet_transformers, warmup_cosine_schedule
 
     grammar = ToyGrammar(cfg.grammar)
     torch.manual_seed(cfg.seed)
@@ -333,14 +333,7 @@ def _train_toy_grammar(out: Path, cfg: ToyGrammarConfig) -> dict:
     with quiet_transformers():
         model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
     model.train()
     losses = []
     for _ in progress(range(cfg.steps), desc="toy-grammar: training", total=cfg.steps):

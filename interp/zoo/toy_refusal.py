@@ -30,7 +30,6 @@ turns it into steering data.
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -278,7 +277,7 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..progress import progress
-    from ._util import quiet_transformers
+    from ._util import quiet_transformers, warmup_cosine_schedule
 
     torch.manual_seed(cfg.seed)
     tok = make_tokenizer()
@@ -297,14 +296,7 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     rng = random.Random(f"toy-refusal/train/{cfg.seed}")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
     model.train()
     losses = []
     for _ in progress(range(cfg.steps), desc="toy-refusal: training", total=cfg.steps):
