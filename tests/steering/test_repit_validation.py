@@ -35,8 +35,6 @@ def test_reproduced(result):
     assert result.kl["repit_ablation"] < result.kl["natural_ablation"]
     # the correction of the all-layer RepIt vector: how many residual dims hold 90% of its squared norm
     assert 0 < result.dims_90["ablation"] < 576
-    # a vector rebuilt from 12 prompts per target category points the same way
-    assert result.data_efficiency["12"] > 0.8
     assert result.to_frame().shape[0] == 5 * 11 and result.figure() is not None
 
 
