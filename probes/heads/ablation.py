@@ -87,12 +87,10 @@ class ZeroHeads(Intervention):
         return torch.where(m, repl, z)
 
 
-class HeadAblation(Mapping[str, Intervention]):
-    """``{"blocks.{l}.attn.hook_z": ZeroHeads, ...}``; use as ``with model.intervene(ablation):``."""
+class _InterventionMap(Mapping[str, Intervention]):
+    """A read-only ``{hook name: intervention}`` mapping over ``self._items`` (what ``model.intervene`` takes)."""
 
-    def __init__(self, interventions: dict[str, Intervention], mask: torch.Tensor, method: str):
-        self._items = interventions
-        self.mask, self.method = mask, method
+    _items: dict[str, Intervention]
 
     def __getitem__(self, key: str) -> Intervention:
         return self._items[key]
@@ -102,6 +100,14 @@ class HeadAblation(Mapping[str, Intervention]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class HeadAblation(_InterventionMap):
+    """``{"blocks.{l}.attn.hook_z": ZeroHeads, ...}``; use as ``with model.intervene(ablation):``."""
+
+    def __init__(self, interventions: dict[str, Intervention], mask: torch.Tensor, method: str):
+        self._items = interventions
+        self.mask, self.method = mask, method
 
     def __repr__(self) -> str:
         n = int(self.mask.sum()) if self.mask.dim() == 2 else float(self.mask.sum(dim=(1, 2)).float().mean())
@@ -176,7 +182,7 @@ class _DynamicLayer(Intervention):
         return self.owner._hook(self.layer, self.role, tensor, ctx)
 
 
-class DynamicZeroing(Mapping[str, Intervention]):
+class DynamicZeroing(_InterventionMap):
     """The paper's evaluation: per input and per layer, zero the heads whose score passes τ.
 
     The score of layer ``l`` is computed inside the (already ablated upstream) forward pass from layer
@@ -210,15 +216,6 @@ class DynamicZeroing(Mapping[str, Intervention]):
                 items[f"blocks.{layer}.attn.hook_v"] = _DynamicLayer(self, layer, "v")
             items[f"blocks.{layer}.attn.hook_z"] = _DynamicLayer(self, layer, "z")
         self._items = items
-
-    def __getitem__(self, key: str) -> Intervention:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     def _hook(self, layer: int, role: str, t: torch.Tensor, ctx: HookContext):
         if role != "z":
