@@ -61,6 +61,10 @@ class TLModel(Model):
             if point in offered:
                 self._points[name] = point
         self._names = sorted(self._points, key=lambda n: order_key(n, c.n_layers))
+        #: canonical name -> the name the hook point reports to hook functions (``hook.name``; a bridge alias
+        #: such as ``blocks.0.hook_resid_pre`` reports its canonical point ``blocks.0.hook_in``)
+        points = tl_model.hook_dict
+        self._reported = {n: points[p].name or p for n, p in self._points.items()}
         self._vision = bool(getattr(c, "is_visual_model", False)) or \
             getattr(getattr(tl_model, "original_model", None), "main_input_name", "input_ids") == "pixel_values"
         family = getattr(c, "original_architecture", None) or getattr(c, "architecture", None) or "transformer_lens"
@@ -97,16 +101,26 @@ class TLModel(Model):
         except StopIteration:
             return torch.device("cpu")
 
-    def _tl_hook(self, name: str, fns: list, tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
-        tensor, changed = self._call_hooks(name, tensor, fns)
-        return tensor if changed else None
+    def _tl_hook(self, by_point: dict[str, list], tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
+        changed_any = False
+        for name, fns in by_point[hook.name]:
+            tensor, changed = self._call_hooks(name, tensor, fns)
+            changed_any |= changed
+        return tensor if changed_any else None
 
     def _forward(self, batch, hooks: HookSet, stop_at_layer, grad):
         unknown = [n for n in hooks if n not in self._names]
         if unknown:
             from ..names import UnknownHookError, unknown_message
             raise UnknownHookError(unknown_message(unknown[0], self._names))
-        fwd_hooks = [(self._points[n], partial(self._tl_hook, n, fns)) for n, fns in hooks.items() if fns]
+        # One filter hook instead of one hook per name: a bridge rebuilds its hook_dict (with every alias) for
+        # each string hook it is given, which cost ~1 ms per hook per call; the filter needs it once.
+        by_point: dict[str, list] = {}
+        for n, fns in hooks.items():
+            if fns:
+                by_point.setdefault(self._reported[n], []).append((n, fns))
+        wanted = {self._points[n] for n, fns in hooks.items() if fns}
+        fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point))] if wanted else []
         kwargs: dict[str, Any] = {"return_type": "logits", "stop_at_layer": stop_at_layer}
         if "pixel_values" in batch:
             inputs = batch["pixel_values"]
