@@ -15,6 +15,7 @@ from .base import (
     get,
     register,
     reload_entry_points,
+    spread,
     unregister,
 )
 from .activations import collect, mean_difference
@@ -26,7 +27,7 @@ from .repit import RepIt, RepItConfig, isolate, localize
 
 __all__ = [
     "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
-    "available", "get", "register", "reload_entry_points", "unregister", "collect", "mean_difference",
+    "available", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
     "ablation_vector", "orthogonalize_weights", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
 ]

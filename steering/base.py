@@ -131,6 +131,15 @@ def select(prompts: Any, index: Sequence[int]) -> Any:
     return [prompts[i] for i in index]
 
 
+def spread(prompts: Any, k: int | None) -> Any:
+    """At most ``k`` prompts spread evenly over the list (``None``: all): categories are contiguous in the data,
+    so this keeps every category where a prefix would not."""
+    if k is None or n_prompts(prompts) <= k:
+        return prompts
+    idx = torch.linspace(0, n_prompts(prompts) - 1, k).round().long().unique().tolist()
+    return select(prompts, idx)
+
+
 def n_prompts(prompts: Any) -> int:
     return int(prompts.shape[0]) if isinstance(prompts, torch.Tensor) else len(prompts)
 

@@ -56,7 +56,7 @@ from interp.progress import progress
 from interp.results import Result
 
 from .activations import collect, resid_names
-from .base import SteeringData, SteeringMethod, SteeringVector, n_prompts, register, select
+from .base import SteeringData, SteeringMethod, SteeringVector, n_prompts, register, spread
 from .refusal import kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
 
 REWEIGHTS = ("invnorm", "uniform", "sim")
@@ -652,9 +652,9 @@ class RepIt(SteeringMethod):
             n_eoi = eoi_length(model.tokenizer)
 
         cap = c.max_select_prompts
-        val_t = _cap(val.of_category(*targets), cap)
-        val_nt = _cap(val.of_category(*non_targets), cap)
-        val_harmless = _cap(val.negative, cap)
+        val_t = spread(val.of_category(*targets), cap)
+        val_nt = spread(val.of_category(*non_targets), cap)
+        val_harmless = spread(val.negative, cap)
 
         fixed = c.layer is not None and c.position is not None
         cv = category_vectors(model, data, n_eoi, c.hook, c.batch_size, layers=[int(c.layer)] if fixed else None)
@@ -724,14 +724,6 @@ class RepIt(SteeringMethod):
         if correction.norm() > 0:
             self.vectors_["projection"] = build(correction, {**base_meta, "variant": "projection"})
         return repit
-
-
-def _cap(prompts: Any, cap: int | None) -> Any:
-    if cap is None or n_prompts(prompts) <= cap:
-        return prompts
-    # spread the kept prompts over the list (categories are contiguous) instead of taking a prefix
-    idx = torch.linspace(0, n_prompts(prompts) - 1, cap).round().long().unique().tolist()
-    return select(prompts, idx)
 
 
 __all__ = ["isolate", "isolate_with_info", "IsolationInfo", "localize", "Localization", "tail_only",

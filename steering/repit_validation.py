@@ -29,7 +29,7 @@ import torch
 
 from interp.results import Result
 
-from .base import SteeringData, select
+from .base import SteeringData, select, spread
 from .refusal import judge_generations, kl_divergence, last_logprobs, refusal_data, refusal_token_ids, \
     scores_from_logprobs
 from .repit import RepIt, RepItConfig
@@ -224,10 +224,7 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
                          source=source)
     val = refusal_data(tok, "val", max_per_category=c.max_val_per_category, source=source)
     test = refusal_data(tok, "test", max_per_category=c.max_test_per_category, source=source)
-    harmless = test.negative
-    if c.max_test_harmless is not None and len(harmless) > c.max_test_harmless:
-        idx = torch.linspace(0, len(harmless) - 1, c.max_test_harmless).round().long().unique().tolist()
-        harmless = select(harmless, idx)
+    harmless = spread(test.negative, c.max_test_harmless)
     methods: dict[str, RepIt] = {}
     layer = position = None
     for mode in c.modes:
