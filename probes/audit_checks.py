@@ -17,8 +17,9 @@ import torch
 from interp.audit import AuditData, Check, Rendered
 from interp.results import Result
 
-from .heads import (BEST_SCORE, PAPER_FRACTIONS, SCORE_FUNCTIONS, AblationResult, HeadScores, SweepResult,
-                    evaluate_ablation, inactive_sweep, resolve_scores, score_heads)
+from .heads import (BEST_SCORE, PAPER_FRACTIONS, SCORE_FUNCTIONS, HeadScores, evaluate_ablation, inactive_sweep,
+                    resolve_scores, score_heads)
+from .heads.ablation import AblationViews
 
 
 @dataclass
@@ -38,7 +39,7 @@ class HeadsConfig:
 
 
 @dataclass
-class HeadsCheckResult(Result):
+class HeadsCheckResult(AblationViews, Result):
     """Everything the ``heads`` check measured."""
 
     per_input: dict[str, torch.Tensor]  #: score -> [n_score_texts, n_layers, n_heads]
@@ -58,19 +59,6 @@ class HeadsCheckResult(Result):
     @property
     def head_scores(self) -> HeadScores:
         return HeadScores(per_input=self.per_input, n_tokens=self.n_tokens, model=self.model)
-
-    @property
-    def ablation_result(self) -> AblationResult | None:
-        return None if self.ablation is None else AblationResult(**self.ablation)
-
-    @property
-    def sweep_result(self) -> SweepResult | None:
-        return None if self.sweep is None else SweepResult(**self.sweep)
-
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.summary_rows)
 
     def figure(self):
         return self.head_scores.figure()

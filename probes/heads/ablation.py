@@ -515,6 +515,27 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
                        tolerance, "prepass" if prepass else "dynamic")
 
 
-__all__ = ["ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means", "dynamic_zeroing",
+class AblationViews:
+    """Typed views of the ``ablation`` / ``sweep`` dicts a result stores (its JSON form), and its table."""
+
+    ablation: dict[str, Any] | None
+    sweep: dict[str, Any] | None
+    summary_rows: list[dict[str, Any]]
+
+    @property
+    def ablation_result(self) -> AblationResult | None:
+        return None if self.ablation is None else AblationResult(**self.ablation)
+
+    @property
+    def sweep_result(self) -> SweepResult | None:
+        return None if self.sweep is None else SweepResult(**self.sweep)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.summary_rows)
+
+
+__all__ = ["AblationViews", "ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means", "dynamic_zeroing",
            "DynamicZeroing", "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepResult",
            "random_heads", "random_like"]

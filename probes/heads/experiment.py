@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from interp.results import Result
 
-from .ablation import AblationResult, SweepResult, evaluate_ablation, inactive_sweep
+from .ablation import AblationViews, evaluate_ablation, inactive_sweep
 from .scores import BEST_SCORE, PAPER_FRACTIONS, HeadScores, score_heads
 
 
@@ -42,7 +42,7 @@ class ValidationConfig:
 
 
 @dataclass
-class ValidationResult(Result):
+class ValidationResult(AblationViews, Result):
     """Fractions flagged per score, and flagged-vs-random ablation on held-out text."""
 
     config: dict[str, Any]
@@ -51,19 +51,6 @@ class ValidationResult(Result):
     ablation: dict[str, Any]
     sweep: dict[str, Any] | None = None
     kind: ClassVar[str] = "inactive_heads_validation"
-
-    @property
-    def ablation_result(self) -> AblationResult:
-        return AblationResult(**self.ablation)
-
-    @property
-    def sweep_result(self) -> SweepResult | None:
-        return None if self.sweep is None else SweepResult(**self.sweep)
-
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.summary_rows)
 
     def figure(self):
         return self.ablation_result.figure()
