@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from interp.io import atomic_write_json  # noqa: E402
-from models.completep import CompletePConfig, experiment  # noqa: E402
-from models.completep.experiments import STAGES  # noqa: E402
+from interp.models.completep import CompletePConfig, experiment  # noqa: E402
+from interp.models.completep.experiments import STAGES  # noqa: E402
 
 
 class TrackingStore(dict):

@@ -32,7 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main() -> dict:
     from interp.audit import AuditData
-    from probes import score_heads
+    from interp.probes import score_heads
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="zoo:smollm2-135m")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from models.bayesian_tpnn import (
+from interp.models.bayesian_tpnn import (
     BayesianTPNN, BayesianTPNNConfig, BayesianTPNNResult, TPNNNode, experiment,
     node_forward, selection_auroc, synthetic_anova, tpnn_basis, tpnn_factors,
 )
@@ -66,7 +66,7 @@ def test_vectorised_basis_matches_per_node_products():
         b, u = rng.uniform(0.1, 0.9, len(S)), np.log(rng.uniform(0.005, 0.2, len(S)))
         _, log_m, _ = node_forward(x[:, list(S)], b, u, need_grad=False)
         nodes.append(TPNNNode(S, b, u, log_m))
-    from models.bayesian_tpnn import _pad_nodes
+    from interp.models.bayesian_tpnn import _pad_nodes
 
     Phi = tpnn_basis(x, *_pad_nodes(nodes))
     x_new = rng.random((50, 5))
@@ -271,7 +271,7 @@ def test_small_run_ranks_true_components_above_all_others(small_run):
 
 
 def test_small_run_predicts_as_well_as_gradient_boosting(small_run):
-    from models.bayesian_tpnn import _hgb_rmse
+    from interp.models.bayesian_tpnn import _hgb_rmse
 
     model, X, y, _ = small_run
     rmse = np.sqrt(np.mean((model.predict(X[500:]) - y[500:]) ** 2))
@@ -319,7 +319,7 @@ def test_bad_inputs_raise_clear_errors():
 def _worse_without_stepwise(ab) -> bool:
     """The digest's "detection of x5:x6:x7 is worse with stepwise birth disabled", made quantitative:
     mean posterior inclusion lower by at least 0.05, or mean posterior importance below 90%."""
-    from models.bayesian_tpnn import ablation_means
+    from interp.models.bayesian_tpnn import ablation_means
 
     m = ablation_means(ab)
     return (m["inclusion_567_off"] < m["inclusion_567_on"] - 0.05

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.completep import (CompletePConfig, CompletePResult, EnsembleAdamW, EnsembleGPT, GPTConfig, HParams,
+from interp.models.completep import (CompletePConfig, CompletePResult, EnsembleAdamW, EnsembleGPT, GPTConfig, HParams,
                               MemberSpec, ModuleMultipliers, TensorHParams, attention_scale, coordinate_check,
                               grid_argmin, kjv_text, load_kjv_corpus, refined_optimum, residual_multiplier,
                               sde_scale, tensor_hparams, tensor_rule, train_ensemble, trust_region_search)
@@ -261,7 +261,7 @@ def test_coordinate_check_completep_stable_and_sp_blows_up(corpus):
 def test_result_roundtrip_store_reuse_and_frozen_store(tmp_path, corpus):
     """A tiny end-to-end run of every stage: results save/load, the unit store makes a rerun free, and a
     FrozenStore refuses to train a unit it lacks."""
-    from models.completep import FrozenStore, experiment
+    from interp.models.completep import FrozenStore, experiment
 
     cfg = CompletePConfig(base_width=32, seq_len=32, steps=8, eval_sequences=8, coord_widths=(32, 64),
                           coord_depths=(2, 4), coord_steps=3, coord_seeds=1, lr_exponents=(-9.0, -7.0, -5.0),
@@ -295,7 +295,7 @@ def test_result_roundtrip_store_reuse_and_frozen_store(tmp_path, corpus):
 def test_lr_transfer_across_width_completep_stays_sp_drifts(corpus):
     cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -5)), transfer_widths=(64, 256),
                           transfer_depths=(2,), stages=("lr",))
-    from models.completep import lr_transfer
+    from interp.models.completep import lr_transfer
 
     s = lr_transfer(cfg, corpus, store={}).summary["lr"]
     assert abs(s["shift_width"]["completep"]) <= 1, s["argmin"]
@@ -306,7 +306,7 @@ def test_lr_transfer_across_width_completep_stays_sp_drifts(corpus):
 def test_lr_transfer_across_depth_completep_stays(corpus):
     cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-10, -5)), transfer_widths=(64,),
                           transfer_depths=(2, 8), stages=("lr",))
-    from models.completep import lr_transfer
+    from interp.models.completep import lr_transfer
 
     s = lr_transfer(cfg, corpus, store={}).summary["lr"]
     assert abs(s["shift_depth"]["completep"]) <= 1, s["argmin"]
@@ -319,7 +319,7 @@ def test_lr_transfer_across_depth_completep_stays(corpus):
 @pytest.mark.slow
 def test_batch_size_sqrt_rule_keeps_the_optimum(corpus):
     cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -6)), stages=("batch",))
-    from models.completep import batch_transfer
+    from interp.models.completep import batch_transfer
 
     s = batch_transfer(cfg, corpus, store={}).summary["batch"]
     assert s["pass"] and s["spread_points"] <= 1, s
@@ -328,7 +328,7 @@ def test_batch_size_sqrt_rule_keeps_the_optimum(corpus):
 @pytest.mark.slow
 def test_per_module_multipliers_transfer_better_than_global(corpus):
     cfg = CompletePConfig(stages=("per_module",))
-    from models.completep import per_module_transfer
+    from interp.models.completep import per_module_transfer
 
     res = per_module_transfer(cfg, corpus, store={})
     s = res.summary["per_module"]
@@ -344,7 +344,7 @@ def test_doubling_the_steps_lowers_the_optimal_lr_about_sqrt2(corpus):
     Measured with the benchmark's two seeds: -0.67 (within the [-0.75, -0.25] band); one seed alone gave -0.82,
     so this criterion is close to the noise of the loss landscape at this scale (see docs)."""
     cfg = CompletePConfig(stages=("duration",))
-    from models.completep import duration_transfer
+    from interp.models.completep import duration_transfer
 
     s = duration_transfer(cfg, corpus, store={}).summary["duration"]
     shift = s["log2_shift_per_doubling"]["200->400"]

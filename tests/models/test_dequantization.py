@@ -7,7 +7,7 @@ import torch
 from sklearn.linear_model import Ridge
 from torch import nn
 
-from models.dequantization import (
+from interp.models.dequantization import (
     DequantConfig, DequantLinear, DequantResult, QuantSpec, convert_linears, dequant_params, experiment,
     fake_quantize, fast_affine_matmul, loss_roughness, nm_sparsity_mask, quantize, ridge_dequantize, ridge_fit,
     ste_dequantize, train_digits,

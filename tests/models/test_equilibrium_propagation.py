@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.common import digits_split
-from models.equilibrium_propagation import (
+from interp.models.common import digits_split
+from interp.models.equilibrium_propagation import (
     EPConfig, EPResult, FRERNN, bp_gradients, convergence_profile, default_skips, ep_gradients, experiment,
     gradient_alignment, train,
 )

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from models.spiked_regression import (SpikedRegressionConfig, SpikedRegressionResult, alignment_coefficient,
+from interp.models.spiked_regression import (SpikedRegressionConfig, SpikedRegressionResult, alignment_coefficient,
                                       alignment_flip_gamma, asymptotic_regime, asymptotic_risk, excess_risk,
                                       experiment, gamma_from_rule, make_target, make_targets, min_norm_interpolator,
                                       sample_spiked_data, simulate_risk, theory_risk)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.common import limit_threads
-from models.squared_circuits import (Circuit, CircuitBuilder, NotStructuredError, SquaredCircuitsConfig,
+from interp.models.common import limit_threads
+from interp.models.squared_circuits import (Circuit, CircuitBuilder, NotStructuredError, SquaredCircuitsConfig,
                                      SquaredCircuitsResult, TreeMixtureCircuit, exactness_experiment, experiment,
                                      learning_experiment, marginal_errors, morton_order, quantize_digits,
                                      random_structure, semi_unitary, tree_structure, two_partition_structure)

@@ -8,7 +8,7 @@ import torch
 
 import interp
 from interp.testing import tiny_model
-from probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores, ablate_heads,
+from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores, ablate_heads,
                           evaluate_ablation, head_statistics, inactive_sweep, output_weights, score_heads,
                           scores_from_statistics)
 

@@ -5,7 +5,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_output_norm_heads_are_cheaper_to_ablate_than_random_heads():
-    from probes.heads.experiment import ValidationConfig, experiment
+    from interp.probes.heads.experiment import ValidationConfig, experiment
 
     res = experiment(ValidationConfig(n_random=5))
     table = res.to_frame().set_index("score")

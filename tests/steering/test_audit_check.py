@@ -13,7 +13,7 @@ TEMPLATE = ("{% for m in messages %}<|bos|>user: {{ m['content'] }}<|eos|>{% end
 
 def test_registered_through_entry_point():
     cls = get_check("steering")
-    assert cls.__module__ == "steering.audit_check" and cls.Config().method == "repit"
+    assert cls.__module__ == "interp.steering.audit_check" and cls.Config().method == "repit"
 
 
 def test_skipped_without_refusal_data(llama, tmp_path):

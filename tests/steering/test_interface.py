@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-import steering
-from steering import AffineAblate, SteeringData, SteeringVector
-from steering.activations import collect
+from interp import steering
+from interp.steering import AffineAblate, SteeringData, SteeringVector
+from interp.steering.activations import collect
 
 
 def test_registry_has_builtins():

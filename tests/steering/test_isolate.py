@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from steering.repit import isolate, isolate_with_info, localize, search_rho, tail_only
+from interp.steering.repit import isolate, isolate_with_info, localize, search_rho, tail_only
 
 
 def _whitened(v, R, reweight="invnorm"):

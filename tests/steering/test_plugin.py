@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import interp, steering
     from interp.testing import tiny_model
-    from steering import SteeringData, SteeringVector
+    from interp.steering import SteeringData, SteeringVector
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -73,6 +73,6 @@ def test_entry_point_plugin(tmp_path):
     assert out["loaded_class"] == "PCAVector" and 0 < out["explained"] <= 1
     assert out["hooks"] == ["blocks.1.hook_resid_pre"] and out["equal"] and out["changed"] > 1e-3
     # uninstalled again: a fresh interpreter no longer sees it
-    after = subprocess.run([sys.executable, "-c", "import steering; print('example_pca' in steering.available())"],
+    after = subprocess.run([sys.executable, "-c", "from interp import steering; print('example_pca' in steering.available())"],
                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert after.stdout.strip() == "False", after.stderr[-2000:]

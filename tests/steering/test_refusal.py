@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from steering import SteeringVector
-from steering.refusal import (_spread, judge_generations, kl_divergence, last_logprobs, refusal_scores,
+from interp.steering import SteeringVector
+from interp.steering.refusal import (_spread, judge_generations, kl_divergence, last_logprobs, refusal_scores,
                               refusal_token_ids, scores_from_logprobs)
 
 

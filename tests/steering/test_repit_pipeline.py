@@ -3,9 +3,9 @@ test_repit_validation.py)."""
 import pytest
 import torch
 
-import steering
-from steering import SteeringData, SteeringVector
-from steering.repit import category_vectors, isolate
+from interp import steering
+from interp.steering import SteeringData, SteeringVector
+from interp.steering.repit import category_vectors, isolate
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ nearly the same vector (cos > 0.8).
 import pytest
 import torch
 
-from steering.repit_validation import RepItValidation, experiment, toy_config
+from interp.steering.repit_validation import RepItValidation, experiment, toy_config
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    from steering.repit_validation import RepItExperimentConfig, RepItValidation, experiment
+    from interp.steering.repit_validation import RepItExperimentConfig, RepItValidation, experiment
 
     res = experiment(RepItExperimentConfig())
     path = tmp_path_factory.mktemp("repit") / "result"

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from steering import SteeringMethod, SteeringVector
-from steering.activations import collect
+from interp.steering import SteeringMethod, SteeringVector
+from interp.steering.activations import collect
 
 
 class PCAVector(SteeringVector):
