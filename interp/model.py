@@ -90,7 +90,11 @@ class Model:
 
     # ------------------------------------------------------------------ names
     def hook_names(self, pattern: str | Sequence[str] | None = None) -> list[str]:
-        """Canonical hook names this model offers (optionally filtered by a glob or list of globs)."""
+        """Canonical hook names this model offers, optionally filtered by a glob or a list of names/globs.
+
+        With a list, the result is in the caller's order (see :func:`interp.names.expand`); with ``None``
+        or one glob, in the model's execution order. Unknown names are dropped here (use them in
+        ``run_with_cache`` to get an error naming the closest valid ones)."""
         return expand(pattern, self._all_hook_names(), strict=False)
 
     def _resolve(self, names) -> list[str]:

@@ -64,31 +64,40 @@ def order_key(name: str, n_layers: int) -> tuple[int, int]:
 
 
 def expand(patterns: str | Iterable[str] | None, available: Sequence[str], strict: bool = True) -> list[str]:
-    """Resolve names/patterns against ``available`` (order kept as in ``available``).
+    """Resolve names/patterns against ``available``, in the caller's order.
 
-    ``None`` selects everything. A pattern without wildcard that is not itself a name is tried as a
-    block-hook suffix (``hook_resid_post`` → every ``blocks.*.hook_resid_post``). With ``strict`` a
-    pattern that matches nothing raises :class:`UnknownHookError` naming the closest valid names.
+    The result lists the matches of the first pattern, then those of the second, and so on (duplicates
+    kept once, at their first place); the matches of one glob come in the order of ``available`` (the
+    model's execution order). So ``expand(["blocks.2.x", "blocks.0.x"], ...)`` is
+    ``["blocks.2.x", "blocks.0.x"]``: code may zip the result with the list it asked for. ``None``
+    selects everything, in ``available`` order.
+
+    A pattern without wildcard that is not itself a name is tried as a block-hook suffix
+    (``hook_resid_post`` → every ``blocks.*.hook_resid_post``). With ``strict`` a pattern that matches
+    nothing raises :class:`UnknownHookError` naming the closest valid names.
     """
     if patterns is None:
         return list(available)
     if isinstance(patterns, str):
         patterns = [patterns]
+    elif not isinstance(patterns, Iterable):
+        raise TypeError(f"hook names must be a string or a list of strings, got {type(patterns).__name__}")
     avail = set(available)
-    chosen: set[str] = set()
+    chosen: dict[str, None] = {}
     for pat in patterns:
         if not isinstance(pat, str):
-            raise TypeError(f"hook names must be strings, got {type(pat).__name__}")
+            raise TypeError(f"hook names must be strings, got {type(pat).__name__}: {pat!r}")
         if pat in avail:
-            chosen.add(pat)
+            chosen.setdefault(pat)
             continue
         matched = [n for n in available if fnmatch.fnmatchcase(n, pat)]
         if not matched and not any(c in pat for c in "*?["):
             matched = [n for n in available if fnmatch.fnmatchcase(n, f"blocks.*.{pat}")]
         if not matched and strict:
             raise UnknownHookError(unknown_message(pat, available))
-        chosen.update(matched)
-    return [n for n in available if n in chosen]
+        for n in matched:
+            chosen.setdefault(n)
+    return list(chosen)
 
 
 def unknown_message(name: str, available: Sequence[str]) -> str:
