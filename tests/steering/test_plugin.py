@@ -17,7 +17,8 @@ DIST = "interp-steering-plugin-example"
 SCRIPT = textwrap.dedent("""
     import json, sys, warnings
     import torch
-    import interp, steering
+    import interp
+    from interp import steering
     from interp.testing import tiny_model
     from interp.steering import SteeringData, SteeringVector
 
