@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from interp.names import parse
+from interp.names import parse, unknown_message
 from interp.progress import progress
 
 from .base import batches, n_prompts, prepared
@@ -33,20 +33,37 @@ def collect(model, prompts: Any, names: Sequence[str], positions: Sequence[int] 
 
     Args:
         prompts: list of strings (left-padded on tokenization) or token ids ``[n, pos]``.
-        names: canonical hook names (no globs), e.g. ``[f"blocks.{l}.hook_resid_pre" for l in ...]``.
+        names: canonical hook names (no globs, no bare suffixes), e.g.
+            ``[f"blocks.{l}.hook_resid_pre" for l in ...]``, in any order, repeats allowed.
         positions: negative (from the end) or non-negative indices into each prompt.
 
     Returns:
-        float32 tensor ``[n_prompts, len(names), len(positions), d]`` on the CPU.
+        float32 tensor ``[n_prompts, len(names), len(positions), d]`` on the CPU. Axis 1 follows the CALLER's
+        order: ``out[:, i]`` is ``names[i]``, whatever order the capture layer resolves or runs the hooks in
+        (the cache is read by name, never by resolution order).
+
+    Raises:
+        ValueError: a name that is not exactly one of the model's hook names (unknown, a glob or a suffix).
     """
-    names = model.hook_names(list(names))
+    if isinstance(names, str):
+        raise TypeError("names must be a list of hook names, not a single string")
+    names = list(names)
+    if not names:
+        raise ValueError("names is empty: pass at least one hook name")
+    available = model.hook_names()
+    known = set(available)
+    bad = [n for n in names if not isinstance(n, str) or n not in known]
+    if bad:
+        raise ValueError(f"collect needs exact hook names of this model (no globs or suffixes); {len(bad)} "
+                         f"are not: {unknown_message(str(bad[0]), available)}")
+    unique = list(dict.fromkeys(names))
     positions = list(positions)
-    stop = _stop_layer(model, names)
+    stop = _stop_layer(model, unique)
     out = []
     total = (n_prompts(prompts) + batch_size - 1) // batch_size
     for batch in progress(batches(prompts, batch_size), desc=desc or "activations", total=total):
-        _, cache = model.run_with_cache(prepared(model, batch), names=names, stop_at_layer=stop)
-        acts = torch.stack([cache[n][:, positions] for n in names], dim=1)  # [b, names, pos, d]
+        _, cache = model.run_with_cache(prepared(model, batch), names=unique, stop_at_layer=stop)
+        acts = torch.stack([cache[n][:, positions] for n in names], dim=1)  # [b, names, pos, d], caller's order
         out.append(acts.float().cpu())
     return torch.cat(out, dim=0)
 
