@@ -5,6 +5,8 @@ Usage (from the repository root)::
 
     .venv/bin/python benchmarks/completep_sweep.py                 # everything, ~15-20 CPU minutes
     .venv/bin/python benchmarks/completep_sweep.py --stages coord lr
+    .venv/bin/python benchmarks/completep_sweep.py --stages lr --grad-clip none --final-gain-eps width \
+        --out /tmp/before.json                                     # the settings before issue #22
 
 Every training run is a unit stored in ``benchmarks/results/completep_sweep.json`` as soon as it finishes
 (written atomically: a temporary file renamed over the old one). Interrupt at any time; running the same
@@ -26,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from interp.io import atomic_write_json  # noqa: E402
-from interp.models.completep import CompletePConfig, experiment  # noqa: E402
+from interp.models.completep import FINAL_GAIN_EPS, CompletePConfig, HParams, experiment  # noqa: E402
 from interp.models.completep.experiments import STAGES  # noqa: E402
 
 
@@ -46,19 +48,34 @@ class TrackingStore(dict):
         super().__setitem__(key, value)
 
 
+def _clip(text: str) -> float | None:
+    """``--grad-clip`` value: a positive float, or ``none`` for no clipping."""
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--grad-clip must be positive or 'none', got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "completep_sweep.json")
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1 is fastest on a shared 2-core machine)")
+    ap.add_argument("--grad-clip", type=_clip, default=HParams().grad_clip,
+                    help="maximum global gradient norm per model, or 'none' (default: %(default)s, as the reference)")
+    ap.add_argument("--final-gain-eps", choices=FINAL_GAIN_EPS, default="reference",
+                    help="Adam-epsilon rule of the final LayerNorm gain (default: %(default)s)")
     ap.add_argument("--figure", type=Path, default=None, help="also write the plotly figure as HTML here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
     units = TrackingStore(doc.get("units", {}))
-    cfg = CompletePConfig(stages=tuple(args.stages))
+    cfg = CompletePConfig(stages=tuple(args.stages), final_gain_eps=args.final_gain_eps,
+                          hp=HParams(grad_clip=args.grad_clip))
     started = time.time()
 
     def save(store: dict, **extra) -> None:

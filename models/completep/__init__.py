@@ -17,7 +17,7 @@ Public API::
     CompletePConfig, CompletePResult, experiment, coordinate_check, lr_transfer,
     batch_transfer, duration_transfer, per_module_transfer, trust_region_search
 """
-from .config import BLOCK_MODULES, HP_TYPES, MODULES, PARAMETERIZATIONS, GPTConfig, HParams, ModuleMultipliers, sde_scale
+from .config import BLOCK_MODULES, FINAL_GAIN_EPS, HP_TYPES, MODULES, PARAMETERIZATIONS, GPTConfig, HParams, ModuleMultipliers, sde_scale
 from .data import CharCorpus, CharTokenizer, kjv_text, load_kjv_corpus
 from .experiments import (CompletePConfig, CompletePResult, FrozenStore, batch_transfer, coordinate_check, duration_transfer,
                           experiment, grid_argmin, lr_grid, lr_transfer, per_module_transfer, refined_optimum,
@@ -28,7 +28,7 @@ from .parameterization import PARAM_KINDS, TensorRule, attention_scale, residual
 from .train import EnsembleRun, MemberSpec, evaluate, tensor_hparams, train_ensemble
 
 __all__ = [
-    "BLOCK_MODULES", "HP_TYPES", "MODULES", "PARAMETERIZATIONS", "PARAM_KINDS", "CharCorpus", "CharTokenizer",
+    "BLOCK_MODULES", "FINAL_GAIN_EPS", "HP_TYPES", "MODULES", "PARAMETERIZATIONS", "PARAM_KINDS", "CharCorpus", "CharTokenizer",
     "CompletePConfig", "CompletePResult", "FrozenStore", "EnsembleAdamW", "EnsembleGPT", "EnsembleRun", "GPTConfig", "HParams",
     "MemberSpec", "ModuleMultipliers", "ParamInfo", "TensorHParams", "TensorRule", "attention_scale",
     "batch_transfer", "coordinate_check", "duration_transfer", "evaluate", "experiment", "grid_argmin",

@@ -22,6 +22,14 @@ gain, up and down projections; ``unembedding``: final LayerNorm gain and the log
 
 BLOCK_MODULES = ("attention", "mlp")
 
+FINAL_GAIN_EPS = ("reference", "width")
+"""Adam epsilon rule of the final LayerNorm gain under CompleteP. ``reference``: ``eps / m_N * m_L^-alpha``, as
+the CompleteP reference code (EleutherAI/nanoGPT-mup, branch ``completep``), which scales one epsilon for every
+parameter group, the final gain included. ``width``: ``eps / m_N`` with no depth factor (the final gain sits
+outside the residual branches, so its gradient does not shrink with depth; the same argument by which
+Complete(d)P drops the depth factor of the embedding epsilon). The paper's per-tensor table was not available,
+so it is not known which of the two Complete(d)P uses; the reference rule is the default."""
+
 HP_TYPES = ("lr", "wd", "beta1", "beta2", "eps", "init", "mult")
 """Hyperparameter types that carry per-module multipliers. ``beta1``/``beta2`` multiply ``1 - beta``;
 ``init`` multiplies the init std of matrices; ``mult`` is a forward multiplier (input multiplier for the
@@ -33,7 +41,8 @@ class GPTConfig:
     """Shape of the pre-norm GPT and its parameterization.
 
     Width is scaled by the number of heads at a fixed ``head_dim`` (CPU-scale choice; the attention scale
-    still follows the ``1/d_head`` rule when ``head_dim`` differs from ``base_head_dim``).
+    still follows the ``1/d_head`` rule when ``head_dim`` differs from ``base_head_dim``). ``final_gain_eps``
+    picks the Adam-epsilon rule of the final LayerNorm gain (see :data:`FINAL_GAIN_EPS`).
     """
 
     vocab_size: int = 63
@@ -49,10 +58,13 @@ class GPTConfig:
     parameterization: str = "completep"
     qk_norm: bool = True
     norm_eps: float = 1e-5
+    final_gain_eps: str = "reference"
 
     def __post_init__(self) -> None:
         if self.parameterization not in PARAMETERIZATIONS:
             raise ValueError(f"parameterization must be one of {PARAMETERIZATIONS}, got {self.parameterization!r}")
+        if self.final_gain_eps not in FINAL_GAIN_EPS:
+            raise ValueError(f"GPTConfig.final_gain_eps must be one of {FINAL_GAIN_EPS}, got {self.final_gain_eps!r}")
         for name in ("vocab_size", "width", "depth", "head_dim", "mlp_ratio", "seq_len", "base_width",
                      "base_depth", "base_head_dim"):
             if int(getattr(self, name)) < 1:
@@ -84,8 +96,10 @@ class GPTConfig:
 class HParams:
     """Base (global) hyperparameters, meant at the base shape and batch; per-tensor values follow the rules.
 
-    Defaults: AdamW betas (0.9, 0.95), init std 0.02 and coupled (PyTorch-style) weight decay 0.1 as in the
-    CompleteP reference code; Z-loss 1e-4 (the paper uses a Z-loss with an unknown coefficient; 1e-4 is the
+    Defaults: AdamW betas (0.9, 0.95), init std 0.02, coupled (PyTorch-style) weight decay 0.1 and clipping of
+    the global gradient norm at ``grad_clip = 1.0`` as in the CompleteP reference code (``None`` disables
+    clipping; the norm is each ensemble member's own, over all of its parameters). ``eps = 1e-8`` is our
+    default; the reference code's is ``adam_eps = 1e-12``. Z-loss 1e-4 (the paper uses a Z-loss with an unknown coefficient; 1e-4 is the
     PaLM value); linear warm-up over 10% of the steps then cosine decay to 10% (the paper uses a cosine
     schedule; warm-up length and floor are implementation choices). ``lr = 2**-8`` is the optimum measured
     at the base shape (width 64, depth 2, 200 steps of 8 x 64 characters) by ``benchmarks/completep_sweep.py``.
@@ -100,8 +114,13 @@ class HParams:
     z_loss: float = 1e-4
     warmup_frac: float = 0.1
     final_lr_frac: float = 0.1
+    grad_clip: float | None = 1.0
 
     def __post_init__(self) -> None:
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float))
+                                               and not isinstance(self.grad_clip, bool) and math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"HParams.grad_clip must be a positive finite float (the maximum global gradient "
+                             f"norm) or None (no clipping), got {self.grad_clip!r}")
         if not self.lr > 0 or not self.eps > 0 or not self.init_std > 0:
             raise ValueError(f"lr, eps and init_std must be positive, got {self.lr}, {self.eps}, {self.init_std}")
         if self.weight_decay < 0 or self.z_loss < 0:

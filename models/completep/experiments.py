@@ -19,7 +19,7 @@ import pandas as pd
 
 from interp.results import Result
 
-from .config import MODULES, GPTConfig, HParams, ModuleMultipliers, sde_scale
+from .config import FINAL_GAIN_EPS, MODULES, GPTConfig, HParams, ModuleMultipliers, sde_scale
 from .data import CharCorpus, load_kjv_corpus
 from .train import MemberSpec, train_ensemble
 
@@ -35,7 +35,8 @@ class CompletePConfig:
     Model: pre-norm GPT, head size 16, context 64 characters, base shape width 64 / depth 2. Training:
     ``steps`` AdamW steps of ``batch_size`` windows (the recipe says 300 steps; 200 x 8 x 64 characters is
     the reduced default), validation cross-entropy on ``eval_sequences`` fixed held-out windows.
-    Learning-rate grids are log2 exponents (``2**-12 ... 2**-4`` as in the recipe).
+    Learning-rate grids are log2 exponents (``2**-12 ... 2**-4`` as in the recipe). ``final_gain_eps`` is
+    passed to every model (:data:`~.config.FINAL_GAIN_EPS`); gradient clipping is ``hp.grad_clip``.
     """
 
     base_width: int = 64
@@ -43,6 +44,7 @@ class CompletePConfig:
     head_dim: int = 16
     seq_len: int = 64
     alpha: float = 1.0
+    final_gain_eps: str = "reference"
     hp: HParams = field(default_factory=HParams)
     batch_size: int = 8
     steps: int = 200
@@ -79,6 +81,9 @@ class CompletePConfig:
     stages: tuple[str, ...] = STAGES
 
     def __post_init__(self) -> None:
+        if self.final_gain_eps not in FINAL_GAIN_EPS:
+            raise ValueError(f"CompletePConfig.final_gain_eps must be one of {FINAL_GAIN_EPS}, "
+                             f"got {self.final_gain_eps!r}")
         unknown = set(self.stages) - set(STAGES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; expected a subset of {STAGES}")
@@ -99,7 +104,8 @@ class CompletePConfig:
         return GPTConfig(vocab_size=vocab_size, width=width or self.base_width, depth=depth or self.base_depth,
                          head_dim=self.head_dim, seq_len=self.seq_len, base_width=self.base_width,
                          base_depth=self.base_depth, base_head_dim=self.head_dim,
-                         alpha=self.alpha if alpha is None else alpha, parameterization=parameterization)
+                         alpha=self.alpha if alpha is None else alpha, parameterization=parameterization,
+                         final_gain_eps=self.final_gain_eps)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -180,7 +186,7 @@ def lr_grid(cfg: CompletePConfig, corpus: CharCorpus, parameterization: str, wid
     key = _key("lr_grid", p=parameterization, w=width, d=depth, x=list(exponents), steps=steps, b=batch_size,
                hp=hp_key, bm=batch_mult, tm=token_mult, seeds=list(seeds), alpha=alpha,
                mult=multipliers.to_dict() if multipliers else None, seed=cfg.seed, T=cfg.seq_len,
-               hd=cfg.head_dim, base=[cfg.base_width, cfg.base_depth], ev=cfg.eval_sequences)
+               hd=cfg.head_dim, base=[cfg.base_width, cfg.base_depth], ev=cfg.eval_sequences, fge=cfg.final_gain_eps)
 
     def compute() -> dict:
         model = cfg.model(corpus.vocab_size, width, depth, parameterization, alpha)
@@ -190,9 +196,14 @@ def lr_grid(cfg: CompletePConfig, corpus: CharCorpus, parameterization: str, wid
                              eval_sequences=cfg.eval_sequences,
                              desc=f"{parameterization} w{width} d{depth} b{batch_size} s{steps}")
         g = len(exponents)
+        clip = math.inf if hp.grad_clip is None else hp.grad_clip
+        with np.errstate(invalid="ignore"):
+            seen = np.isfinite(run.grad_norm)
+            clipped = np.where(seen.any(1), (run.grad_norm > clip).sum(1) / np.maximum(seen.sum(1), 1), np.nan)
         return {"exponents": list(exponents), "seeds": list(seeds),
                 "val_loss": [_nan_list(run.val_loss[i * g:(i + 1) * g]) for i in range(len(seeds))],
-                "train_loss": [_nan_list(run.final_train_loss[i * g:(i + 1) * g]) for i in range(len(seeds))]}
+                "train_loss": [_nan_list(run.final_train_loss[i * g:(i + 1) * g]) for i in range(len(seeds))],
+                "clipped_frac": [_nan_list(clipped[i * g:(i + 1) * g]) for i in range(len(seeds))]}
 
     return _unit(store, key, compute, on_update)
 
@@ -210,7 +221,8 @@ class CompletePResult(Result):
 
     ``coord``: rows ``{parameterization, axis, width, depth, step, name, rms}`` (mean over seeds);
     ``sweeps``: rows ``{stage, parameterization, width, depth, batch_size, steps, seed, log2_lr, lr,
-    val_loss, train_loss}`` (``log2_lr`` in base-LR units; ``lr`` the value actually used);
+    val_loss, train_loss, clipped_frac}`` (``log2_lr`` in base-LR units; ``lr`` the value actually used;
+    ``clipped_frac`` the fraction of steps whose gradient norm exceeded ``grad_clip``);
     ``search``: rows ``{round, index, loss, log2 multipliers..., center, radius}``;
     ``transfer``: rows ``{setting, seed, width, val_loss}``; ``summary``: measured numbers and pass flags.
     """
@@ -307,7 +319,7 @@ def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None, sto
         for axis, w, d in shapes:
             key = _key("coord", p=p, w=w, d=d, steps=cfg.coord_steps, seeds=cfg.coord_seeds, b=cfg.coord_batch_size,
                        hp=dataclasses.asdict(hp), alpha=cfg.alpha, seed=cfg.seed, T=cfg.seq_len, hd=cfg.head_dim,
-                       base=[cfg.base_width, cfg.base_depth])
+                       base=[cfg.base_width, cfg.base_depth], fge=cfg.final_gain_eps)
 
             def compute(w=w, d=d, p=p) -> dict:
                 members = [MemberSpec(hp, None, cfg.seed + s) for s in range(cfg.coord_seeds)]
@@ -378,11 +390,13 @@ def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: S
 
 def _sweep_rows(unit: dict, stage: str, p: str, w: int, d: int, batch: int, steps: int, lr_factor: float) -> list[dict]:
     rows = []
-    for seed, vals, tr in zip(unit["seeds"], unit["val_loss"], unit["train_loss"]):
-        for x, v, t in zip(unit["exponents"], vals, tr):
+    clipped = unit.get("clipped_frac", [[None] * len(unit["exponents"])] * len(unit["seeds"]))
+    for seed, vals, tr, cl in zip(unit["seeds"], unit["val_loss"], unit["train_loss"], clipped):
+        for x, v, t, c in zip(unit["exponents"], vals, tr, cl):
             rows.append({"stage": stage, "parameterization": p, "width": w, "depth": d, "batch_size": batch,
                          "steps": steps, "seed": seed, "log2_lr": x, "lr": 2.0 ** x * lr_factor,
-                         "val_loss": np.nan if v is None else v, "train_loss": np.nan if t is None else t})
+                         "val_loss": np.nan if v is None else v, "train_loss": np.nan if t is None else t,
+                         "clipped_frac": np.nan if c is None else c})
     return rows
 
 
@@ -502,7 +516,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
         calls["n"] += 1
         key = _key("search", round=r, pts=np.round(points, 8).tolist(), hp=dataclasses.asdict(hp), steps=cfg.steps,
                    b=cfg.batch_size, seed=cfg.seed, w=cfg.base_width, d=cfg.base_depth, alpha=cfg.alpha,
-                   coords=coords, ev=cfg.eval_sequences)
+                   coords=coords, ev=cfg.eval_sequences, fge=cfg.final_gain_eps)
 
         def compute() -> dict:
             members = [MemberSpec(hp, ModuleMultipliers.from_log2(coords, pt), cfg.seed) for pt in points]
@@ -526,7 +540,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
 
     key = _key("transfer", w=cfg.search_target_width, d=cfg.base_depth, hp=dataclasses.asdict(hp),
                mult=best_mult.to_dict(), seeds=list(cfg.search_transfer_seeds), steps=cfg.steps, b=cfg.batch_size,
-               seed=cfg.seed, alpha=cfg.alpha, ev=cfg.eval_sequences)
+               seed=cfg.seed, alpha=cfg.alpha, ev=cfg.eval_sequences, fge=cfg.final_gain_eps)
 
     def compute_transfer() -> dict:
         members = [MemberSpec(hp, mult, s) for s in cfg.search_transfer_seeds for mult in (None, best_mult)]

@@ -6,7 +6,8 @@ Same update as ``torch.optim.AdamW`` (decoupled-in-form but lr-coupled decay, Py
     m <- beta1 m + (1 - beta1) g ;  v <- beta2 v + (1 - beta2) g^2
     p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 
-with ``lr, wd, beta1, beta2, eps`` tensors ``[E]`` per parameter tensor.
+with ``lr, wd, beta1, beta2, eps`` tensors ``[E]`` per parameter tensor. :meth:`EnsembleAdamW.clip_grad_norm_`
+clips each member's global gradient norm on its own (``torch.nn.utils.clip_grad_norm_`` per member).
 """
 from __future__ import annotations
 
@@ -41,6 +42,28 @@ class EnsembleAdamW:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: torch.Tensor | float) -> torch.Tensor:
+        """Clip every member's global gradient norm (over all of its parameters) to ``max_norm`` in place.
+
+        ``max_norm``: scalar or ``[E]`` (``inf`` = no clipping for that member). As
+        ``torch.nn.utils.clip_grad_norm_`` applied to each member alone: member ``e``'s gradients are multiplied
+        by ``min(1, max_norm[e] / (norm[e] + 1e-6))``, so a member's clipping never depends on another member's
+        gradients. Returns the pre-clipping norms ``[E]``.
+        """
+        grads = [p.grad for p in self.params if p.grad is not None]
+        E = self.params[0].shape[0]
+        if not grads:
+            return torch.zeros(E)
+        norm = torch.stack([g.float().pow(2).flatten(1).sum(1) for g in grads]).sum(0).sqrt()
+        max_norm = torch.as_tensor(max_norm, dtype=torch.float32).expand(E)
+        if (max_norm <= 0).any() or max_norm.isnan().any():
+            raise ValueError(f"max_norm must be positive (inf for no clipping), got {max_norm.tolist()}")
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.view((E,) + (1,) * (g.dim() - 1)).to(g.dtype))
+        return norm
 
     @torch.no_grad()
     def step(self, lr_scale: torch.Tensor | float = 1.0) -> None:

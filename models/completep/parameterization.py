@@ -10,14 +10,18 @@ Complete(d)P (``parameterization="completep"``)::
     hidden_in/out  s / sqrt(m_N) lr / m_N * m_L^(a-1) wd * m_N      eps / m_N * m_L^-a  branch x m_L^-a
     hidden_gain    1             lr * m_L^(a-1)      0              eps / m_N * m_L^-a
     qk_gain        1             lr * m_L^(a-1)      0              eps * m_L^-a
-    final_gain     1             lr                  0              eps / m_N
+    final_gain     1             lr                  0              eps / m_N * m_L^-a  (final_gain_eps="reference")
+                                                                    eps / m_N           (final_gain_eps="width")
     unembedding    s / m_N       lr / m_N            wd * m_N       eps                 no logit multiplier
     attention logits: q.k * sqrt(base_head_dim) / head_dim
 
-Sources: the CompleteP reference code (hidden, embedding, gains; the embedding/unembedding epsilon fix
+Sources: the CompleteP reference code (hidden matrices, embedding, gains; the embedding/unembedding epsilon fix
 credited there to this paper) and the Complete(d)P changes listed in the digest: QK-norm gains are shared
 across heads so their epsilon is constant in width; the output-logit multiplier ``1/m_N`` is removed and
-absorbed into the unembedding init (``s/m_N``), LR (``lr/m_N``) and decay (``wd*m_N``).
+absorbed into the unembedding init (``s/m_N``), LR (``lr/m_N``) and decay (``wd*m_N``). The reference code
+scales one epsilon, ``eps / m_N * m_L^-a``, for every parameter group, the final gain included; that is our
+default for the final gain, and ``GPTConfig.final_gain_eps="width"`` drops its depth factor (see
+``config.FINAL_GAIN_EPS``; which one Complete(d)P uses is not known).
 Choices where the paper's Table 1 was not available (UNCERTAIN): the unembedding epsilon is constant in
 width (its gradient is width-independent once the multiplier is absorbed); the QK-norm gains take the same
 depth factors as the other hidden gains; the attention scale is written so that it equals ``1/sqrt(d)`` at
@@ -73,7 +77,8 @@ def tensor_rule(kind: str, cfg: GPTConfig) -> TensorRule:
     if kind == "qk_gain":
         return TensorRule(init=1.0, lr=depth_lr, wd=0.0, eps=depth_eps)
     if kind == "final_gain":
-        return TensorRule(init=1.0, lr=1.0, wd=0.0, eps=1.0 / m_n)
+        eps = depth_eps / m_n if cfg.final_gain_eps == "reference" else 1.0 / m_n
+        return TensorRule(init=1.0, lr=1.0, wd=0.0, eps=eps)
     return TensorRule(init=1.0 / m_n, lr=1.0 / m_n, wd=m_n, eps=1.0)  # unembedding
 
 

@@ -56,13 +56,15 @@ class EnsembleRun:
     """Outcome of :func:`train_ensemble` for ``E`` members.
 
     ``val_loss`` ``[E]`` (NaN for diverged members), ``train_loss`` ``[E, steps]`` (cross-entropy of each
-    step's batch, NaN after divergence), ``diverged`` ``[E]`` and, when recorded, ``stats[name]``
+    step's batch, NaN after divergence), ``grad_norm`` ``[E, steps]`` (global gradient norm of the objective
+    before clipping, NaN after divergence), ``diverged`` ``[E]`` and, when recorded, ``stats[name]``
     ``[steps + 1, E]`` activation RMS values (row ``t`` measured after ``t`` updates).
     """
 
     val_loss: np.ndarray
     train_loss: np.ndarray
     diverged: np.ndarray
+    grad_norm: np.ndarray
     stats: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -79,7 +81,9 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
     """Train ``len(members)`` GPTs of shape ``cfg`` side by side on the same batches; evaluate on held-out text.
 
     The LR factor follows :func:`models.common.warmup_cosine` with each member's ``warmup_frac`` and
-    ``final_lr_frac``. The objective is cross-entropy plus ``z_loss * mean(logsumexp^2)``. A member whose
+    ``final_lr_frac``. The objective is cross-entropy plus ``z_loss * mean(logsumexp^2)``; its gradient is
+    clipped to each member's ``grad_clip`` (global norm over the member's parameters, as the CompleteP reference
+    code clips; ``None`` = no clipping) before the AdamW step. A member whose
     batch cross-entropy becomes non-finite or exceeds ``divergence_loss`` (default ``2 ln V``, twice the
     loss of a uniform prediction) is stopped and reported as diverged.
     """
@@ -95,9 +99,11 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
     opt = EnsembleAdamW([p for p, _ in model.param_infos()], tensor_hparams(model, members))
     limit = 2.0 * math.log(cfg.vocab_size) if divergence_loss is None else divergence_loss
     z_coef = torch.tensor([m.hp.z_loss for m in members])
+    clip = torch.tensor([math.inf if m.hp.grad_clip is None else m.hp.grad_clip for m in members])
     gen = torch.Generator().manual_seed(int(data_seed))
     alive = torch.arange(E)  # original index of each member still in the ensemble
     train_loss = np.full((E, steps), np.nan)
+    grad_norm = np.full((E, steps), np.nan)
     stats: dict[str, list[np.ndarray]] = {}
 
     def add_stats(record: dict[str, torch.Tensor]) -> None:
@@ -121,10 +127,11 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
                 break
             model.keep_members(ok)
             opt.keep_members(ok, [p for p, _ in model.param_infos()])
-            alive, z_coef = alive[ok], z_coef[ok]
+            alive, z_coef, clip = alive[ok], z_coef[ok], clip[ok]
             ce, z = model.loss(x, y)  # recompute on the surviving members (the old graph is stale)
         opt.zero_grad()
         (ce + z_coef * z).sum().backward()
+        grad_norm[alive.numpy(), step] = opt.clip_grad_norm_(clip).numpy()
         sched = torch.tensor([warmup_cosine(step, steps, members[i].hp.warmup_frac, members[i].hp.final_lr_frac)
                               for i in alive.tolist()])
         opt.step(sched)
@@ -140,7 +147,7 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
                 add_stats(record)
     diverged = np.ones(E, dtype=bool)
     diverged[alive.numpy()] = False
-    return EnsembleRun(val_loss=val, train_loss=train_loss, diverged=diverged,
+    return EnsembleRun(val_loss=val, train_loss=train_loss, diverged=diverged, grad_norm=grad_norm,
                        stats={k: np.stack(v) for k, v in stats.items()})
 
 

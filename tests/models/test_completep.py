@@ -78,6 +78,31 @@ def test_completep_rule_table_hand_values():
     assert residual_multiplier(mup) == 1.0 and tensor_rule("hidden_in", mup).lr == pytest.approx(0.25)
 
 
+def test_final_gain_eps_follows_the_reference_by_default_hand_values(corpus):
+    """CompleteP reference code: one Adam eps, eps / m_N * m_L^-alpha, for every group, the final gain included."""
+    cfg = GPTConfig(width=256, depth=8, base_width=64, base_depth=2, alpha=1.0)  # m_N = 4, m_L = 4
+    assert cfg.final_gain_eps == "reference"
+    assert tensor_rule("final_gain", cfg).eps == pytest.approx(1 / 16)  # 1/4 * 4^-1
+    assert tensor_rule("final_gain", cfg).eps == pytest.approx(tensor_rule("hidden_in", cfg).eps)
+    assert tensor_rule("final_gain", cfg.replace(alpha=0.5)).eps == pytest.approx(1 / 8)  # 1/4 * 4^-1/2
+    assert tensor_rule("final_gain", cfg.replace(final_gain_eps="width")).eps == pytest.approx(1 / 4)
+    rule = tensor_rule("final_gain", cfg)
+    assert (rule.init, rule.lr, rule.wd) == (1.0, 1.0, 0.0)  # only eps depends on the choice
+    assert tensor_rule("final_gain", cfg.replace(parameterization="mup")).eps == pytest.approx(1 / 4)  # no depth rules
+    assert tensor_rule("final_gain", cfg.replace(parameterization="sp")).eps == 1.0
+    # through the per-tensor hyperparameters: base eps 1e-8 at m_N = 2, m_L = 3/2
+    small = small_cfg(corpus, width=64, depth=3, base_width=32, base_depth=2)
+    model = EnsembleGPT(small, 1)
+    hps = dict(zip([i.name for _, i in model.param_infos()], tensor_hparams(model, [MemberSpec(HParams(eps=1e-8))])))
+    assert hps["ln_f"].eps.item() == pytest.approx(1e-8 / 2 / 1.5)
+    assert hps["ln_f"].eps.item() == pytest.approx(hps["blocks.2.w_o"].eps.item())
+    with pytest.raises(ValueError, match="final_gain_eps"):
+        GPTConfig(final_gain_eps="depth")
+    with pytest.raises(ValueError, match="final_gain_eps"):
+        CompletePConfig(final_gain_eps="none")
+    assert CompletePConfig(final_gain_eps="width").model(63).final_gain_eps == "width"
+
+
 def test_standard_parameterization_has_no_shape_factors():
     cfg = GPTConfig(width=256, depth=8, base_width=64, base_depth=2, parameterization="sp")
     for kind in ("embedding", "hidden_in", "unembedding"):
@@ -163,6 +188,80 @@ def test_ensemble_adamw_equals_torch_adamw_per_member():
             q.grad = g[e].clone()
             ref.step()
         torch.testing.assert_close(p.data[e], q.data, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_clip_config_and_per_member_clipping_hand_values():
+    assert HParams().grad_clip == 1.0 and HParams(grad_clip=None).grad_clip is None
+    for bad in (0.0, -1.0, math.inf, math.nan, True, "1"):
+        with pytest.raises(ValueError, match="grad_clip"):
+            HParams(grad_clip=bad)
+    # two tensors, three members: member norms 5 (3-4-0), 0.5 and 13 (5-12)
+    a = torch.nn.Parameter(torch.zeros(3, 2))
+    b = torch.nn.Parameter(torch.zeros(3, 1, 1))
+    a.grad = torch.tensor([[3.0, 4.0], [0.3, 0.0], [5.0, 0.0]])
+    b.grad = torch.tensor([0.0, 0.4, 12.0]).view(3, 1, 1)
+    ones = TensorHParams(*(torch.ones(3) for _ in range(5)))
+    opt = EnsembleAdamW([a, b], [ones, ones])
+    norms = opt.clip_grad_norm_(torch.tensor([1.0, 1.0, 26.0]))
+    assert norms.tolist() == pytest.approx([5.0, 0.5, 13.0])
+    s = 1.0 / (5.0 + 1e-6)  # torch's rule: max_norm / (norm + 1e-6)
+    torch.testing.assert_close(a.grad, torch.tensor([[3 * s, 4 * s], [0.3, 0.0], [5.0, 0.0]]))
+    torch.testing.assert_close(b.grad.flatten(), torch.tensor([0.0, 0.4, 12.0]))  # below its max: untouched
+    # equal to torch.nn.utils.clip_grad_norm_ applied to each member alone
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4, 5) * torch.tensor([0.01, 1.0, 100.0]).view(3, 1, 1), torch.randn(3, 7)]
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    EnsembleAdamW(params, [ones, ones]).clip_grad_norm_(torch.tensor([1.0, 2.0, math.inf]))
+    for e, max_norm in enumerate((1.0, 2.0, math.inf)):
+        alone = [torch.nn.Parameter(torch.zeros_like(g[e])) for g in grads]
+        for q, g in zip(alone, grads):
+            q.grad = g[e].clone()
+        torch.nn.utils.clip_grad_norm_(alone, max_norm)
+        for q, p in zip(alone, params):
+            torch.testing.assert_close(p.grad[e], q.grad)
+
+
+def test_one_members_huge_gradient_does_not_change_another_members_update():
+    """Clipping is per member: scaling member 1's gradients by 1e6 leaves member 0's trajectory bit-identical
+    (one clip over the whole ensemble's norm would shrink member 0's gradient ~1e6x)."""
+    torch.manual_seed(1)
+    init = torch.randn(2, 6, 3)
+    grads = [torch.randn(2, 6, 3) for _ in range(5)]
+    hp = TensorHParams(torch.full((2,), 1e-2), torch.full((2,), 0.1), torch.full((2,), 0.9), torch.full((2,), 0.95),
+                       torch.full((2,), 1e-8))
+    finals, norms = [], []
+    for blow_up in (1.0, 1e6):
+        p = torch.nn.Parameter(init.clone())
+        opt = EnsembleAdamW([p], [hp])
+        for g in grads:
+            p.grad = g * torch.tensor([0.1, blow_up]).view(2, 1, 1)  # member 0's norm ~0.4 < 1: never clipped
+            norms.append(opt.clip_grad_norm_(1.0))
+            opt.step()
+        finals.append(p.detach().clone())
+    assert torch.equal(finals[0][0], finals[1][0])
+    assert max(n[1].item() for n in norms[5:]) > 1e5 and max(n[0].item() for n in norms) < 1.0
+
+
+def test_trainer_clips_each_member_on_its_own(corpus):
+    """In training, a member with a huge Z-loss gradient (norms >> 1, clipped every step) runs beside a normal
+    member whose losses and gradient norms equal those of the same member trained alone; the clipping is on."""
+    cfg = small_cfg(corpus, depth=3)
+    normal = MemberSpec(HParams(lr=2.0 ** -6), None, 0)
+    huge = MemberSpec(HParams(lr=2.0 ** -6, z_loss=1e4), None, 1)
+    joint = train_ensemble(cfg, [normal, huge], corpus, steps=6, batch_size=4, eval_sequences=8)
+    alone = train_ensemble(cfg, [normal], corpus, steps=6, batch_size=4, eval_sequences=8)
+    assert not joint.diverged.any() and (joint.grad_norm[1] > 100.0).all()
+    np.testing.assert_allclose(joint.train_loss[0], alone.train_loss[0], rtol=1e-5)
+    np.testing.assert_allclose(joint.grad_norm[0], alone.grad_norm[0], rtol=1e-4)
+    np.testing.assert_allclose(joint.val_loss[0], alone.val_loss[0], rtol=1e-5)
+    # the default clip (1.0) acts: without it the same member follows another trajectory
+    unclipped = train_ensemble(cfg, [MemberSpec(HParams(lr=2.0 ** -6, grad_clip=None), None, 0)], corpus, steps=6,
+                               batch_size=4, eval_sequences=8)
+    assert (alone.grad_norm[0] > 1.0).any()
+    assert np.abs(unclipped.train_loss[0, 1:] - alone.train_loss[0, 1:]).max() > 1e-4
+    np.testing.assert_allclose(unclipped.train_loss[0, 0], alone.train_loss[0, 0], rtol=1e-6)  # same start
 
 
 def test_ensemble_members_train_exactly_like_single_models(corpus):
@@ -279,6 +378,8 @@ def test_result_roundtrip_store_reuse_and_frozen_store(tmp_path, corpus):
     loaded = CompletePResult.load(path)
     assert loaded.summary["per_module"]["pass"] == res.summary["per_module"]["pass"]
     assert len(loaded.to_frame()) == len(res.to_frame()) > 0
+    clipped = res.to_frame().query("table == 'sweeps'").clipped_frac
+    assert clipped.notna().any() and clipped.between(0.0, 1.0).all()
     assert len(res.figure().data) >= 8
     # the proxy's first search point is the global optimum itself: same loss as in the LR grid
     first = res.search[0]["loss"]
