@@ -1,4 +1,28 @@
-"""Atomic file writing: nothing half-written is ever left where a complete file is expected."""
+"""Safe writing: nothing half-written where a complete output is expected, and nothing of the user's lost.
+
+Two layers:
+
+* :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json` write one file via a
+  temporary sibling and an atomic rename; :func:`atomic_dir` swaps a whole folder in with one rename and is
+  meant only for folders this program owns entirely (the zoo cache).
+* :func:`output_dir` is **the writer rule** for every output folder a user names (``Result.save``,
+  ``SteeringVector.save``, ``interp audit --out``):
+
+  - everything is written into a temporary folder first and moved into place only when complete; a failure
+    (or an interruption) leaves the previous output exactly as it was and no temporary folder behind;
+  - a folder it writes is marked by a manifest, ``.interp-output.json``, listing the files it wrote. On a
+    re-run it replaces only those files: anything the user added to the folder (``notes.txt``, ``mydata/``,
+    even a file inside one of its sub-folders) is left alone;
+  - it refuses (:class:`OutputError`) to write into a non-empty folder it did not write, and to replace a
+    file of the user's that happens to have the name of one of its outputs, unless asked
+    (``overwrite=True``, ``--force``); even then only same-named files are replaced, nothing else is removed;
+  - it never turns a file into a folder, never replaces a folder of the user's by a file, and never
+    replaces a symbolic link at the output path: it refuses, or (``overwrite=True``) writes into the link's
+    target and leaves the link in place;
+  - parent folders it had to create are removed again when the write fails.
+
+  :func:`check_output` applies the same checks without writing, so commands can refuse before slow work.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,23 +31,65 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+#: Name of the manifest that marks a folder written by :func:`output_dir`.
+MANIFEST = ".interp-output.json"
+MANIFEST_SCHEMA = "interp.output"
+MANIFEST_VERSION = 1
+_NEW_PREFIX = ".interp-new-"
+_OLD_PREFIX = ".interp-old-"
+
+#: Callable recognising an output written before manifests existed: ``legacy(folder)`` returns the
+#: relative paths of the files it wrote there, or ``None`` when the folder is not such an output.
+LegacyFiles = Callable[[Path], "Sequence[str] | None"]
+
+
+class OutputError(ValueError):
+    """An output path cannot be written without replacing or deleting something that is not ours."""
+
+
+# ------------------------------------------------------------------------------ single files
+def _make_parents(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; return the folders it created, deepest first (to remove them after a failure)."""
+    created: list[Path] = []
+    p = folder
+    while not p.exists() and not p.is_symlink():
+        created.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _remove_if_empty(folders: Iterable[Path]) -> None:
+    for d in folders:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename.
+
+    Parent folders are created as needed and removed again when the write fails.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    created = _make_parents(path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _remove_if_empty(created)
         raise
     return path
 
@@ -55,21 +121,274 @@ def _json_default(obj: Any) -> Any:
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling folder; on success it replaces ``path`` in one rename.
 
-    On an exception (or interruption) the temporary folder is removed and ``path`` is untouched,
-    so an interrupted build never leaves a half-written folder that later looks complete.
+    Only for folders this program owns entirely (the zoo cache): an existing folder at ``path`` is
+    replaced as a whole. User-facing outputs use :func:`output_dir`. A symbolic link or a file at
+    ``path`` is refused. On an exception (or interruption) the temporary folder and any parent folders
+    created for it are removed and ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    if path.is_symlink():
+        raise OutputError(f"{str(path)!r} is a symbolic link; refusing to replace it with a folder")
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{str(path)!r} exists and is not a folder; refusing to replace a file with a folder")
+    created = _make_parents(path.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        try:
+            yield tmp
+            if path.exists():
+                old = path.with_name(f".{path.name}.old.{os.getpid()}")
+                os.replace(path, old)
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+
+
+# ------------------------------------------------------------------------- the writer rule
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of a folder written by :func:`output_dir`, or ``None`` (missing or unreadable)."""
+    f = Path(folder) / MANIFEST
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("schema") != MANIFEST_SCHEMA:
+        return None
+    files, dirs = meta.get("files"), meta.get("dirs", [])
+    if not isinstance(files, list) or not isinstance(dirs, list):
+        return None
+    if not all(isinstance(x, str) and _safe_rel(x) for x in [*files, *dirs]):
+        return None
+    return meta
+
+
+def _safe_rel(rel: str) -> bool:
+    p = Path(rel)
+    return bool(rel) and not p.is_absolute() and ".." not in p.parts
+
+
+def _ancestors(rel: str) -> list[str]:
+    """``"a/b/c.txt"`` -> ``["a", "a/b"]``."""
+    parts = Path(rel).parts
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _through_link(root: Path, rel: str) -> bool:
+    """Does ``root/rel`` pass through a symbolic link inside ``root``?"""
+    return any((root / d).is_symlink() for d in _ancestors(rel))
+
+
+def _is_leftover(name: str) -> bool:
+    return name.startswith(_NEW_PREFIX) or name.startswith(_OLD_PREFIX)
+
+
+class _Target:
+    """The checked state of an output path: where to write, and which files there are ours."""
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool, writer: str, legacy: LegacyFiles | None) -> None:
+        if not isinstance(path, (str, os.PathLike)) or str(path) == "":
+            raise OutputError(f"output path must be a non-empty path, got {path!r}")
+        p = Path(path).expanduser().absolute()
+        self.requested = p
+        if p.is_symlink():
+            if not overwrite:
+                raise OutputError(f"output path {str(p)!r} is a symbolic link (to {os.readlink(p)!r}); refusing to "
+                                  "replace it: pass the target folder itself, or overwrite=True (--force) to write "
+                                  "into the link's target")
+            p = p.resolve()
+        self.path, self.overwrite, self.writer = p, overwrite, writer
+        if p.exists() and not p.is_dir():
+            raise OutputError(f"output path {str(p)!r} exists and is not a folder; refusing to replace a file with "
+                              "a folder (even with overwrite): choose another path or remove the file yourself")
+        ancestor = p.parent
+        while not ancestor.exists() and not ancestor.is_symlink():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise OutputError(f"output folder {str(p)!r} is not writable: {str(ancestor)!r} is not a folder")
+        if not os.access(p if p.is_dir() else ancestor, os.W_OK | os.X_OK):
+            raise OutputError(f"output folder {str(p)!r} is not writable (no write permission in "
+                              f"{str(p if p.is_dir() else ancestor)!r})")
+        self.exists = p.is_dir()
+        self.owned: set[str] = set()
+        self.owned_dirs: set[str] = set()
+        if not self.exists:
+            return
+        entries = [e for e in os.listdir(p) if not _is_leftover(e)]
+        manifest = read_manifest(p)
+        if manifest is not None:
+            self.owned = set(manifest["files"])
+            self.owned_dirs = set(manifest.get("dirs", []))
+        elif legacy is not None and entries and (found := legacy(p)) is not None:
+            self.owned = {str(x) for x in found if _safe_rel(str(x))}
+            self.owned_dirs = {d for x in self.owned for d in _ancestors(x)}
+        elif entries and not overwrite:
+            why = "its manifest is unreadable" if (p / MANIFEST).exists() else f"it has no {MANIFEST}"
+            raise OutputError(f"output folder {str(p)!r} is not empty and was not written by {writer} ({why}); "
+                              "refusing to mix its files with new output: choose a new or empty folder, or pass "
+                              "overwrite=True (--force) to write into it (your files stay; only files with the "
+                              "names of the new outputs are replaced)")
+
+    def conflicts(self, rels: Iterable[str]) -> list[str]:
+        """Paths under the output that writing ``rels`` would replace or that block it, and why."""
+        out: list[str] = []
+        for rel in sorted(rels):
+            if rel.endswith("/"):  # a folder the writer creates
+                rel = rel.rstrip("/") + "/_"
+            for d in _ancestors(rel):
+                q = self.path / d
+                if q.is_symlink():
+                    out.append(f"{d} (a symbolic link where a folder is needed)")
+                    break
+                if q.exists() and not q.is_dir():
+                    if d not in self.owned:
+                        out.append(f"{d} (a file where a folder is needed)")
+                    break
+            else:
+                q = self.path / rel
+                if rel.endswith("/_"):
+                    continue
+                if q.is_dir() and not q.is_symlink():
+                    out.append(f"{rel} (a folder where a file is needed)")
+                elif (q.exists() or q.is_symlink()) and rel not in self.owned and not self.overwrite:
+                    out.append(f"{rel} (a file this program did not write)")
+        return out
+
+    def refuse_conflicts(self, rels: Iterable[str]) -> None:
+        bad = self.conflicts(rels)
+        if bad:
+            hint = "" if self.overwrite else " (overwrite=True / --force replaces files of the same name)"
+            raise OutputError(f"refusing to write into {str(self.path)!r}: it would replace or remove "
+                              f"{', '.join(bad)}; choose another folder or move them away{hint}")
+
+
+def check_output(path: str | os.PathLike, names: Sequence[str] = (), *, overwrite: bool = False,
+                 writer: str = "interp", legacy: LegacyFiles | None = None) -> Path:
+    """Check, without writing anything, that :func:`output_dir` could write ``names`` to ``path``.
+
+    ``names`` are relative paths of the files the writer is going to create, and of folders with a
+    trailing ``/`` (top-level names are enough to catch the common conflicts early). Returns the folder that would be written (the target of a symbolic link when
+    ``overwrite=True``); raises :class:`OutputError` with the reason otherwise.
+    """
+    target = _Target(path, overwrite, writer, legacy)
+    target.refuse_conflicts(names)
+    return target.path
+
+
+@contextlib.contextmanager
+def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str = "interp",
+               legacy: LegacyFiles | None = None) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success its files become the output at ``path``.
+
+    The rules are in the module docstring. ``writer`` names the program in error messages; ``legacy``
+    recognises outputs of this writer from before manifests existed (so they are replaced, not refused).
+    On an exception nothing at ``path`` changes (files replaced during the final moves are restored).
+    """
+    target = _Target(path, overwrite, writer, legacy)
+    p = target.path
+    created = _make_parents(p.parent)
+    try:
+        if target.exists:  # staging inside the folder keeps every move on one file system
+            tmp = Path(tempfile.mkdtemp(dir=p, prefix=_NEW_PREFIX))
+        else:
+            tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}{_NEW_PREFIX}"))
+    except OSError as exc:
+        _remove_if_empty(created)
+        raise OutputError(f"output folder {str(p)!r} is not writable: {exc.strerror or exc}") from None
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old.{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        files, dirs = _walk(tmp)
+        if MANIFEST in files:
+            raise OutputError(f"{MANIFEST} is reserved for the output manifest; a writer may not create it")
+        manifest = {"schema": MANIFEST_SCHEMA, "schema_version": MANIFEST_VERSION, "writer": writer,
+                    "files": sorted(files)}
+        if not target.exists:
+            manifest["dirs"] = sorted(dirs)
+            atomic_write_json(tmp / MANIFEST, manifest)
+            os.rename(tmp, p)  # fails rather than replace if something appeared there meanwhile
+            return
+        target.refuse_conflicts(files)
+        _commit_into(target, tmp, files, dirs, manifest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_if_empty(created)
         raise
+
+
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """Relative paths of the files (and symbolic links) and of the folders under ``root``."""
+    files: list[str] = []
+    dirs: list[str] = []
+    for here, subdirs, names in os.walk(root):
+        rel = Path(here).relative_to(root)
+        for d in list(subdirs):
+            if (Path(here) / d).is_symlink():
+                subdirs.remove(d)
+                names.append(d)
+            else:
+                dirs.append((rel / d).as_posix())
+        files.extend((rel / n).as_posix() for n in names)
+    return files, dirs
+
+
+def _commit_into(target: _Target, tmp: Path, files: list[str], dirs: list[str], manifest: dict) -> None:
+    """Move the new files from ``tmp`` into the existing folder, replacing only owned (or allowed) files."""
+    p = target.path
+    backup = Path(tempfile.mkdtemp(dir=p, prefix=_OLD_PREFIX))
+    moved_out: list[str] = []  # files moved from p into the backup (old outputs, replaced files)
+    moved_in: list[str] = []  # new files moved into p
+    made: list[str] = []  # folders created in p
+    try:
+        # 1. move the old outputs and the files being replaced out of the way (into the backup); never
+        #    through a symbolic link the user put in place of one of our folders
+        for rel in sorted((target.owned | set(files)) - {MANIFEST}):
+            q = p / rel
+            if _through_link(p, rel) or not (q.exists() or q.is_symlink()) or (q.is_dir() and not q.is_symlink()):
+                continue
+            (backup / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(q, backup / rel)
+            moved_out.append(rel)
+        # 2. create the folders and move the new files in
+        for d in sorted(dirs, key=lambda s: len(Path(s).parts)):
+            if not (p / d).is_dir():
+                (p / d).mkdir()
+                made.append(d)
+        for rel in sorted(files):
+            os.replace(tmp / rel, p / rel)
+            moved_in.append(rel)
+        # 3. old output folders that are now empty go (a folder holding a file of the user's stays)
+        stale = sorted(target.owned_dirs - set(dirs), key=lambda s: -len(Path(s).parts))
+        _remove_if_empty(p / d for d in stale if not _through_link(p, d) and not (p / d).is_symlink())
+        # 4. the manifest last: from here on the new output is the recorded one
+        manifest["dirs"] = sorted(d for d in target.owned_dirs | set(dirs)
+                                  if (p / d).is_dir() and not (p / d).is_symlink())
+        atomic_write_json(p / MANIFEST, manifest)
+    except BaseException:
+        for rel in reversed(moved_in):
+            with contextlib.suppress(OSError):
+                os.replace(p / rel, tmp / rel)
+        for d in sorted(made, key=lambda s: -len(Path(s).parts)):
+            with contextlib.suppress(OSError):
+                (p / d).rmdir()
+        for rel in moved_out:
+            with contextlib.suppress(OSError):
+                (p / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(backup / rel, p / rel)
+        shutil.rmtree(backup, ignore_errors=True)
+        raise
+    # 5. clean up: the backup, the staging folder, and what killed earlier runs left behind
+    shutil.rmtree(backup, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for e in os.listdir(p):
+        if _is_leftover(e) and (p / e).is_dir() and not (p / e).is_symlink():
+            shutil.rmtree(p / e, ignore_errors=True)
+
+
+__all__ = ["MANIFEST", "OutputError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+           "check_output", "output_dir", "read_manifest"]

@@ -3,8 +3,9 @@
 A result is a dataclass deriving from :class:`Result`. It gets, for free:
 
 * ``save(path)`` / ``load(path)``: tensors and arrays go to ``path/tensors.safetensors``, everything
-  else (numbers, strings, lists, dicts of those) to ``path/result.json``; written atomically, read back
-  without pickle.
+  else (numbers, strings, lists, dicts of those) to ``path/result.json``; written through the toolkit's
+  writer rule (:func:`interp.io.output_dir`: atomic, replaces only its own earlier output, keeps the user's
+  files, refuses anything else unless ``overwrite=True``), read back without pickle.
 * ``to_dict()``: a JSON-ready summary (tensors become nested lists).
 
 Subclasses implement ``to_frame()`` (a tidy :class:`pandas.DataFrame`) and ``figure()`` (a plotly figure).
@@ -19,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .io import atomic_dir
+from .io import output_dir
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +60,17 @@ def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return value
 
 
+def _legacy_result_files(folder: Path) -> list[str] | None:
+    """The files of a result saved before output manifests existed (so that it is replaced, not refused)."""
+    try:
+        meta = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not {"schema_version", "type", "fields"} <= set(meta):
+        return None
+    return [n for n in ("result.json", "tensors.safetensors") if (folder / n).is_file()]
+
+
 class Result:
     """Mixin for dataclass results: ``save``/``load``/``to_dict``; subclasses add ``to_frame``/``figure``."""
 
@@ -86,8 +98,15 @@ class Result:
             return v
         return {f.name: convert(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
-    def save(self, path: str | Path) -> Path:
-        """Write the result to the folder ``path`` (atomically replacing an older one)."""
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write the result to the folder ``path``; returns the folder written.
+
+        A missing or empty folder, or one holding an earlier saved result, is fine (the earlier result's
+        files are replaced atomically; files the user added there stay). A file at ``path``, a symbolic
+        link, or a non-empty folder this did not write raise :class:`interp.io.OutputError`, unless
+        ``overwrite=True`` (which writes into such a folder or the link's target, replacing only files of
+        the same names; a file is never replaced by a folder).
+        """
         from safetensors.torch import save_file
 
         if not dataclasses.is_dataclass(self):
@@ -96,12 +115,11 @@ class Result:
         skeleton = {f.name: _flatten_tensors(f.name, getattr(self, f.name), tensors) for f in dataclasses.fields(self)}
         meta = {"schema_version": SCHEMA_VERSION, "type": f"{type(self).__module__}.{type(self).__qualname__}",
                 "fields": skeleton}
-        path = Path(path)
-        with atomic_dir(path) as tmp:
+        with output_dir(path, overwrite=overwrite, writer="Result.save", legacy=_legacy_result_files) as tmp:
             (tmp / "result.json").write_text(json.dumps(meta, indent=2))
             if tensors:
                 save_file(tensors, str(tmp / "tensors.safetensors"))
-        return path
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path):

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 import torch
 
 from interp.interventions import Add, HookContext, Intervention, ProjectOut
-from interp.io import atomic_dir
+from interp.io import output_dir
 
 #: Entry-point group through which other packages add steering methods.
 ENTRY_POINT_GROUP = "interp.steering"
@@ -260,8 +260,13 @@ class SteeringVector:
             yield m
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write ``path/vector.safetensors`` (tensors) and ``path/vector.json`` (everything else), atomically."""
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write ``path/vector.safetensors`` (tensors) and ``path/vector.json`` (everything else).
+
+        Through the toolkit's writer rule (:func:`interp.io.output_dir`): atomic; an earlier saved vector
+        at ``path`` is replaced, files the user added to the folder stay; a file, a symbolic link or a
+        non-empty folder this did not write raise :class:`interp.io.OutputError` unless ``overwrite=True``.
+        """
         from safetensors.torch import save_file
 
         tensors = {"direction": self.direction.contiguous()}
@@ -273,11 +278,15 @@ class SteeringVector:
                 "operation": self.operation, "hooks": list(self.hooks),
                 "positions": None if self.positions is None else list(self.positions),
                 "scale": self.scale, "metadata": _jsonable(self.metadata)}
-        path = Path(path)
-        with atomic_dir(path) as tmp:
+
+        def legacy(folder: Path) -> list[str] | None:  # a vector saved before output manifests existed
+            names = ["vector.json", "vector.safetensors"]
+            return names if all((folder / n).is_file() for n in names) else None
+
+        with output_dir(path, overwrite=overwrite, writer="SteeringVector.save", legacy=legacy) as tmp:
             save_file(tensors, str(tmp / "vector.safetensors"))
             (tmp / "vector.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        return path
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "SteeringVector":

@@ -29,6 +29,9 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
                                                            f"hub name (default {DEFAULT_MODEL})."),
           checks: str = typer.Option("all", "--checks", "-c", help="Comma-separated checks to run, or 'all'."),
           out: str = typer.Option("audit-report", "--out", "-o", help="Output folder for index.html and results.json."),
+          force: bool = typer.Option(False, "--force", help="Write into a folder that holds no earlier report, or "
+                                     "through a symbolic link, replacing same-named files (nothing else is "
+                                     "removed; a file is never replaced by a folder)."),
           backend: str = typer.Option("torch", help="torch | nnsight | transformer_lens"),
           texts: Optional[str] = typer.Option(None, help="Text file, one input per line (default: built-in set)."),
           max_texts: Optional[int] = typer.Option(None, help="Use only the first N texts."),
@@ -59,7 +62,7 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
             raise ValueError(f"--set given for checks that are not selected: {', '.join(sorted(extra))}")
         for name in names:  # load every plug-in and validate its options before any slow work
             configure(get_check(name), options.get(name, {}))
-        out_path = prepare_output(out)
+        out_path = prepare_output(out, overwrite=force)
         data = AuditData.from_file(texts) if texts else AuditData.builtin()
         if max_texts is not None:
             if max_texts < 1:
@@ -81,7 +84,8 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
     load_s = time.perf_counter() - t0
     typer.echo(f"running {', '.join(names)} on {len(data.texts)} texts ...", err=True)
     try:
-        report = run_audit(m, names, data, out_path, options, spec=spec, timings={"load_model": load_s})
+        report = run_audit(m, names, data, None, options, spec=spec, timings={"load_model": load_s})
+        report.write(out_path, overwrite=force)
     except (ValueError, OSError) as exc:
         _fail(str(exc))
         return

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interp.io import _json_default, atomic_dir
+from interp.io import OutputError, _json_default, check_output, output_dir
 
 SCHEMA = "interp.audit.results"
 SCHEMA_VERSION = 1
@@ -79,12 +79,16 @@ class AuditReport:
     def to_html(self) -> str:
         return render_html(self)
 
-    def write(self, out: str | os.PathLike) -> Path:
-        """Write ``out/index.html``, ``out/results.json`` and ``out/checks/NAME/`` in one atomic swap."""
-        out = prepare_output(out)
+    def write(self, out: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write ``out/index.html``, ``out/results.json`` and ``out/checks/NAME/`` (see :func:`prepare_output`).
+
+        Everything is built in a temporary folder first; the files of an earlier report there are then
+        replaced (files the user added to the folder stay), and a failure leaves the old report as it was.
+        """
+        out = prepare_output(out, overwrite=overwrite)
         text = json.dumps(_clean(self.to_json()), indent=2, default=_json_default, allow_nan=False)
         page = self.to_html()
-        with atomic_dir(out) as tmp:
+        with output_dir(out, overwrite=overwrite, writer="interp audit", legacy=_legacy_report_files) as tmp:
             for c in self.checks:
                 if c.result is not None and c.status == "ok" and hasattr(c.result, "save"):
                     c.result.save(tmp / "checks" / c.name)
@@ -138,31 +142,55 @@ def is_report_dir(path: Path) -> bool:
         return False
 
 
-def prepare_output(out: str | os.PathLike) -> Path:
-    """Check that ``out`` can receive a report; raise ``ValueError`` with the reason otherwise.
-
-    ``out`` may be missing, an empty folder, or a folder holding an earlier report (which is replaced
-    atomically at the end). Anything else is refused, so an audit never overwrites unrelated files.
-    """
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output {str(out)!r} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not is_report_dir(out):
-        raise ValueError(f"output folder {str(out)!r} is not empty and holds no earlier interp audit report; "
-                         "choose a new or empty folder")
-    ancestor = out.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"output folder {str(out)!r} is not writable (no write permission in {str(ancestor)!r})")
+def _legacy_report_files(folder: Path) -> list[str] | None:
+    """The files of a report written before output manifests existed (so it is replaced, not refused)."""
+    if not is_report_dir(folder):
+        return None
+    files = [n for n in ("index.html", "results.json") if (folder / n).is_file()]
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        checks = json.loads((folder / "results.json").read_text(encoding="utf-8")).get("checks") or []
+    except (OSError, ValueError, AttributeError):
+        checks = []
+    for c in checks:
+        name = c.get("name") if isinstance(c, dict) else None
+        if isinstance(name, str) and name and "/" not in name and name not in (".", ".."):
+            files += [f"checks/{name}/{n}" for n in ("result.json", "tensors.safetensors")
+                      if (folder / "checks" / name / n).is_file()]
+    return files
+
+
+#: What a report folder holds (top-level names), checked against the user's files before any work.
+REPORT_FILES = ("index.html", "results.json", "checks/")
+
+
+def prepare_output(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Check that ``out`` can receive a report; raise ``ValueError`` (:class:`interp.io.OutputError`) otherwise.
+
+    ``out`` may be missing, an empty folder, or a folder holding an earlier report: its files are replaced
+    at the end, anything the user added there stays. A file, a symbolic link, a non-empty folder that holds
+    no earlier report, or a user's file named like a report file are refused unless ``overwrite`` (``--force``)
+    is given; even then nothing but same-named files is replaced and a file is never turned into a folder.
+    Returns the folder that will be written (a symbolic link's target with ``overwrite``).
+    """
+    out = check_output(out, REPORT_FILES, overwrite=overwrite, writer="interp audit", legacy=_legacy_report_files)
+    try:
+        _probe_parent(out)
+    except OSError as exc:
+        raise OutputError(f"output folder {str(out)!r} is not writable: {exc.strerror or exc}") from None
+    return out
+
+
+def _probe_parent(out: Path) -> None:
+    """Create and remove a folder next to ``out`` (and any parents created for it), proving it is writable."""
+    from interp.io import _make_parents, _remove_if_empty
+
+    created = _make_parents(out.parent)
+    try:
         probe = out.parent / f".{out.name}.probe.{os.getpid()}"
         probe.mkdir()
         probe.rmdir()
-    except OSError as exc:
-        raise ValueError(f"output folder {str(out)!r} is not writable: {exc.strerror or exc}") from None
-    return out
+    finally:
+        _remove_if_empty(created)
 
 
 # ---------------------------------------------------------------------------------------- HTML
@@ -275,5 +303,5 @@ def render_html(report: AuditReport) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["AuditReport", "CheckRecord", "SCHEMA", "SCHEMA_VERSION", "prepare_output", "is_report_dir",
+__all__ = ["AuditReport", "CheckRecord", "SCHEMA", "SCHEMA_VERSION", "REPORT_FILES", "prepare_output", "is_report_dir",
            "render_html", "environment"]

@@ -73,7 +73,8 @@ def test_save_load_roundtrip(tmp_path):
                        scale=0.25, reference=torch.randn(64), tensors={"naive": torch.randn(64)},
                        metadata={"layer": 1, "rho": 0.66, "targets": ["bio"], "nested": {"a": torch.tensor(2.0)}})
     v.save(tmp_path / "vec")
-    assert sorted(p.name for p in (tmp_path / "vec").iterdir()) == ["vector.json", "vector.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "vec").iterdir()) == [".interp-output.json", "vector.json",
+                                                                   "vector.safetensors"]
     meta = json.loads((tmp_path / "vec" / "vector.json").read_text())
     assert meta["method"] == "repit" and meta["metadata"]["nested"]["a"] == 2.0
     w = SteeringVector.load(tmp_path / "vec")
