@@ -11,13 +11,18 @@ app = typer.Typer(help="interp: capture, intervene and audit transformer models.
 
 
 def _mount_optional() -> None:
-    """Sub-commands that live beside their feature: the zoo (interp.zoo.cli) and audit (interp.audit.cli)."""
+    """Sub-commands that live beside their feature: the zoo (interp.zoo.cli), audit (interp.audit.cli) and
+    harvest (interp.store.cli)."""
     try:
         app.add_typer(importlib.import_module("interp.zoo.cli").app, name="zoo", help="Built-in model zoo.")
     except ModuleNotFoundError:
         pass
     try:
         importlib.import_module("interp.audit.cli").register(app)
+    except ModuleNotFoundError:
+        pass
+    try:
+        importlib.import_module("interp.store.cli").register(app)
     except ModuleNotFoundError:
         pass
 

@@ -1,0 +1,53 @@
+"""``interp harvest``: stream a model's activations over a corpus into a resumable store folder."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a local Hugging Face folder."),
+                names: List[str] = typer.Option(..., "--names", "-n",
+                                                help="Hook names or globs (repeatable or comma-separated), "
+                                                     "e.g. 'blocks.*.hook_resid_post'."),
+                data: str = typer.Option(..., "--data", "-d",
+                                         help="Corpus: .txt (a document per line), .jsonl, .npy token array, "
+                                              "or a datasets folder (save_to_disk)."),
+                out: str = typer.Option(..., "--out", "-o", help="Store folder (rerun the same command to resume)."),
+                context_size: int = typer.Option(128, help="Tokens per context (BOS included)."),
+                batch_size: int = typer.Option(8, help="Contexts per forward pass."),
+                dtype: str = typer.Option("float32", help="Stored dtype: float32 | float16 | bfloat16 | float64."),
+                max_tokens: Optional[int] = typer.Option(None, help="Stop after this many tokens."),
+                shard_mb: float = typer.Option(64.0, help="Target shard size in MiB."),
+                backend: str = typer.Option("torch", help="torch | nnsight | transformer_lens"),
+                engine: str = typer.Option("local", help="local | ray (RAY_ADDRESS selects a cluster)."),
+                workers: int = typer.Option(2, help="Ray workers (each loads the model once)."),
+                text_column: str = typer.Option("text", help="Text field of JSON lines / datasets."),
+                no_bos: bool = typer.Option(False, "--no-bos", help="Do not start contexts with BOS."),
+                repair: bool = typer.Option(False, help="Recompute shards whose checksum fails."),
+                model_dtype: Optional[str] = typer.Option(None, help="Load the weights in this dtype."),
+                device: Optional[str] = typer.Option(None, help="Device to load the model on (cpu, cuda ...).")) -> None:
+    """Harvest activations to a sharded safetensors store with a JSON manifest (resumable by rerunning)."""
+    from .harvest import harvest
+    from .manifest import StoreError
+
+    hooks = [n.strip() for item in names for n in item.split(",") if n.strip()]
+    load_kwargs = {k: v for k, v in (("dtype", model_dtype), ("device", device)) if v is not None}
+    try:
+        res = harvest(model, data, hooks, out, context_size=context_size, batch_size=batch_size, dtype=dtype,
+                      max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=not no_bos, text_column=text_column,
+                      engine=engine, num_workers=workers, repair=repair, backend=backend, load_kwargs=load_kwargs)
+    except (StoreError, ValueError, KeyError, FileNotFoundError, TypeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{res.path}: {res.n_tokens} tokens ({res.n_contexts} contexts) in {res.n_shards} shards; "
+               f"this run wrote {res.shards_written}, kept {res.shards_skipped}"
+               + (f", {res.tokens_per_s:.0f} tokens/s" if res.tokens_computed else ""))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``harvest`` command to the ``interp`` CLI."""
+    app.command(name="harvest")(harvest_cmd)
+
+
+__all__ = ["register", "harvest_cmd"]

@@ -1,0 +1,425 @@
+"""``harvest``: stream a model's activations over a corpus into a sharded, resumable store on disk.
+
+The corpus is packed into fixed-length contexts as sae-lens packs it (:mod:`interp.store.packing`), the
+contexts are cut into shards of ``contexts_per_shard`` (from ``shard_mb``), and each shard is computed
+in batches of ``batch_size`` contexts with ``model.run_with_cache(..., names, stop_at_layer=deepest+1)``
+(any backend) and written atomically. The batches are aligned to shard boundaries, so every shard is
+computed the same way whether the harvest runs in one go, is resumed after a crash, or runs on Ray
+workers: the stores are bit-for-bit equal.
+
+Memory stays bounded whatever the corpus size: the data is streamed, and at most three shards exist in
+RAM at once (one being filled, one queued, one being written by the background writer thread that
+overlaps disk I/O and hashing with the forward passes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from interp.model import Model
+from interp.names import parse
+from interp.progress import progress
+from interp.results import Result
+
+from .manifest import (
+    MANIFEST, SCHEMA, SCHEMA_VERSION, CorruptShardError, IncompatibleStoreError, StoreError, read_manifest,
+    verify_shard, write_manifest, write_shard,
+)
+from .packing import Context, pack, special_token_id, tokenized
+from .sources import DataSource, open_source
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+ENGINES = ("local", "ray")
+UNSTORABLE = ("attn.hook_pattern", "attn.hook_attn_scores")  # [batch, head, q, k]: not one row per token
+
+
+@dataclass
+class HarvestConfig:
+    """How a harvest packs, runs and stores. Fields marked *identity* define the store: resuming with a
+    different value is refused.
+
+    - ``names`` (identity): hook names or globs to store, e.g. ``"blocks.*.hook_resid_post"``.
+    - ``context_size`` (identity, default 128): tokens per context, BOS included.
+    - ``batch_size`` (identity, default 8): contexts per forward pass.
+    - ``dtype`` (identity): stored dtype, one of ``float32``, ``float16``, ``bfloat16``, ``float64``.
+    - ``max_tokens`` (identity): stop after ``max_tokens // context_size`` contexts (``None``: whole corpus).
+    - ``shard_mb`` (identity, default 64): target shard size; ``contexts_per_shard`` follows from it.
+    - ``prepend_bos`` / ``separator`` (identity): sae-lens's ``prepend_bos`` (each context starts with BOS)
+      and ``sequence_separator_token`` (``"bos"``, ``"eos"``, ``"sep"``, an id, or ``None``).
+    - ``text_column`` / ``tokens_column`` (identity): fields read from JSON lines and datasets.
+    - ``engine``: ``"local"`` or ``"ray"``; ``num_workers``: Ray actors (each loads the model once).
+    - ``verify``: re-check the sha256 of completed shards when resuming; ``repair``: recompute shards
+      that fail it instead of stopping.
+    """
+
+    names: str | Sequence[str]
+    context_size: int = 128
+    batch_size: int = 8
+    dtype: str = "float32"
+    max_tokens: int | None = None
+    shard_mb: float = 64.0
+    prepend_bos: bool = True
+    separator: str | int | None = "bos"
+    text_column: str = "text"
+    tokens_column: str = "input_ids"
+    engine: str = "local"
+    num_workers: int = 2
+    verify: bool = True
+    repair: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.names, str):
+            self.names = [self.names]
+        self.names = list(self.names)
+        if not self.names or not all(isinstance(n, str) and n for n in self.names):
+            raise ValueError(f"names must be one or more hook names or globs, got {self.names!r}")
+        for fld, lo in (("context_size", 2 if self.prepend_bos else 1), ("batch_size", 1), ("num_workers", 1)):
+            v = getattr(self, fld)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{fld} must be an integer >= {lo}, got {v!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < self.context_size):
+            raise ValueError(f"max_tokens must be None or an integer >= context_size ({self.context_size}), "
+                             f"got {self.max_tokens!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.shard_mb, (int, float)) or self.shard_mb <= 0:
+            raise ValueError(f"shard_mb must be a positive number, got {self.shard_mb!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.separator is not None and not isinstance(self.separator, int) and self.separator not in ("bos", "eos", "sep"):
+            raise ValueError(f"separator must be 'bos', 'eos', 'sep', a token id or None, got {self.separator!r}")
+
+    def identity(self) -> dict[str, Any]:
+        skip = {"engine", "num_workers", "verify", "repair"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+
+    @property
+    def max_contexts(self) -> int | None:
+        return None if self.max_tokens is None else self.max_tokens // self.context_size
+
+
+@dataclass
+class HarvestResult(Result):
+    """What one call of :func:`harvest` did. ``shards`` has one row per shard of the store."""
+
+    path: str
+    names: list[str]
+    n_contexts: int
+    n_tokens: int
+    n_shards: int
+    shards_written: int
+    shards_skipped: int
+    tokens_computed: int
+    seconds: float
+    engine: str
+    shards: list[dict[str, Any]] = field(default_factory=list)
+
+    kind = "harvest"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_computed / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def store(self):
+        """The :class:`~interp.store.ActivationStore` written."""
+        from .reader import ActivationStore
+        return ActivationStore(self.path)
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.shards, columns=["file", "first_context", "n_contexts", "n_rows", "bytes", "sha256"])
+
+    def figure(self):
+        import plotly.graph_objects as go
+        df = self.to_frame()
+        fig = go.Figure(go.Bar(x=df["file"], y=df["n_rows"], name="rows"))
+        fig.update_layout(title=f"{self.path}: {self.n_tokens} tokens in {self.n_shards} shards "
+                                f"({self.tokens_per_s:.0f} tokens/s this run)", xaxis_title="shard",
+                          yaxis_title="rows (tokens)")
+        return fig
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def stop_layer(names: Sequence[str], n_layers: int) -> int | None:
+    """``deepest block + 1`` over ``names`` (``None`` when a name runs after the last block)."""
+    deepest = -1
+    for n in names:
+        layer, _ = parse(n)
+        if layer is None:
+            if n != "hook_embed" and not n.startswith("hook_embed") and not n.startswith("hook_pos_embed"):
+                return None
+            continue
+        deepest = max(deepest, layer)
+    return min(max(deepest + 1, 1), n_layers)
+
+
+def compute_shard(model: Model, contexts: Sequence[Context], first_context: int, names: Sequence[str],
+                  shapes: dict[str, list[int]], stop_at_layer: int | None, batch_size: int,
+                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Forward ``contexts`` in batches of ``batch_size`` and return the shard's tensors (see manifest)."""
+    n, ctx = len(contexts), len(contexts[0].tokens)
+    tokens = torch.from_numpy(np.stack([c.tokens for c in contexts]))
+    out = {name: torch.empty(n * ctx, *shapes[name], dtype=dtype) for name in names}
+    for i in range(0, n, batch_size):
+        ids = tokens[i:i + batch_size]
+        _, cache = model.run_with_cache(ids, names=list(names), stop_at_layer=stop_at_layer, device="cpu", dtype=dtype)
+        for name in names:
+            t = cache[name]
+            out[name][i * ctx:(i + ids.shape[0]) * ctx] = t.reshape(ids.shape[0] * ctx, *shapes[name])
+    out["tokens"] = tokens.to(torch.int32)
+    out["doc"] = torch.from_numpy(np.stack([c.doc for c in contexts]))
+    out["pos"] = torch.from_numpy(np.stack([c.pos for c in contexts])).to(torch.int32)
+    out["context_id"] = torch.arange(first_context, first_context + n, dtype=torch.int64)
+    return out
+
+
+def _vocab_hash(tokenizer) -> str | None:
+    if tokenizer is None:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256("\n".join(f"{k}\t{v}" for k, v in vocab).encode("utf-8")).hexdigest()
+
+
+def _probe(model: Model, first: Context, names: Sequence[str], stop: int | None) -> tuple[list[str], dict, dict]:
+    """Run the first context alone: resolved names, feature shapes, and a per-name mean activation
+    (the model's fingerprint, compared with tolerance on resume)."""
+    _, cache = model.run_with_cache(torch.from_numpy(first.tokens)[None], names=list(names), stop_at_layer=stop,
+                                    device="cpu", dtype=torch.float32)
+    resolved = model.hook_names(list(names))
+    shapes, probe = {}, {}
+    ctx = len(first.tokens)
+    for n in resolved:
+        if any(n.endswith(s) for s in UNSTORABLE):
+            raise ValueError(f"{n!r} is [batch, head, query, key], not one row per token; it cannot be stored")
+        t = cache[n]
+        if t.dim() < 3 or tuple(t.shape[:2]) != (1, ctx):
+            raise ValueError(f"{n!r} has shape {tuple(t.shape)}; only [batch, pos, ...] activations can be stored")
+        shapes[n] = list(t.shape[2:])
+        probe[n] = t[0].reshape(ctx, -1).mean(0).tolist()
+    return resolved, shapes, probe
+
+
+def _check_same(old: dict[str, Any], new: dict[str, Any], folder: Path) -> None:
+    changed = [k for k in sorted(set(old) | set(new)) if k != "probe" and old.get(k) != new.get(k)]
+    if changed:
+        lines = "; ".join(f"{k}: store has {old.get(k)!r}, this run {new.get(k)!r}" for k in changed[:6])
+        raise IncompatibleStoreError(f"cannot resume the harvest in {str(folder)!r}: the {', '.join(changed)} "
+                                     f"changed ({lines}). Use a new output folder, or delete this one to start over.")
+    for n, vec in new["probe"].items():
+        a, b = torch.tensor(old["probe"][n]), torch.tensor(vec)
+        if not torch.allclose(a, b, rtol=1e-3, atol=1e-4 * (1 + a.abs().max().item())):
+            raise IncompatibleStoreError(
+                f"cannot resume the harvest in {str(folder)!r}: the model changed (its activations at {n!r} on the "
+                f"first context differ by up to {(a - b).abs().max().item():.3g}). Use a new output folder.")
+
+
+def _open_model(model: Model | str, backend: str, load_kwargs: dict[str, Any]) -> Model:
+    if isinstance(model, Model):
+        return model
+    if isinstance(model, (str, Path)):
+        import interp
+        return interp.load(str(model), backend=backend, **load_kwargs)
+    raise TypeError(f"model must be an interp.Model or a model spec string, got {type(model).__name__}")
+
+
+def _contexts(source: DataSource, model: Model, cfg: HarvestConfig) -> Iterator[Context]:
+    tok = model.tokenizer
+    bos = special_token_id(tok, "bos") if cfg.prepend_bos else None
+    sep = special_token_id(tok, cfg.separator) if cfg.separator is not None else None
+    stream = pack(tokenized(source.documents(), tok), cfg.context_size, bos, sep)
+    return itertools.islice(stream, cfg.max_contexts) if cfg.max_contexts is not None else stream
+
+
+def _chunks(it: Iterator[Context], size: int) -> Iterator[list[Context]]:
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+# ----------------------------------------------------------------------------------------- harvest
+def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str | Path, *,
+            context_size: int = 128, batch_size: int = 8, dtype: str = "float32", max_tokens: int | None = None,
+            shard_mb: float = 64.0, prepend_bos: bool = True, separator: str | int | None = "bos",
+            text_column: str = "text", tokens_column: str = "input_ids", engine: str = "local",
+            num_workers: int = 2, verify: bool = True, repair: bool = False, backend: str = "torch",
+            load_kwargs: dict[str, Any] | None = None) -> HarvestResult:
+    """Harvest the activations at ``names`` of ``model`` over ``data`` into the store folder ``out``.
+
+    ``model`` is an :class:`interp.Model` or a spec for :func:`interp.load` (``zoo:NAME``, a folder; with
+    ``backend`` and ``load_kwargs``); ``engine="ray"`` needs a spec (each worker loads the model itself).
+    ``data``: see :func:`interp.store.sources.open_source`. Rerunning the same call on the same ``out``
+    resumes: completed shards are kept (checksums verified), missing ones computed; the finished store is
+    bit-for-bit the one an uninterrupted run writes. A store made with another model, corpus or
+    configuration raises :class:`IncompatibleStoreError`; a damaged shard raises
+    :class:`CorruptShardError` naming it (``repair=True`` recomputes it).
+
+    Each stored name ``n`` becomes rows ``[n_tokens, *feature_shape]``; read them with
+    :class:`~interp.store.ActivationStore`. Returns a :class:`HarvestResult`.
+    """
+    cfg = HarvestConfig(names=names, context_size=context_size, batch_size=batch_size, dtype=dtype,
+                        max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=prepend_bos, separator=separator,
+                        text_column=text_column, tokens_column=tokens_column, engine=engine,
+                        num_workers=num_workers, verify=verify, repair=repair)
+    load_kwargs = dict(load_kwargs or {})
+    spec = str(model) if isinstance(model, (str, Path)) else getattr(model, "source", None)
+    if cfg.engine == "ray" and spec is None:
+        raise ValueError("engine='ray' needs a model spec (zoo:NAME or a folder) that the workers can load; "
+                         "this Model has none (pass the spec string instead)")
+    folder = Path(out).expanduser().absolute()
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / MANIFEST).exists())):
+        raise StoreError(f"output {str(folder)!r} exists and is not an activation store; choose a new or empty folder")
+    source = open_source(data, text_column=cfg.text_column, tokens_column=cfg.tokens_column)
+    m = _open_model(model, backend, load_kwargs)
+    t0 = time.perf_counter()
+    contexts = _contexts(source, m, cfg)
+    try:
+        first = next(contexts)
+    except StopIteration:
+        raise ValueError(f"data {source.description!r} yields no complete context of {cfg.context_size} tokens") from None
+    contexts = itertools.chain([first], contexts)
+
+    stop = stop_layer(m.hook_names(cfg.names) or cfg.names, m.cfg.n_layers)
+    resolved, shapes, probe = _probe(m, first, cfg.names, stop)
+    torch_dtype = DTYPES[cfg.dtype]
+    row_bytes = sum(int(np.prod(s)) for s in shapes.values()) * torch_dtype.itemsize
+    per_shard = max(1, int(cfg.shard_mb * 2**20) // (cfg.context_size * row_bytes))
+    identity = {
+        "config": cfg.identity(), "names": resolved, "shapes": shapes, "dtype": cfg.dtype,
+        "contexts_per_shard": per_shard, "data": source.fingerprint, "tokenizer": _vocab_hash(m.tokenizer),
+        "first_context": hashlib.sha256(first.tokens.tobytes()).hexdigest(),
+        "model": {"family": m.cfg.family, "n_layers": m.cfg.n_layers, "d_model": m.cfg.d_model,
+                  "d_vocab": m.cfg.d_vocab}, "probe": probe,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    for stray in folder.glob(".*.tmp"):  # shard or manifest temp files left by a run killed while writing
+        stray.unlink(missing_ok=True)
+    if (folder / MANIFEST).exists():
+        manifest = read_manifest(folder)
+        _check_same(manifest["identity"], identity, folder)
+        if cfg.verify:
+            for key, entry in list(manifest["shards"].items()):
+                try:
+                    verify_shard(folder, entry)
+                except CorruptShardError:
+                    if not cfg.repair:
+                        raise
+                    del manifest["shards"][key]
+                    manifest["complete"] = False
+    else:
+        manifest = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "identity": identity, "complete": False,
+                    "model": {"spec": spec, "backend": m.backend}, "data": source.to_json(), "names": resolved,
+                    "shapes": shapes, "dtype": cfg.dtype, "context_size": cfg.context_size,
+                    "contexts_per_shard": per_shard, "shards": {}}
+        write_manifest(folder, manifest)
+
+    written = tokens_computed = 0
+    if not manifest["complete"]:
+        todo = _todo(contexts, per_shard, manifest)
+        bar = progress(desc=f"harvest {folder.name}", total=None if cfg.max_tokens is None else cfg.max_contexts * cfg.context_size,
+                       unit="tok", unit_scale=True)
+        run = _run_ray if cfg.engine == "ray" else _run_local
+        counter = _Counter(bar)
+        try:
+            written = run(todo, m, folder, manifest, resolved, shapes, stop, cfg, torch_dtype, counter, spec,
+                          backend, load_kwargs)
+        finally:
+            bar.close()
+        tokens_computed = counter.n
+        entries = sorted(manifest["shards"].values(), key=lambda e: e["first_context"])
+        n_ctx = sum(e["n_contexts"] for e in entries)
+        manifest.update(complete=True, n_shards=len(entries), n_contexts=n_ctx, n_tokens=n_ctx * cfg.context_size,
+                        n_documents=_n_documents(folder, entries))
+        write_manifest(folder, manifest)
+    entries = sorted(manifest["shards"].values(), key=lambda e: e["first_context"])
+    return HarvestResult(path=str(folder), names=resolved, n_contexts=manifest["n_contexts"],
+                         n_tokens=manifest["n_tokens"], n_shards=len(entries), shards_written=written,
+                         shards_skipped=len(entries) - written, tokens_computed=tokens_computed,
+                         seconds=time.perf_counter() - t0, engine=cfg.engine, shards=entries)
+
+
+class _Counter:
+    """Tokens computed this run (the progress bar may be disabled, so it cannot be the count)."""
+
+    def __init__(self, bar) -> None:
+        self.bar, self.n = bar, 0
+
+    def update(self, n: int) -> None:
+        self.n += n
+        self.bar.update(n)
+
+
+def _todo(contexts: Iterator[Context], per_shard: int, manifest: dict[str, Any]) -> Iterator[tuple[int, int, list[Context]]]:
+    """``(shard index, first context id, contexts)`` for every shard not yet in the manifest."""
+    for k, chunk in enumerate(_chunks(contexts, per_shard)):
+        if str(k) not in manifest["shards"]:
+            yield k, k * per_shard, chunk
+
+
+def _n_documents(folder: Path, entries: list[dict[str, Any]]) -> int:
+    from safetensors import safe_open
+
+    if not entries:
+        return 0
+    with safe_open(str(folder / entries[-1]["file"]), framework="pt") as fh:
+        return int(fh.get_tensor("doc").max().item()) + 1
+
+
+def _run_local(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, *_unused) -> int:
+    """Forward on this thread; serialize, hash, write and record shards on a writer thread."""
+    jobs: queue.Queue = queue.Queue(maxsize=1)
+    failure: list[BaseException] = []
+    count = [0]
+
+    def writer() -> None:
+        while (job := jobs.get()) is not None:
+            if failure:
+                continue
+            k, first_ctx, tensors = job
+            try:
+                manifest["shards"][str(k)] = write_shard(folder, k, first_ctx, tensors)
+                write_manifest(folder, manifest)
+                count[0] += 1
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                failure.append(exc)
+
+    thread = threading.Thread(target=writer, name="interp-store-writer", daemon=True)
+    thread.start()
+    try:
+        for k, first_ctx, chunk in todo:
+            if failure:
+                break
+            tensors = compute_shard(model, chunk, first_ctx, names, shapes, stop, cfg.batch_size, dtype)
+            bar.update(len(chunk) * cfg.context_size)
+            jobs.put((k, first_ctx, tensors))
+    finally:
+        jobs.put(None)
+        thread.join()
+    if failure:
+        raise failure[0]
+    return count[0]
+
+
+def _run_ray(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, spec, backend, load_kwargs) -> int:
+    from .ray_engine import run_shards
+
+    def record(index: int, entry: dict[str, Any], n_tokens: int) -> None:
+        manifest["shards"][str(index)] = entry
+        write_manifest(folder, manifest)
+        bar.update(n_tokens)
+
+    return run_shards(todo, spec=spec, backend=backend, load_kwargs=load_kwargs, folder=folder, names=names,
+                      shapes=shapes, stop=stop, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                      num_workers=cfg.num_workers, record=record)
+
+
+__all__ = ["harvest", "HarvestConfig", "HarvestResult", "compute_shard", "stop_layer", "DTYPES", "ENGINES"]
