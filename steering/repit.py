@@ -221,10 +221,11 @@ def tail_only(target: torch.Tensor, correction: torch.Tensor, k: int) -> torch.T
 class CategoryVectors:
     """Difference-in-means vectors per category at every (position, layer) of ``hook``.
 
-    ``vectors[c]``, ``harmless_mean``: ``[n_pos, len(layers), d]`` (``layers``: the layers computed, all by
-    default); ``positions`` are negative indices (``-n_eoi..-1``); ``harmful_post_last`` /
-    ``harmless_post_last``: mean ``hook_resid_post`` at the last position ``[n_layers, d]`` (for the evaluation
-    layers of the selection; ``None`` unless every layer was computed); ``counts[c]``: #prompts.
+    ``vectors[c]``, ``harmless_mean``: ``[n_pos, len(layers), d]`` (``layers``: the layers computed, sorted, all by
+    default; axis 1 is ``layers``, so index by layer number through :meth:`layer_index`, never by assuming
+    ``layers == range(L)``); ``positions`` are negative indices (``-n_eoi..-1``, axis 0); ``harmful_post_last`` /
+    ``harmless_post_last``: mean ``hook_resid_post`` at the last position ``[n_layers, d]``, row ``l`` = layer ``l``
+    (for the evaluation layers of the selection; ``None`` unless every layer was computed); ``counts[c]``: #prompts.
     """
 
     vectors: dict[str, torch.Tensor]
@@ -263,7 +264,14 @@ def category_vectors(model, data: SteeringData, n_eoi: int, hook: str = "hook_re
                      batch_size: int = 16, layers: Sequence[int] | None = None) -> CategoryVectors:
     """Step 1: per-category difference-in-means vectors at the last ``n_eoi`` positions of every layer
     (or only of ``layers``: then the forward passes stop after the last of them, and the last-position
-    ``hook_resid_post`` means needed by the selection are not computed)."""
+    ``hook_resid_post`` means needed by the selection are not computed).
+
+    Results are keyed by layer: ``cv.layers`` is the sorted list of layers computed and axis 1 of every
+    tensor follows it (read them with :meth:`CategoryVectors.at` / ``reference`` / ``layer_index``); the
+    ``hook_resid_post`` means are indexed by layer number ``0..L-1``. This relies on :func:`collect` returning
+    its names in the caller's order (it reads the cache by name), so the all-layer path gives exactly the
+    single-layer captures (``tests/steering/test_layer_order.py``; #23 was the pre-fix mislabelling).
+    """
     if data.categories is None:
         raise ValueError("RepIt needs category labels for the positive (harmful) prompts")
     positions = list(range(-n_eoi, 0))
@@ -407,7 +415,8 @@ def select_direction(model, cv: CategoryVectors, targets: Sequence[str], harmful
     """Step 2 (COSMIC, ``select_direction_cosmic.py`` with affine steering): pick ``(position, layer)``.
 
     * Evaluation layers: the ``max(1, int(eval_layer_frac * L))`` layers whose mean harmful and harmless
-      last-token outputs (``hook_resid_post``) have the lowest cosine similarity.
+      last-token outputs (``hook_resid_post``, row ``l`` of ``cv.harmful_post_last`` = layer ``l``) have the lowest
+      cosine similarity; returned sorted, as layer numbers.
     * A prompt set is summarised by the normalised mean, over prompts and evaluation layers, of the last-token
       output. Refusal score of a candidate: cosine between the summary of ``harmful_prompts`` under the
       affine ablation of the naive target vector ``r[p, l]`` (reference ``mu_minus[p, l]``, coefficient 0) and the

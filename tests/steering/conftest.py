@@ -36,3 +36,14 @@ def id_prompts(n: int, length: int = 10, seed: int = 0, low: int = 65, high: int
     """Token-id prompts [n, length] (byte tokens of capital letters by default)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(low, high, (n, length), generator=g)
+
+
+@pytest.fixture(scope="session")
+def toy_refusal_path():
+    """The folder of ``zoo:toy-refusal``, built first when the zoo cache is empty (~45 s on one thread).
+
+    Every test that reads the toy model or its zoo metadata depends on this, so the steering tests pass on a
+    fresh machine (``INTERP_CACHE_DIR`` pointing at an empty folder), whatever order they run in."""
+    import interp.zoo
+
+    return interp.zoo.path("toy-refusal")

@@ -14,11 +14,11 @@ from interp.steering.repit_validation import RepItValidation, experiment, toy_co
 
 
 @pytest.fixture(scope="module")
-def wmd():
+def wmd(toy_refusal_path):
     return experiment(toy_config(targets=("bio", "chem", "nuclear")))
 
 
-def test_toy_model_learned_the_rule():
+def test_toy_model_learned_the_rule(toy_refusal_path):
     import interp.zoo
     from interp.zoo import toy_refusal as tr
 
@@ -56,7 +56,7 @@ def test_repit_isolates_target_refusal(wmd, tmp_path):
     assert back.judged == wmd.judged and back.data_efficiency == wmd.data_efficiency
 
 
-def test_single_target_category():
+def test_single_target_category(toy_refusal_path):
     """The recipe's single target (one category against five)."""
     res = experiment(toy_config(targets=("bio",)))
     before, nat, rep = (res.summary[k] for k in ("none", "natural", "repit"))
