@@ -1,0 +1,345 @@
+"""The writer rule (interp.io.output_dir) on every real writer: Result.save, SteeringVector.save, interp audit.
+
+Each writer is exercised on the cases of issue #12: a re-run into its own folder keeps the user's files, a
+user's file / a foreign folder / a symbolic link is refused (or, when asked, written into without deleting
+anything), failures anywhere (inside the writer, in the final moves) leave the old output and no empty
+parents or temporary folders, and outputs written before manifests existed are still recognised.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import interp
+from interp import io as iio
+from interp.audit import AuditData, Check, Rendered, run_audit
+from interp.cli import app
+from interp.io import MANIFEST, OutputError
+from interp.results import Result
+from interp.steering import SteeringVector
+from interp.testing import tiny_model
+
+
+# ------------------------------------------------------------------------------------- writers
+@dataclass
+class _Toy(Result):
+    version: int
+    values: torch.Tensor
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame({"v": self.values.tolist()})
+
+    def figure(self):
+        import plotly.graph_objects as go
+
+        return go.Figure(go.Scatter(y=self.values.tolist()))
+
+
+@dataclass
+class _LenConfig:
+    pass
+
+
+class _LenCheck(Check):
+    """A cheap audit check whose saved result (checks/len/) makes the report folder nested."""
+
+    name = "len"
+    title = "Text lengths"
+    Config = _LenConfig
+
+    def run(self, model, data):
+        return _Toy(len(data.texts), torch.tensor([float(len(t)) for t in data.texts]))
+
+    def render(self, result):
+        return Rendered("<p>lengths</p>", [], [("lengths", result.to_frame())])
+
+
+@dataclass
+class Writer:
+    name: str
+    write: Callable[[Path, int, bool], object]  # (path, version, overwrite)
+    read: Callable[[Path], int]  # the version found at path
+    files: set[str]  # relative paths of the files it writes (besides the manifest)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 3-layer tiny Llama: ``(folder, hf_model, tokenizer)``."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    hf, tok = tiny_model("llama", folder=folder, n_layers=3)
+    return folder, hf, tok
+
+
+@pytest.fixture(scope="module")
+def reports(tiny):
+    _, hf, tok = tiny
+    model = interp.wrap(hf, tok)
+    return {v: run_audit(model, [_LenCheck()], AuditData([f"text number {i}" for i in range(v)])) for v in (1, 2, 3)}
+
+
+def _result_writer() -> Writer:
+    return Writer("Result.save",
+                  lambda p, v, o: _Toy(v, torch.arange(3.0) * v).save(p, overwrite=o),
+                  lambda p: _Toy.load(p).version, {"result.json", "tensors.safetensors"})
+
+
+def _vector_writer() -> Writer:
+    def write(p, v, o):
+        vec = SteeringVector("diff_in_means", "add", ("blocks.1.hook_resid_pre",), torch.randn(8) + 1.0,
+                             scale=float(v))
+        return vec.save(p, overwrite=o)
+
+    return Writer("SteeringVector.save", write, lambda p: int(SteeringVector.load(p).scale),
+                  {"vector.json", "vector.safetensors"})
+
+
+def _audit_writer(reports) -> Writer:
+    return Writer("AuditReport.write", lambda p, v, o: reports[v].write(p, overwrite=o),
+                  lambda p: json.loads((p / "results.json").read_text())["data"]["n_texts"],
+                  {"index.html", "results.json", "checks/len/result.json", "checks/len/tensors.safetensors",
+                   f"checks/len/{MANIFEST}"})
+
+
+@pytest.fixture(params=["result", "vector", "audit"])
+def writer(request) -> Writer:
+    if request.param == "result":
+        return _result_writer()
+    if request.param == "vector":
+        return _vector_writer()
+    return _audit_writer(request.getfixturevalue("reports"))
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root`` (files with their bytes, folders and links as None)."""
+    out: dict[str, bytes | None] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        out[rel] = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+    return out
+
+
+def _user_files(folder: Path) -> dict[str, bytes]:
+    """A user's notes, a data folder and (for a nested output) a file inside one of the output's folders."""
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "mydata").mkdir()
+    (folder / "mydata" / "table.csv").write_text("a,b\n1,2\n")
+    files = {"notes.txt": b"my notes", "mydata/table.csv": b"a,b\n1,2\n"}
+    if (folder / "checks").is_dir():
+        (folder / "checks" / "my-comment.md").write_text("looked fine")
+        files["checks/my-comment.md"] = b"looked fine"
+    return files
+
+
+def _no_leftovers(folder: Path) -> None:
+    hidden = [p.name for p in folder.parent.iterdir() if p.name.startswith(".")]
+    inside = [p.name for p in folder.iterdir() if p.name.startswith(".interp-") and p.name != MANIFEST] \
+        if folder.is_dir() else []
+    assert hidden == [] and inside == [], (hidden, inside)
+
+
+# --------------------------------------------------------------------------------------- cases
+def test_fresh_output_has_a_manifest_of_exactly_its_files(writer, tmp_path):
+    out = tmp_path / "a" / "b" / "out"  # missing parents are created
+    writer.write(out, 1, False)
+    assert writer.read(out) == 1
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["schema"] == "interp.output" and set(manifest["files"]) == writer.files
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == writer.files | {MANIFEST}
+    _no_leftovers(out)
+
+
+def test_rerun_replaces_its_own_files_and_keeps_the_users(writer, tmp_path):
+    out = tmp_path / "out"
+    writer.write(out, 1, False)
+    mine = _user_files(out)
+    writer.write(out, 2, False)  # no overwrite needed: the folder is ours
+    assert writer.read(out) == 2
+    for rel, data in mine.items():
+        assert (out / rel).read_bytes() == data, rel
+    assert set(json.loads((out / MANIFEST).read_text())["files"]) == writer.files  # user files never listed
+    writer.write(out, 3, True)  # overwrite=True does not delete them either
+    assert writer.read(out) == 3 and all((out / r).read_bytes() == d for r, d in mine.items())
+    _no_leftovers(out)
+
+
+def test_a_users_file_is_never_turned_into_a_folder(writer, tmp_path):
+    f = tmp_path / "results.csv"
+    f.write_text("precious")
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match="exists and is not a folder"):
+            writer.write(f, 1, overwrite)
+        assert f.read_text() == "precious" and sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def test_a_foreign_folder_is_refused_unless_asked_and_then_nothing_is_deleted(writer, tmp_path):
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "cat.jpg").write_bytes(b"\xff\xd8cat")
+    before = _tree(out)
+    with pytest.raises(OutputError, match="not empty and was not written by"):
+        writer.write(out, 1, False)
+    assert _tree(out) == before
+    writer.write(out, 1, True)
+    assert writer.read(out) == 1 and (out / "cat.jpg").read_bytes() == b"\xff\xd8cat"
+    writer.write(out, 2, False)  # now it is ours: a re-run needs no overwrite and keeps cat.jpg
+    assert writer.read(out) == 2 and (out / "cat.jpg").read_bytes() == b"\xff\xd8cat"
+    _no_leftovers(out)
+
+
+def test_a_users_file_with_an_output_name_is_refused_unless_asked(writer, tmp_path):
+    out = tmp_path / "out"
+    writer.write(out, 1, False)
+    top = sorted(n for n in writer.files if "/" not in n)[0]
+    # the user replaces one of the outputs by a file of their own and deletes the manifest: nothing is ours now
+    (out / MANIFEST).unlink()
+    (out / top).write_text("the user's own version")
+    for p in list(out.rglob("*")):  # a folder that looks like nothing interp writes
+        if p.is_file() and p.name not in (top,):
+            p.unlink()
+    with pytest.raises(OutputError, match="not empty and was not written by"):
+        writer.write(out, 2, False)
+    assert (out / top).read_text() == "the user's own version"
+    writer.write(out, 2, True)  # asked: same-named files are replaced, nothing else removed
+    assert writer.read(out) == 2
+
+
+def test_symlinks_are_refused_or_written_through_when_asked(writer, tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    with pytest.raises(OutputError, match="symbolic link"):
+        writer.write(link, 1, False)
+    assert link.is_symlink() and os.readlink(link) == str(target) and _tree(target) == {"keep.txt": b"keep"}
+    writer.write(link, 1, True)  # asked: written into the target, the link stays a link
+    assert link.is_symlink() and writer.read(target) == 1 and (target / "keep.txt").read_text() == "keep"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(OutputError, match="symbolic link"):
+        writer.write(dangling, 1, False)
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_a_failed_write_leaves_no_parents_and_the_old_output_intact(writer, tmp_path, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    # 1. a new output under missing parents: the failure leaves no empty folders
+    with monkeypatch.context() as m:
+        m.setattr(iio, "atomic_write_json", disk_full)  # the manifest: the very last step
+        with pytest.raises(OSError, match="No space left"):
+            writer.write(tmp_path / "p1" / "p2" / "out", 1, False)
+    assert list(tmp_path.iterdir()) == []
+    # 2. a re-run into an existing output that fails after every file has been moved in: rolled back
+    out = tmp_path / "out"
+    writer.write(out, 1, False)
+    _user_files(out)
+    before = _tree(out)
+    with monkeypatch.context() as m:
+        m.setattr(iio, "atomic_write_json", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            writer.write(out, 2, False)
+    assert _tree(out) == before and writer.read(out) == 1
+    _no_leftovers(out)
+    # 3. a failure half-way through the moves (the third rename): rolled back as well
+    real_replace, calls = os.replace, []
+
+    def flaky_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        return real_replace(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(iio.os, "replace", flaky_replace)
+        with pytest.raises(OSError, match="Input/output error"):
+            writer.write(out, 2, False)
+    assert _tree(out) == before and writer.read(out) == 1
+    _no_leftovers(out)
+    writer.write(out, 2, False)
+    assert writer.read(out) == 2
+
+
+def test_outputs_written_before_manifests_are_recognised(writer, tmp_path):
+    out = tmp_path / "old"
+    writer.write(out, 1, False)
+    for p in out.rglob(MANIFEST):  # as written by the previous version of the toolkit
+        p.unlink()
+    (out / "notes.txt").write_text("mine")
+    writer.write(out, 2, False)
+    assert writer.read(out) == 2 and (out / "notes.txt").read_text() == "mine"
+
+
+def test_leftovers_of_a_killed_run_are_cleaned_and_bad_paths_rejected(tmp_path):
+    out = tmp_path / "out"
+    _Toy(1, torch.zeros(2)).save(out)
+    (out / ".interp-new-abc123").mkdir()  # what a kill -9 between the moves leaves inside
+    (out / ".interp-new-abc123" / "result.json").write_text("{}")
+    _Toy(2, torch.zeros(2)).save(out)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "result.json", "tensors.safetensors"]
+    with pytest.raises(OutputError, match="non-empty path"):
+        _Toy(1, torch.zeros(2)).save("")
+    with pytest.raises(OutputError, match="reserved"):
+        with iio.output_dir(tmp_path / "x") as tmp:
+            (tmp / MANIFEST).write_text("{}")
+    assert not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------------------------------------ the audit CLI
+@pytest.fixture(scope="module")
+def model_dir(tiny):
+    return tiny[0]
+
+
+def _audit(*args):
+    from interp.audit import register_check, unregister_check
+
+    register_check(_LenCheck)
+    try:
+        return CliRunner().invoke(app, ["audit", *map(str, args)])
+    finally:
+        unregister_check("len")
+
+
+def test_cli_rerun_keeps_notes_and_mydata_and_force_is_needed_for_foreign_folders(model_dir, tmp_path):
+    out = tmp_path / "report"
+    res = _audit(model_dir, "--checks", "len", "--max-texts", 3, "--out", out)
+    assert res.exit_code == 0, res.output
+    mine = _user_files(out)
+    res = _audit(model_dir, "--checks", "len", "--max-texts", 5, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "results.json").read_text())["data"]["n_texts"] == 5
+    assert all((out / r).read_bytes() == d for r, d in mine.items())
+    # a foreign folder: refused before the model is loaded, accepted with --force, nothing of it removed
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("my homepage")
+    (foreign / "cv.pdf").write_text("pdf")
+    res = _audit(model_dir, "--checks", "len", "--out", foreign)
+    assert res.exit_code == 2 and "--force" in res.output and "loading" not in res.output
+    assert (foreign / "index.html").read_text() == "my homepage"
+    res = _audit(model_dir, "--checks", "len", "--max-texts", 2, "--out", foreign, "--force")
+    assert res.exit_code == 0, res.output
+    assert (foreign / "cv.pdf").read_text() == "pdf" and "my homepage" not in (foreign / "index.html").read_text()
+    # a file and a symbolic link as --out
+    f = tmp_path / "results.csv"
+    f.write_text("precious")
+    res = _audit(model_dir, "--checks", "len", "--out", f, "--force")
+    assert res.exit_code == 2 and "not a folder" in res.output and f.read_text() == "precious"
+    link = tmp_path / "link"
+    link.symlink_to(out, target_is_directory=True)
+    res = _audit(model_dir, "--checks", "len", "--out", link)
+    assert res.exit_code == 2 and "symbolic link" in res.output and link.is_symlink()
+    # a bad model after a good output check: no empty parent folders are left behind
+    res = _audit(tmp_path / "no-model", "--checks", "len", "--out", tmp_path / "new" / "deep" / "report")
+    assert res.exit_code == 2 and not (tmp_path / "new").exists()
