@@ -82,9 +82,21 @@ class Cache(Mapping[str, torch.Tensor]):
                       for k, v in self._data.items()})
 
     def mean(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean of ``cache[name]`` over batch and positions (``mask`` ``[batch, pos]`` excludes padding)."""
+        """Mean of ``cache[name]`` over batch and positions.
+
+        ``mask`` (``[batch, pos]``, 1 = real token) excludes padding; it must match the activation's
+        batch and position axes (``[batch, pos, ...]``, or ``[batch, head, q, k]`` for patterns, whose
+        query axis is used), otherwise a ``ValueError`` says what was expected.
+        """
         t = self[name]
-        if mask is None or t.dim() < 3 or t.shape[:2] != mask.shape:
+        if mask is None:
             return t.float().mean(dim=tuple(range(min(2, t.dim() - 1)))).to(t.dtype)
+        hook = parse(name)[1]
+        pos_axis = 2 if hook in ("attn.hook_pattern", "attn.hook_attn_scores") else 1
+        if t.dim() < 3 or (t.shape[0], t.shape[pos_axis]) != tuple(mask.shape):
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not match {name!r}, whose activation is "
+                             f"{tuple(t.shape)}; expected [batch, pos] = "
+                             f"{(t.shape[0], t.shape[pos_axis]) if t.dim() >= 3 else 'n/a (no position axis)'}")
+        t = t.movedim(pos_axis, 1)
         m = mask.to(t.device, torch.float32).reshape(*mask.shape, *([1] * (t.dim() - 2)))
         return ((t.float() * m).sum((0, 1)) / m.sum((0, 1)).clamp_min(1)).to(t.dtype)

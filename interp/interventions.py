@@ -2,9 +2,12 @@
 
 Every intervention is called as ``fn(tensor, ctx) -> tensor`` on the canonical tensor of a hook
 (``[batch, pos, d]``, ``[batch, pos, head, d_head]`` or ``[batch, head, q, k]``); any plain callable with
-that signature is an intervention too. ``positions`` select sequence positions of the current pass
-(negative indices count from the end; indices outside the pass are skipped, so ``positions=[-1]``
-means "the last position" also during cached generation). ``heads`` restrict head-indexed hooks.
+that signature is an intervention too. ``positions`` select sequence positions row by row: negative
+indices count back from each row's last real (non-padding) token, so ``[-1]`` is the last real token
+with left or right padding alike, and during cached generation the new token of each pass;
+non-negative indices are absolute positions in the padded sequence (see
+:meth:`HookContext.position_mask`). ``heads`` restrict head-indexed hooks. Constructors validate their
+arguments (integer positions and heads, real finite vectors and scales) and refuse bad ones at once.
 """
 from __future__ import annotations
 
@@ -20,11 +23,22 @@ InterventionFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
 
 @dataclass
 class HookContext:
-    """What an intervention knows about the activation it receives."""
+    """What an intervention knows about the activation it receives (built per hook call from the pass).
+
+    ``attention_mask`` is the mask of the positions this pass computes, ``[batch, pos]`` matching the
+    activation's position axis (``None`` for images). ``key_mask`` is the mask of the whole sequence
+    so far, ``[batch, past_length + pos]`` (they differ during cached generation). ``pass_index`` counts
+    the passes of the current run (a plain forward: 0; ``generate``: 0 for the prompt, ``k`` for the
+    ``k``-th new token), ``past_length`` the positions already in the key-value cache.
+    """
 
     name: str
-    attention_mask: torch.Tensor | None = None  # [batch, pos] of the current pass, when known
+    attention_mask: torch.Tensor | None = None
     pass_index: int = 0
+    past_length: int = 0
+    key_mask: torch.Tensor | None = None
+    generating: bool = False
+    run_id: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -41,48 +55,136 @@ class HookContext:
 
     @property
     def pos_axis(self) -> int:
-        return 2 if self.hook == "attn.hook_pattern" else 1
+        return 2 if self.hook in ("attn.hook_pattern", "attn.hook_attn_scores") else 1
+
+    def position_mask(self, tensor: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+        """Boolean ``[batch, pos]``: which positions of this pass ``positions`` select, row by row.
+
+        Negative positions count back from the last real (non-padding) token of each row, so ``-1`` is
+        each row's last real token with left or right padding alike; during cached generation the pass
+        holds only the new token, which is then the last real token. Non-negative positions are
+        absolute indices into the (padded) token axis of the whole sequence, ``past_length`` included;
+        positions outside this pass select nothing.
+        """
+        batch, n = tensor.shape[0], tensor.shape[self.pos_axis]
+        dev = tensor.device
+        pos = torch.as_tensor(list(positions), dtype=torch.long, device=dev)  # [k]
+        idx = torch.arange(n, device=dev)
+        mask = self.attention_mask
+        if mask is not None and tuple(mask.shape) == (batch, n):
+            real = mask.to(dev).bool()
+            last = torch.where(real.any(1), (real.long() * (idx + 1)).amax(1) - 1, torch.full((batch,), -10**9, device=dev))
+        else:
+            real = torch.ones(batch, n, dtype=torch.bool, device=dev)
+            last = torch.full((batch,), n - 1, device=dev)
+        neg = pos < 0
+        want = torch.where(neg[None], last[:, None] + 1 + pos[None], (pos - self.past_length)[None].expand(batch, -1))
+        hit = want[:, :, None] == idx[None, None]  # [batch, k, pos]
+        # a position counted back from the last real token never lands on (left) padding
+        return (hit & ~neg[None, :, None]).any(1) | ((hit & neg[None, :, None]).any(1) & real)
 
 
-def _index(tensor: torch.Tensor, ctx: HookContext, positions: Sequence[int] | None,
-           heads: Sequence[int] | None) -> tuple:
-    """An index tuple selecting ``positions`` and ``heads`` of ``tensor`` (``slice(None)`` elsewhere)."""
-    idx: list[Any] = [slice(None)] * tensor.dim()
-    if positions is not None:
-        n = tensor.shape[ctx.pos_axis]
-        pos = [p if p >= 0 else n + p for p in positions]
-        idx[ctx.pos_axis] = torch.tensor([p for p in pos if 0 <= p < n], dtype=torch.long, device=tensor.device)
+def _check_positions(positions, what: str = "positions") -> tuple[int, ...] | None:
+    """Validate ``positions``/``heads``: ``None`` or a list/tuple/range of ints (bools refused)."""
+    if positions is None:
+        return None
+    if isinstance(positions, (int, torch.Tensor)) and not isinstance(positions, bool) and \
+            (not isinstance(positions, torch.Tensor) or positions.dim() == 0):
+        raise TypeError(f"{what} must be a list of integers, e.g. [{int(positions)}], not a single "
+                        f"{type(positions).__name__}")
+    if isinstance(positions, torch.Tensor):
+        positions = positions.tolist()
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, (list, tuple, range)):
+        raise TypeError(f"{what} must be a list of integers, got {type(positions).__name__}: {positions!r}")
+    out = []
+    for p in positions:
+        if isinstance(p, bool) or not isinstance(p, (int,)) and not (hasattr(p, "__index__") and not isinstance(p, float)):
+            raise TypeError(f"{what} must be integers, got {p!r} ({type(p).__name__}) in {list(positions)!r}")
+        out.append(int(p))
+    if not out:
+        raise ValueError(f"{what} is empty; pass None to select every {what[:-1]}")
+    return tuple(out)
+
+
+def _check_tensor(value, what: str) -> torch.Tensor:
+    """A real, finite floating tensor (refuses complex, bool/int-free NaN/inf input with a clear message)."""
+    t = torch.as_tensor(value)
+    if t.is_complex():
+        raise TypeError(f"{what} must be real, got a complex tensor ({t.dtype})")
+    if t.dtype == torch.bool:
+        raise TypeError(f"{what} must be numeric, got a bool tensor")
+    t = t if t.is_floating_point() else t.float()
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{what} has {int((~torch.isfinite(t)).sum())} non-finite entries (NaN or inf)")
+    return t
+
+
+def _check_number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not (isinstance(value, torch.Tensor) and value.dim() == 0):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}: {value!r}")
+    v = float(value)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{what} must be finite, got {v}")
+    return v
+
+
+def _select(tensor: torch.Tensor, ctx: HookContext, positions, heads):
+    """``(view, put)``: the selected entries of ``tensor`` and a function writing new values back.
+
+    The view has the selected positions flattened with the batch (``[k, ...]``, head axis first after
+    it when the hook has one) and ``heads`` picked on the head axis."""
+    if positions is None and heads is None:
+        return tensor, lambda new: new
+    if heads is not None and ctx.head_axis is None:
+        raise ValueError(f"heads={list(heads)} given for {ctx.name!r}, which has no head axis "
+                         f"(head-indexed hooks: {', '.join(HEAD_AXIS)})")
     if heads is not None:
-        if ctx.head_axis is None:
-            raise ValueError(f"heads={list(heads)} given for {ctx.name!r}, which has no head axis "
-                             f"(head-indexed hooks: {', '.join(HEAD_AXIS)})")
-        idx[ctx.head_axis] = torch.as_tensor(list(heads), dtype=torch.long, device=tensor.device)
-    tensors = [i for i, x in enumerate(idx) if isinstance(x, torch.Tensor)]
-    if len(tensors) == 2:  # two advanced indices must broadcast against each other
-        a, b = tensors
-        idx[a] = idx[a].view(-1, *([1] * (b - a)))
-    return tuple(idx)
+        n_heads = tensor.shape[ctx.head_axis]
+        bad = [h for h in heads if not -n_heads <= h < n_heads]
+        if bad:
+            raise IndexError(f"head index {bad[0]} out of range for {ctx.name!r}, which has {n_heads} heads "
+                             f"(valid: 0..{n_heads - 1})")
+    moved = tensor.movedim(ctx.pos_axis, 1)  # [batch, pos, ...]; pattern: [batch, q, head, k]
+    sel = ctx.position_mask(tensor, positions) if positions is not None else None
+    hidx = None if heads is None else torch.as_tensor(list(heads), dtype=torch.long, device=tensor.device)
+
+    def view(t: torch.Tensor) -> torch.Tensor:
+        m = t.movedim(ctx.pos_axis, 1)
+        m = m[sel] if sel is not None else m.flatten(0, 1)  # [k, ...] with the head axis at 1
+        return m.index_select(1, hidx) if hidx is not None else m
+
+    def put(new: torch.Tensor) -> torch.Tensor:
+        out = moved.clone()
+        flat = out[sel] if sel is not None else out.flatten(0, 1).clone()
+        if hidx is not None:
+            flat[:, hidx] = new.to(tensor.dtype)
+        else:
+            flat = new.to(tensor.dtype)
+        if sel is not None:
+            out[sel] = flat
+        else:
+            out = flat.unflatten(0, moved.shape[:2])
+        return out.movedim(1, ctx.pos_axis)
+
+    return view, put
 
 
 def _apply(tensor: torch.Tensor, ctx: HookContext, positions, heads,
            fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     if positions is None and heads is None:
         return fn(tensor)
-    idx = _index(tensor, ctx, positions, heads)
-    out = tensor.clone()
-    out[idx] = fn(tensor[idx]).to(tensor.dtype)
-    return out
+    view, put = _select(tensor, ctx, positions, heads)
+    return put(fn(view(tensor)))
 
 
 def _check_vector(vec: torch.Tensor, tensor: torch.Tensor, ctx: HookContext, what: str) -> torch.Tensor:
     vec = vec.to(device=tensor.device, dtype=tensor.dtype)
-    trailing = tuple(tensor.shape[2:]) if ctx.hook != "attn.hook_pattern" else tuple(tensor.shape[3:])
     try:
         torch.broadcast_shapes(vec.shape, tensor.shape)
     except RuntimeError:
-        raise ValueError(f"{what} of shape {tuple(vec.shape)} does not broadcast to {ctx.name!r}, whose "
-                         f"activation is {tuple(tensor.shape)}; expected a vector of shape {trailing} "
-                         f"(or anything broadcastable to {tuple(tensor.shape)})") from None
+        raise ValueError(f"{what} of shape {tuple(vec.shape)} does not broadcast to {ctx.name!r} (selected "
+                         f"activation {tuple(tensor.shape)}); expected a vector of shape "
+                         f"{tuple(tensor.shape[-1:])}") from None
     return vec
 
 
@@ -114,13 +216,17 @@ class Add(Intervention):
 
     def __init__(self, vector: torch.Tensor, scale: float = 1.0, positions: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None):
-        self.vector = torch.as_tensor(vector)
-        self.scale, self.positions, self.heads = float(scale), positions, heads
+        self.vector = _check_tensor(vector, "Add vector")
+        if self.vector.dim() == 0:
+            raise ValueError("Add vector must have at least one axis (the activation's last axis); "
+                             "use Scale for a scalar factor")
+        self.scale = _check_number(scale, "Add scale")
+        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
-        target = tensor[_index(tensor, ctx, self.positions, self.heads)] if (self.positions or self.heads) else tensor
-        vec = _check_vector(self.vector, target, ctx, "Add vector") * self.scale
-        return _apply(tensor, ctx, self.positions, self.heads, lambda t: t + vec)
+        def add(t):
+            return t + _check_vector(self.vector, t, ctx, "Add vector") * self.scale
+        return _apply(tensor, ctx, self.positions, self.heads, add)
 
 
 class Scale(Intervention):
@@ -128,13 +234,17 @@ class Scale(Intervention):
 
     def __init__(self, factor: float | torch.Tensor, positions: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None):
-        self.factor, self.positions, self.heads = factor, positions, heads
+        if isinstance(factor, torch.Tensor) and factor.dim() > 0:
+            self.factor: float | torch.Tensor = _check_tensor(factor, "Scale factor")
+        else:
+            self.factor = _check_number(factor, "Scale factor")
+        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
-        f = self.factor
-        if isinstance(f, torch.Tensor):
-            f = _check_vector(f, tensor, ctx, "Scale factor")
-        return _apply(tensor, ctx, self.positions, self.heads, lambda t: t * f)
+        def scale(t):
+            f = self.factor
+            return t * (_check_vector(f, t, ctx, "Scale factor") if isinstance(f, torch.Tensor) else f)
+        return _apply(tensor, ctx, self.positions, self.heads, scale)
 
 
 class Ablate(Intervention):
@@ -150,7 +260,10 @@ class Ablate(Intervention):
             raise ValueError(f"Ablate method must be 'zero' or 'mean', got {method!r}")
         if method == "mean" and mean_from is None:
             raise ValueError("Ablate('mean') needs mean_from=<Cache or tensor>")
-        self.method, self.mean_from, self.positions, self.heads, self.mask = method, mean_from, positions, heads, mask
+        if isinstance(mean_from, torch.Tensor):
+            mean_from = _check_tensor(mean_from, "Ablate mean")
+        self.method, self.mean_from, self.mask = method, mean_from, mask
+        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
 
     def _mean(self, ctx: HookContext) -> torch.Tensor:
         src = self.mean_from
@@ -163,30 +276,39 @@ class Ablate(Intervention):
     def __call__(self, tensor, ctx):
         if self.method == "zero":
             return _apply(tensor, ctx, self.positions, self.heads, torch.zeros_like)
-        mean = self._mean(ctx)
-        mean = _check_vector(mean, tensor, ctx, "mean")
-        if self.heads is not None and ctx.head_axis is not None:
-            mean = mean[torch.as_tensor(list(self.heads), device=mean.device)] if mean.dim() == 2 else mean
-        return _apply(tensor, ctx, self.positions, self.heads, lambda t: torch.zeros_like(t) + mean)
+        mean = self._mean(ctx).to(tensor.device, tensor.dtype)
+        if self.heads is not None and ctx.head_axis is not None and mean.dim() == 2:
+            mean = mean[torch.as_tensor(list(self.heads), device=mean.device)]
+        return _apply(tensor, ctx, self.positions, self.heads,
+                      lambda t: torch.zeros_like(t) + _check_vector(mean, t, ctx, "mean"))
 
 
 class ProjectOut(Intervention):
     """Remove the components along ``directions`` (``[d]`` or ``[k, d]``) from the last axis.
 
-    The directions are orthonormalised (QR) first, so several directions are removed jointly:
-    ``x <- x - (x Q) Q^T``.
+    The span of the directions is projected out jointly, ``x <- x - (x Q) Q^T`` with ``Q`` an orthonormal
+    basis of the span (from an SVD). Linearly dependent directions (``[v, 2v]``) are dropped: singular
+    values below ``rtol`` times the largest count as zero, so the projection removes exactly the span
+    and never an arbitrary extra direction (``self.rank`` says how many remain). Zero and non-finite
+    directions are refused.
     """
 
     def __init__(self, directions: torch.Tensor, positions: Sequence[int] | None = None,
-                 heads: Sequence[int] | None = None):
-        d = torch.as_tensor(directions, dtype=torch.float32)
+                 heads: Sequence[int] | None = None, rtol: float = 1e-5):
+        d = _check_tensor(directions, "ProjectOut directions").to(torch.float64)
         if d.dim() == 1:
             d = d[None]
-        if d.dim() != 2:
+        if d.dim() != 2 or d.shape[1] == 0:
             raise ValueError(f"ProjectOut directions must be [d] or [k, d], got {tuple(d.shape)}")
-        q, _ = torch.linalg.qr(d.T)  # [d, k]
-        self.basis = q
-        self.positions, self.heads = positions, heads
+        norms = d.norm(dim=1)
+        zero = (norms == 0).nonzero().flatten().tolist()
+        if zero:
+            raise ValueError(f"ProjectOut direction {zero[0]} is the zero vector; it has no direction to remove")
+        u, sv, _ = torch.linalg.svd(d.T, full_matrices=False)  # d.T: [d, k]
+        keep = sv > rtol * sv.max()
+        self.basis = u[:, keep].to(torch.float32)  # [d, rank]
+        self.rank = int(keep.sum())
+        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         if tensor.shape[-1] != self.basis.shape[0]:
@@ -204,11 +326,18 @@ class Patch(Intervention):
     """Replace the activation with the one stored in ``cache`` (same hook name) at ``positions``/``heads``.
 
     ``cache`` is a :class:`~interp.Cache` (from another run) or a tensor. Shapes must match the current
-    activation, except that a single source example (batch 1) is broadcast over the batch.
+    activation, except that a single source example (batch 1) is broadcast over the batch. Positions
+    are selected on the *current* run's rows (negative ones from each row's last real token) and the
+    source is read at the same places.
     """
 
     def __init__(self, cache, positions: Sequence[int] | None = None, heads: Sequence[int] | None = None):
-        self.cache, self.positions, self.heads = cache, positions, heads
+        if isinstance(cache, torch.Tensor):
+            cache = _check_tensor(cache, "Patch source")
+        elif not hasattr(cache, "__getitem__"):
+            raise TypeError(f"Patch source must be a Cache or a tensor, got {type(cache).__name__}")
+        self.cache = cache
+        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         src = self.cache if isinstance(self.cache, torch.Tensor) else self.cache[ctx.name]
@@ -222,7 +351,5 @@ class Patch(Intervention):
                                  "(or batch 1 to broadcast)")
         if self.positions is None and self.heads is None:
             return src.clone()
-        idx = _index(tensor, ctx, self.positions, self.heads)
-        out = tensor.clone()
-        out[idx] = src[idx]
-        return out
+        view, put = _select(tensor, ctx, self.positions, self.heads)
+        return put(view(src))

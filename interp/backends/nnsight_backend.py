@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..model import HookSet
+from ..run import current_pass
 from .hf import HFModel
 
 
@@ -70,12 +71,13 @@ class NNsightModel(HFModel):
         if stop_key is not None:
             keys = [k for k in keys if order.get(k, math.inf) <= order[stop_key]]
         result: list[Any] = []
+        run_ctx = current_pass(self)  # nnsight runs the trace body in a worker thread: hand it over
         with (torch.enable_grad() if grad else torch.no_grad()), self._eager_if_needed(hooks):
             with self.nn.trace(**kwargs) as tracer:
                 for key in keys:
                     env = self._envoy(key[0])
                     raw = env.output if key[1] == "output" else env.input
-                    new, changed = self._apply(groups[key], raw)
+                    new, changed = self._apply(groups[key], raw, run_ctx)
                     if changed:
                         if key[1] == "output":
                             env.output = new
@@ -87,4 +89,4 @@ class NNsightModel(HFModel):
                     tracer.stop()
                 else:
                     result.append(self.nn.output.save())
-        return self._output(result[0]) if result else None
+        return self._output(result[0], batch) if result else None

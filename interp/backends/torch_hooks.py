@@ -21,19 +21,24 @@ class TorchModel(HFModel):
     backend = "torch"
 
     def _install(self, hooks: HookSet) -> Callable[[], None]:
-        handles: list[Any] = []
-        eager = self._eager_if_needed(hooks)
+        switch = self._eager_switch(hooks)
+        handles: list[Any] = [switch]  # recorded before it acts: removal is safe at any point
+        fns: list[Any] = []
         try:
-            eager.__enter__()
-            handles.append(eager)
+            switch.enter()
             for (path, io), entries in self._groups(hooks).items():
                 module = self.hf_model.get_submodule(path)
                 if io == "output":
-                    handles.append(module.register_forward_hook(partial(self._out_hook, entries)))
+                    fns.append(partial(self._out_hook, entries))
+                    handles.append(module.register_forward_hook(fns[-1]))
                 else:
-                    handles.append(module.register_forward_pre_hook(partial(self._in_hook, entries), with_kwargs=True))
+                    fns.append(partial(self._in_hook, entries))
+                    handles.append(module.register_forward_pre_hook(fns[-1], with_kwargs=True))
         except BaseException:
-            _remove(handles)
+            try:
+                _remove(handles)
+            finally:
+                self._sweep_hooks(fns)  # a hook registered just before the interruption, handle unrecorded
             raise
         return partial(_remove, handles)
 
@@ -64,48 +69,28 @@ class TorchModel(HFModel):
             stop_handle = block.register_forward_hook(stop)
         try:
             with (torch.enable_grad() if grad else torch.no_grad()):
-                return self._output(self.hf_model(**self._kwargs(batch)))
+                return self._output(self.hf_model(**self._kwargs(batch)), batch)
         except StopForward:
             return None
         finally:
-            if stop_handle is not None:
-                stop_handle.remove()
-            remove()
-
-    def _generate_ids(self, ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos):
-        """Hugging Face ``generate`` (with its key-value cache); context hooks fire at every step."""
-        if gen is not None:
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        eos = sorted(self._eos_ids())
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                      pad_token_id=pad if pad is not None else (eos[0] if eos else 0))
-        if do_sample:
-            kwargs.update(temperature=temperature, top_k=top_k or 0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        if stop_at_eos and eos:
-            kwargs["eos_token_id"] = eos
-        else:
-            kwargs["eos_token_id"] = None
-        self._mask = mask
-        try:
-            out = self.hf_model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        finally:
-            self._mask = None
-        new = out[:, ids.shape[1]:].clone()
-        if stop_at_eos and eos:  # mark tokens after the first eos as absent (-1)
-            is_eos = torch.isin(new, torch.tensor(eos, device=new.device))
-            after = (is_eos.cumsum(1) - is_eos.long()) > 0
-            new[after] = -1
-        return new
+            try:
+                if stop_handle is not None:
+                    stop_handle.remove()
+            finally:
+                remove()
 
 
 def _remove(handles: list[Any]) -> None:
-    for h in reversed(handles):
-        with contextlib.suppress(Exception):
-            if hasattr(h, "remove"):
-                h.remove()
-            else:
-                h.__exit__(None, None, None)
-    handles.clear()
+    """Remove every handle (hooks and the eager-attention switch), in reverse order of installation.
+
+    All are attempted even if one fails; a failure is then raised (never swallowed), after the rest
+    were removed."""
+    errors: list[BaseException] = []
+    while handles:
+        h = handles.pop()
+        try:
+            h.remove()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below once everything is removed
+            errors.append(exc)
+    if errors:
+        raise errors[0]

@@ -94,6 +94,16 @@ class TLModel(Model):
     def _all_hook_names(self) -> list[str]:
         return self._names
 
+    #: Generation recomputes the whole sequence each pass here: a TransformerLens 3.9 bridge in
+    #: compatibility mode accepts ``use_cache`` and returns a cache (``return_type="logits_and_cache"``),
+    #: but its own attention components do not read it back (greedy text differs from the HF model's
+    #: from the second new token on, measured on a 3-layer Llama). So interventions here apply to every
+    #: position of every pass, unlike the KV-cached torch and nnsight backends (see docs/architecture.md).
+    _kv_cache = False
+
+    def parameters(self):
+        return self.tl.parameters()
+
     @property
     def device(self) -> torch.device:
         try:
@@ -101,7 +111,10 @@ class TLModel(Model):
         except StopIteration:
             return torch.device("cpu")
 
-    def _tl_hook(self, by_point: dict[str, list], tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
+    def _tl_hook(self, by_point: dict[str, list], live: list[bool], tensor: torch.Tensor, hook: Any
+                 ) -> torch.Tensor | None:
+        if not live[0]:  # left registered by an interruption inside TransformerLens's own removal: inert
+            return None
         changed_any = False
         for name, fns in by_point[hook.name]:
             tensor, changed = self._call_hooks(name, tensor, fns)
@@ -120,8 +133,13 @@ class TLModel(Model):
             if fns:
                 by_point.setdefault(self._reported[n], []).append((n, fns))
         wanted = {self._points[n] for n, fns in hooks.items() if fns}
-        fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point))] if wanted else []
+        live = [True]
+        fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point, live))] if wanted else []
         kwargs: dict[str, Any] = {"return_type": "logits", "stop_at_layer": stop_at_layer}
+        if batch.get("use_cache"):
+            kwargs.update(return_type="logits_and_cache", use_cache=True)
+            if batch.get("past_key_values") is not None:
+                kwargs["cache"] = batch["past_key_values"]
         if "pixel_values" in batch:
             inputs = batch["pixel_values"]
         else:
@@ -129,7 +147,10 @@ class TLModel(Model):
             kwargs["attention_mask"] = batch["attention_mask"]
             if self.is_bridge:
                 kwargs["position_ids"] = batch["position_ids"]
-        with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
+        try:
+            with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
+        finally:
+            live[0] = False
         return None if stop_at_layer is not None else out
