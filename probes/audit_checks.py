@@ -2,7 +2,7 @@
 
 ``HeadsCheck`` (entry point ``heads`` in the ``interp.checks`` group) scores every head with every score
 function of the paper on half of the audit texts, thresholds them the paper's way (per input, τ_p from the
-empirical CDF at the target fraction ``p``), and checks the finding that matters to a user: ablating the
+empirical CDF at the target fraction ``p``, inverted as the official code does), and checks the finding that matters to a user: ablating the
 heads the output-norm score flags (AHON (LN) by default) changes the loss on the *other* half of the texts
 less than ablating as many random heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
 """
@@ -17,8 +17,9 @@ import torch
 from interp.audit import AuditData, Check, Rendered
 from interp.results import Result
 
-from .heads import (BEST_SCORE, PAPER_FRACTIONS, SCORE_FUNCTIONS, HeadScores, evaluate_ablation, inactive_sweep,
-                    resolve_scores, score_heads)
+from .heads import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTIONS, THRESHOLD_CONVENTIONS, HeadScores,
+                    evaluate_ablation, inactive_sweep, resolve_scores, score_heads)
+from .heads.scores import check_choice
 from .heads.ablation import AblationViews
 
 
@@ -36,6 +37,17 @@ class HeadsConfig:
     batch_size: int = 8
     max_length: int = 128  #: tokens per text
     seed: int = 0
+    convention: str = "official"  #: τ_p from the CDF: "official" (the code's inverse CDF) or "quantile" (torch.quantile)
+    padded_queries: str = "drop"  #: AWFT/AEQD padding rule: "drop" padded query rows, or the code's "official" rule
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"heads.fraction must be in [0, 1], got {self.fraction}")
+        if not 0.0 <= self.min_share < 1.0:
+            raise ValueError(f"heads.min_share must be in [0, 1), got {self.min_share}")
+        check_choice("heads.convention", self.convention, THRESHOLD_CONVENTIONS)
+        check_choice("heads.padded_queries", self.padded_queries, PADDED_QUERIES)
+        check_choice("heads.ablation_method", self.ablation_method, ("zero", "mean"))
 
 
 @dataclass
@@ -54,11 +66,14 @@ class HeadsCheckResult(AblationViews, Result):
     sweep: dict[str, Any] | None
     n_score_texts: int
     n_eval_texts: int
+    convention: str = "official"  #: how τ_p was read off the CDF
+    padded_queries: str = "drop"  #: padding rule of the pattern scores
     kind: ClassVar[str] = "heads_check"
 
     @property
     def head_scores(self) -> HeadScores:
-        return HeadScores(per_input=self.per_input, n_tokens=self.n_tokens, model=self.model)
+        return HeadScores(per_input=self.per_input, n_tokens=self.n_tokens, model=self.model,
+                          padded_queries=self.padded_queries)
 
     def figure(self):
         return self.head_scores.figure()
@@ -101,8 +116,6 @@ class HeadsCheck(Check):
         cfg: HeadsConfig = self.config
         if model.cfg.modality != "text" or model.tokenizer is None:
             raise ValueError("the heads check needs a text model with a tokenizer")
-        if not 0.0 <= cfg.fraction <= 1.0:
-            raise ValueError(f"heads.fraction must be in [0, 1], got {cfg.fraction}")
         names = resolve_scores(cfg.scores)
         ablation_score = resolve_scores(cfg.ablation_score)[0]
         if ablation_score not in names:
@@ -112,10 +125,12 @@ class HeadsCheck(Check):
             score_texts, eval_texts = texts[0::2], texts[1::2]
         else:
             score_texts = eval_texts = texts
-        scores = score_heads(model, score_texts, names, batch_size=cfg.batch_size, max_length=cfg.max_length)
-        summary = scores.summary(cfg.fraction, cfg.min_share)
-        iou = scores.iou(cfg.fraction)
-        flagged = {n: [[l, h] for l, h in scores.flagged(n, cfg.fraction, min_share=cfg.min_share)] for n in names}
+        scores = score_heads(model, score_texts, names, batch_size=cfg.batch_size, max_length=cfg.max_length,
+                             padded_queries=cfg.padded_queries)
+        summary = scores.summary(cfg.fraction, cfg.min_share, cfg.convention)
+        iou = scores.iou(cfg.fraction, cfg.convention)
+        flagged = {n: [[l, h] for l, h in scores.flagged(n, cfg.fraction, min_share=cfg.min_share,
+                                                         convention=cfg.convention)] for n in names}
         ablation = None
         heads = flagged[ablation_score]
         if heads and model.cfg.is_causal_lm:
@@ -129,11 +144,12 @@ class HeadsCheck(Check):
         if cfg.sweep and model.cfg.is_causal_lm:
             sw = inactive_sweep(model, eval_texts, ablation_score, PAPER_FRACTIONS, calibration=scores,
                                 n_random=cfg.n_random, seed=cfg.seed, batch_size=cfg.batch_size,
-                                max_length=cfg.max_length)
+                                max_length=cfg.max_length, convention=cfg.convention,
+                                padded_queries=cfg.padded_queries)
             sweep = asdict(sw)
         return HeadsCheckResult(scores.per_input, scores.n_tokens, scores.model, cfg.fraction, cfg.min_share,
                                 summary.to_dict("records"), iou.values.tolist(), flagged, ablation, sweep,
-                                len(score_texts), len(eval_texts))
+                                len(score_texts), len(eval_texts), cfg.convention, cfg.padded_queries)
 
     def summary(self, result: HeadsCheckResult) -> dict[str, Any]:
         cfg: HeadsConfig = self.config
@@ -153,7 +169,8 @@ class HeadsCheck(Check):
     def to_json(self, result: HeadsCheckResult) -> dict[str, Any]:
         hs = result.head_scores
         return {"schema": "interp.checks.heads/1", "n_layers": hs.n_layers, "n_heads": hs.n_heads,
-                "fraction": result.fraction, "min_share": result.min_share,
+                "fraction": result.fraction, "min_share": result.min_share, "convention": result.convention,
+                "padded_queries": result.padded_queries,
                 "n_score_texts": result.n_score_texts, "n_eval_texts": result.n_eval_texts,
                 "mean_scores": {n: t.tolist() for n, t in hs.scores.items()},
                 "summary": result.summary_rows, "flagged": result.flagged,
@@ -172,11 +189,14 @@ class HeadsCheck(Check):
         hs = result.head_scores
         best = resolve_scores(cfg.ablation_score)[0]
         total = hs.n_layers * hs.n_heads
+        rule = ("the inverse of the empirical CDF of all (input, layer, head) scores at p (1−p for AWFT), "
+                "interpolated between the bracketing points as in the official code" if result.convention == "official"
+                else "the p-quantile (1−p for AWFT) of all (input, layer, head) scores (torch.quantile)")
         parts = [f"<p>{total} heads ({hs.n_layers} layers × {hs.n_heads} heads) scored on {result.n_score_texts} "
                  f"texts with {len(hs.names)} score functions. A head is <em>inactive on an input</em> when its score "
-                 f"passes τ<sub>p</sub>, the p-quantile (1−p for AWFT) of all (input, layer, head) scores, with "
-                 f"p = {100 * result.fraction:g}%; the fixed set below keeps heads flagged on more than "
-                 f"{100 * result.min_share:g}% of the inputs.</p>"]
+                 f"is strictly below τ<sub>p</sub> (above, for AWFT), {rule}, with p = {100 * result.fraction:g}%; "
+                 f"the fixed set below keeps heads flagged on more than {100 * result.min_share:g}% of the inputs."
+                 "</p>"]
         abl = result.ablation_result
         if abl is not None:
             verdict = "smaller" if abs(abl.delta) < abs(abl.random_delta) else "NOT smaller"
@@ -205,7 +225,7 @@ class HeadsCheck(Check):
         tables = [("Score functions", table)]
         fl = result.flagged.get(best, [])
         if fl:
-            rate = hs.flag_rate(best, result.fraction)
+            rate = hs.flag_rate(best, result.fraction, convention=result.convention)
             mean = hs.scores[best]
             tables.append((f"Heads flagged by {best}", pd.DataFrame(
                 [{"layer": l, "head": h, f"mean {best}": float(mean[l, h]), "share of inputs flagged": float(rate[l, h])}

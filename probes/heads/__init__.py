@@ -2,7 +2,8 @@
 
 * :func:`score_heads` computes every score function of the paper (the 12 of the paper plus the code's
   ``LTHON (HN)`` and the appendix ``FullHeadOutput`` variants) for every input, layer and head from one
-  batched forward pass; :class:`HeadScores` thresholds them the paper's way (``.inactive``), and gives
+  batched forward pass; :class:`HeadScores` thresholds them the paper's way (``.inactive``: the official
+  code's inverse empirical CDF and strict comparison by default, ``convention="quantile"`` optional), and gives
   ``.to_frame()``, ``.figure()`` (heatmaps with a dropdown) and ``.save()``.
 * :func:`ablate_heads` (zero/mean ablation of ``hook_z``) and :func:`dynamic_zeroing` (the paper's per-input
   zeroing) return interventions for ``model.intervene``; :func:`evaluate_ablation` compares a head set with
@@ -11,12 +12,12 @@
 from .ablation import (AblationResult, DynamicZeroing, HeadAblation, SweepResult, ZeroHeads, ablate_heads,
                        dynamic_zeroing, evaluate_ablation, head_mask, head_means, inactive_sweep, random_heads,
                        random_like)
-from .scores import (BEST_SCORE, EXTRA_SCORES, PAPER_FRACTIONS, PAPER_SCORES, SCORE_FUNCTIONS, HeadScores,
-                     ScoreFunction, head_statistics, output_weights, resolve_scores, score_heads,
-                     scores_from_statistics)
+from .scores import (BEST_SCORE, EXTRA_SCORES, PADDED_QUERIES, PAPER_FRACTIONS, PAPER_SCORES, SCORE_FUNCTIONS,
+                     THRESHOLD_CONVENTIONS, HeadScores, ScoreFunction, cdf_thresholds, head_statistics, output_weights,
+                     resolve_scores, score_heads, scores_from_statistics)
 
 __all__ = ["score_heads", "HeadScores", "ScoreFunction", "SCORE_FUNCTIONS", "PAPER_SCORES", "EXTRA_SCORES",
-           "BEST_SCORE", "PAPER_FRACTIONS", "output_weights", "head_statistics", "scores_from_statistics",
-           "resolve_scores", "ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means",
+           "BEST_SCORE", "PAPER_FRACTIONS", "THRESHOLD_CONVENTIONS", "PADDED_QUERIES", "cdf_thresholds",
+           "output_weights", "head_statistics", "scores_from_statistics", "resolve_scores", "ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means",
            "dynamic_zeroing", "DynamicZeroing", "evaluate_ablation", "AblationResult", "inactive_sweep",
            "SweepResult", "random_heads", "random_like"]

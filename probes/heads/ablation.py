@@ -32,8 +32,9 @@ from interp.model import Model, next_token_loss
 from interp.progress import progress
 from interp.results import Result
 
-from .scores import (BEST_SCORE, PAPER_FRACTIONS, SCORE_FUNCTIONS, HeadScores, _batches, head_statistics,
-                     output_weights, resolve_scores, score_heads, scores_from_statistics)
+from .scores import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTIONS, THRESHOLD_CONVENTIONS, HeadScores,
+                     _batches, check_choice, head_statistics, output_weights, resolve_scores, score_heads,
+                     scores_from_statistics)
 
 HeadSet = Any  # Iterable[(layer, head)] | BoolTensor [n_layers, n_heads] | BoolTensor [batch, n_layers, n_heads]
 
@@ -191,9 +192,11 @@ class DynamicZeroing(_InterventionMap):
     backend; pattern-based scores (AWFT, AEQD) need the pattern before the head output is consumed, which
     only the TransformerLens backend provides (Hugging Face attention returns its weights after the output
     projection has run). ``flagged`` records the mask of every pass: ``[batch, n_layers, n_heads]``.
+    ``padded_queries`` is the padding rule of the pattern scores (see :func:`~.scores.head_statistics`).
     """
 
-    def __init__(self, model: Model, score: str, threshold: float):
+    def __init__(self, model: Model, score: str, threshold: float, padded_queries: str = "drop"):
+        self.padded_queries = check_choice("padded_queries", padded_queries, PADDED_QUERIES)
         self.score = resolve_scores(score)[0]
         spec = SCORE_FUNCTIONS[self.score]
         if "pattern" in spec.uses and model.backend != "transformer_lens":
@@ -230,8 +233,8 @@ class DynamicZeroing(_InterventionMap):
             raise RuntimeError(f"the activations {self.score} needs did not arrive before {ctx.name}")
         stats = head_statistics(mask, None if pattern is None else pattern[None], None if v is None else v[None],
                                 t.detach()[None], None if self.w_o is None else self.w_o[layer:layer + 1],
-                                n_heads=self.n_heads)
-        score = scores_from_statistics(stats, [self.score])[self.score][:, 0]  # [B, H]
+                                n_heads=self.n_heads, padded_queries=self.padded_queries)
+        score = scores_from_statistics(stats, [self.score])[self.score][:, 0].double()  # [B, H]
         flag = score < self.threshold if spec.inactive_if == "<" else score > self.threshold
         rows = self._current.setdefault(ctx.pass_index, [None] * self.n_layers)
         rows[layer] = flag.cpu()
@@ -244,13 +247,16 @@ class DynamicZeroing(_InterventionMap):
 
 
 def dynamic_zeroing(model: Model, score: str = BEST_SCORE, threshold: float | None = None,
-                    calibration: HeadScores | None = None, fraction: float = 0.1) -> DynamicZeroing:
-    """Interventions for the paper's dynamic zeroing; ``threshold`` or τ_fraction of ``calibration``."""
+                    calibration: HeadScores | None = None, fraction: float = 0.1,
+                    convention: str = "official", padded_queries: str = "drop") -> DynamicZeroing:
+    """Interventions for the paper's dynamic zeroing; ``threshold`` or τ_fraction of ``calibration`` (read off
+    its empirical CDF with ``convention``, see :meth:`HeadScores.threshold`)."""
+    check_choice("convention", convention, THRESHOLD_CONVENTIONS)
     if threshold is None:
         if calibration is None:
             raise ValueError("dynamic_zeroing needs threshold=τ or calibration=<HeadScores> (with fraction)")
-        threshold = calibration.threshold(score, fraction)
-    return DynamicZeroing(model, score, threshold)
+        threshold = calibration.threshold(score, fraction, convention)
+    return DynamicZeroing(model, score, threshold, padded_queries)
 
 
 # -------------------------------------------------------------------------------- evaluation
@@ -424,6 +430,7 @@ class SweepResult(Result):
     heads_zeroed: list[float]  #: mean share of heads zeroed per input, per fraction
     tolerance: float
     mode: str  #: "dynamic" (score computed inside the ablated pass) or "prepass" (masks from an unablated pass)
+    convention: str = "official"  #: how τ_p was read off the CDF (see HeadScores.threshold)
     kind: ClassVar[str] = "inactive_sweep"
 
     def _within(self, value: float) -> bool:
@@ -474,7 +481,8 @@ class SweepResult(Result):
 def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions: Sequence[float] = PAPER_FRACTIONS,
                    calibration: HeadScores | None = None, n_random: int = 3, seed: int = 0,
                    metric: str = "loss", tolerance: float = 0.01, batch_size: int | None = 8,
-                   max_length: int | None = None) -> SweepResult:
+                   max_length: int | None = None, convention: str = "official",
+                   padded_queries: str = "drop") -> SweepResult:
     """The paper's evaluation of one score function.
 
     For each target fraction ``p``: τ_p from the empirical CDF of ``calibration`` (default: the scores of
@@ -482,27 +490,31 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
     heads per input. Pattern-based scores on the torch/nnsight backends use per-input masks from an
     unablated pass (``mode="prepass"``); everything else is computed inside the ablated pass (``"dynamic"``).
     ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
-    (may drop by 0.01, the paper's "within 1 point").
+    (may drop by 0.01, the paper's "within 1 point"). ``convention`` reads τ_p off the CDF (the official
+    inverse CDF by default, or ``"quantile"``); ``padded_queries`` is the padding rule of the pattern scores.
     """
+    check_choice("convention", convention, THRESHOLD_CONVENTIONS)
+    check_choice("padded_queries", padded_queries, PADDED_QUERIES)
     key = resolve_scores(score)[0]
     fn = _metric_fn(metric)
     batches = _batches(model, inputs, batch_size, max_length, None)
     prepass = "pattern" in SCORE_FUNCTIONS[key].uses and model.backend != "transformer_lens"
-    unablated = HeadScores(per_input={key: torch.cat([score_heads(model, b, key).per_input[key] for b in batches])},
-                           n_tokens=torch.zeros(0))
+    unablated = HeadScores(per_input={key: torch.cat([score_heads(model, b, key, padded_queries=padded_queries)
+                                                      .per_input[key] for b in batches])},
+                           n_tokens=torch.zeros(0), padded_queries=padded_queries)
     calib = calibration if calibration is not None else unablated
     gen = torch.Generator().manual_seed(seed)
     baseline = _evaluate(model, batches, fn)
     thresholds, values, randoms, zeroed = [], [], [], []
     total_heads = model.cfg.n_layers * model.cfg.n_heads
     for p in progress(list(fractions), desc=f"sweep {key}"):
-        tau = calib.threshold(key, p)
+        tau = calib.threshold(key, p, convention)
         thresholds.append(tau)
         if prepass:
             mask = unablated.inactive(key, threshold=tau)
             values.append(_evaluate(model, batches, fn, _plans(model, batches, mask)))
         else:
-            dz = DynamicZeroing(model, key, tau)
+            dz = DynamicZeroing(model, key, tau, padded_queries)
             values.append(_evaluate(model, batches, fn, [dz] * len(batches)))
             mask = torch.cat(dz.flagged) if dz.flagged else torch.zeros(0, model.cfg.n_layers, model.cfg.n_heads,
                                                                             dtype=torch.bool)
@@ -512,7 +524,7 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
             rs.append(_evaluate(model, batches, fn, _plans(model, batches, random_like(mask, gen))))
         randoms.append(rs)
     return SweepResult(key, metric, [float(p) for p in fractions], thresholds, baseline, values, randoms, zeroed,
-                       tolerance, "prepass" if prepass else "dynamic")
+                       tolerance, "prepass" if prepass else "dynamic", convention)
 
 
 class AblationViews:

@@ -32,20 +32,37 @@ projection (``hook_z``), ``W_O[h]`` the rows of the output projection that read 
 "LN" means *layer-normalised* (divided by the mean of the same score over all heads of that layer, for
 the same input); it has nothing to do with LayerNorm.
 
-Padding is excluded by NaN-masking: padded query rows and padded positions are set to NaN before the
-means (``nanmean``), exactly as the official code does. Choices where the paper/code leave room:
+Padding is excluded by NaN-masking: padded positions are set to NaN before the means (``nanmean``).
+For the value and output scores this is what the official code does. For the two attention-pattern scores
+(AWFT, AEQD) it is not: the code NaN-masks only padded *key columns* (and the causal upper triangle), so
+padded *query rows* still enter its row average — under right padding a padded query row is a real
+distribution over the real keys, and its weight on the first token and its entropy are averaged in; a
+fully masked row (left padding) contributes entropy 0 through ``nansum``. By default
+(``padded_queries="drop"``) we drop padded query rows, so a padded input scores exactly as it does
+unpadded; ``padded_queries="official"`` applies the code's literal rule (only for causal models, as the
+code assumes causal attention) to reproduce its numbers from padded batches. Choices where the
+paper/code leave room:
 
 * "first token" and "last token" are the first and last *real* (non-padding) tokens of each input, so
   left- and right-padded batches give the same scores (the official code assumes right padding and uses
   index 0 and the last non-pad index, which is the same thing there).
 * AWFT averages over every real query row, including row 0 (whose weight on token 0 is 1 in a causal
-  model), as the code's ``nanmean`` over the causal-masked matrix does.
-* Padded query rows are excluded from the entropy mean (the code's ``nansum`` turns a fully masked row
-  into 0 and would average it in; we treat that as an artefact and drop those rows).
+  model), as the code's ``nanmean`` over the causal-masked matrix does on an unpadded input.
 * The appendix variants are named after the code classes (``FullHeadOutput``, ``FullHeadOutputNormalized``
   → ``FullHeadOutput (LN)``); their norm ``‖O W_O[h]‖`` is computed exactly as the quadratic form
   ``sqrt(O (W_O W_Oᵀ) Oᵀ)``, which avoids materialising a ``d_model`` vector per head and token. The
   output-projection bias (shared by all heads) is not part of any head's output.
+
+Thresholds (:meth:`HeadScores.threshold`, :func:`cdf_thresholds`) follow the official code by default
+(``convention="official"``): the empirical CDF of the ``N`` sorted (input, layer, head) scores is the points
+``(x_(k), k/N)``, k = 1..N, and τ_p is its inverse at ``y = p`` (``1 − p`` for AWFT), linearly interpolated
+between the two bracketing points and clamped to ``[x_(1), x_(N)]`` — i.e. the sorted scores interpolated at
+the 0-based position ``y·N − 1``; a head is inactive if ``score < τ`` (``> τ`` for AWFT), strictly. When
+``p·N = m`` is an integer, τ is an order statistic itself: the m-th smallest score for a "<" score, so the
+strict rule flags m − 1 scores, and the (m+1)-th largest for AWFT (``y = 1 − p``), which flags m; fewer when
+scores tie at the boundary (grouped-query heads share their value norms, so whole tie groups drop out).
+``convention="quantile"`` is ``torch.quantile`` (interpolation at position ``y·(N − 1)``), which this
+project used before: it flags one more (input, head) pair for the "<" scores, a tie group more with ties.
 """
 from __future__ import annotations
 
@@ -62,6 +79,56 @@ from interp.results import Result
 
 #: Target fractions of the paper's dynamic thresholding (0, 5, ..., 30 %).
 PAPER_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+#: How τ_p is read off the empirical CDF: the official code's inverse CDF (default) or ``torch.quantile``.
+THRESHOLD_CONVENTIONS: tuple[str, ...] = ("official", "quantile")
+#: What the attention-pattern scores (AWFT, AEQD) do with padded query rows: drop them (default) or the
+#: official code's literal rule (only padded key columns are masked; padded query rows are averaged in).
+PADDED_QUERIES: tuple[str, ...] = ("drop", "official")
+
+
+def check_choice(field_name: str, value: Any, allowed: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``allowed``, else raise a ValueError naming the field."""
+    if value not in allowed:
+        raise ValueError(f"{field_name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
+    return value
+
+
+def cdf_thresholds(values: torch.Tensor, fractions: Sequence[float], inactive_if: str = "<",
+                   convention: str = "official") -> list[float]:
+    """τ_p for each target fraction ``p`` from the empirical distribution of ``values`` (any shape, NaN ignored).
+
+    ``convention="official"`` (the paper's code): with the ``N`` finite values sorted, ``x_(1) <= ... <= x_(N)``,
+    the CDF is the points ``(x_(k), k/N)`` and τ is its inverse at ``y = p`` (``y = 1 − p`` when
+    ``inactive_if == ">"``), linearly interpolated between the bracketing points and clamped to the range of
+    the CDF: the sorted values interpolated at the 0-based position ``clamp(y·N − 1, 0, N − 1)``. A position
+    that is an integer up to float rounding (``0.1 * 30``) is snapped to it, so τ is then exactly an order
+    statistic, as it is when the official code finds ``y`` among the CDF's ``k/N`` (it compares in float32).
+    ``convention="quantile"``: ``torch.quantile`` at ``y`` (position ``y·(N − 1)``).
+
+    Computed in float64; returns one float per fraction.
+    """
+    check_choice("convention", convention, THRESHOLD_CONVENTIONS)
+    check_choice("inactive_if", inactive_if, ("<", ">"))
+    fr = torch.as_tensor([float(p) for p in fractions], dtype=torch.float64)
+    if fr.numel() and (bool(fr.isnan().any()) or bool((fr < 0).any()) or bool((fr > 1).any())):
+        raise ValueError(f"fraction must be in [0, 1], got {[float(p) for p in fractions]}")
+    x = values.detach().flatten().double().cpu()
+    x = x[~x.isnan()]
+    if x.numel() == 0:
+        raise ValueError("no finite scores to threshold")
+    if bool(x.isinf().any()):
+        raise ValueError("scores contain ±inf; the empirical CDF needs finite scores")
+    y = fr if inactive_if == "<" else 1.0 - fr
+    if convention == "quantile":
+        return torch.quantile(x, y).tolist()
+    x = x.sort().values
+    n = x.numel()
+    pos = y * n - 1.0
+    near = pos.round()
+    pos = torch.where((pos - near).abs() <= 1e-9 * max(1.0, float(n)), near, pos).clamp(0.0, n - 1.0)
+    lo = pos.floor().long()
+    hi = (lo + 1).clamp(max=n - 1)
+    return (x[lo] + (pos - lo.double()) * (x[hi] - x[lo])).tolist()
 
 
 @dataclass(frozen=True)
@@ -200,7 +267,7 @@ def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def head_statistics(mask: torch.Tensor, pattern: torch.Tensor | None = None, v: torch.Tensor | None = None,
                     z: torch.Tensor | None = None, w_o: torch.Tensor | None = None,
-                    n_heads: int | None = None) -> dict[str, torch.Tensor]:
+                    n_heads: int | None = None, padded_queries: str = "drop") -> dict[str, torch.Tensor]:
     """The base per-head statistics, each ``[n_layers, batch, n_heads]`` (float32).
 
     Args:
@@ -209,19 +276,35 @@ def head_statistics(mask: torch.Tensor, pattern: torch.Tensor | None = None, v: 
         v: ``[n_layers, batch, pos, n_kv_heads, d_head]`` value vectors (broadcast to ``n_heads``).
         z: ``[n_layers, batch, pos, n_heads, d_head]`` head outputs before the output projection.
         w_o: ``[n_layers, n_heads, d_head, d_model]`` output projection per head (needs ``z``).
+        padded_queries: for ``awft``/``aeqd``: ``"drop"`` averages over the real query rows only;
+            ``"official"`` is the code's literal rule for a causal model: entries with a padded or future
+            key are masked, ``awft`` averages column ``first`` over every row that can see it (padded rows
+            after it included), ``aeqd`` averages the row entropies over *all* rows, a row without any
+            visible real key counting as entropy 0 (the code's ``nansum``).
 
     Returns keys among ``awft, aeqd`` (pattern), ``ftvvn, avvn`` (v), ``lthon, ahon`` (z), ``fho`` (z, w_o).
     """
+    check_choice("padded_queries", padded_queries, PADDED_QUERIES)
     first, last = _positions(mask)
     valid = mask.bool()
     out: dict[str, torch.Tensor] = {}
     if pattern is not None:
         a = pattern.float()
-        rows = valid.to(a.device)[None, :, None, :]  # real query rows
-        col = a.gather(-1, first.to(a.device).view(1, -1, 1, 1, 1).expand(*a.shape[:4], 1)).squeeze(-1)
-        out["awft"] = _nan_mean(col, rows)
-        entropy = -torch.special.xlogy(a, a).sum(-1)  # [L, B, H, Q]; 0 ln 0 = 0 (masked keys)
-        out["aeqd"] = _nan_mean(entropy, rows)
+        dev = a.device
+        col = a.gather(-1, first.to(dev).view(1, -1, 1, 1, 1).expand(*a.shape[:4], 1)).squeeze(-1)  # [L, B, H, Q]
+        plogp = torch.special.xlogy(a, a)  # 0 ln 0 = 0 (masked keys)
+        if padded_queries == "drop":
+            rows = valid.to(dev)[None, :, None, :]  # real query rows
+            out["awft"] = _nan_mean(col, rows)
+            out["aeqd"] = _nan_mean(-plogp.sum(-1), rows)
+        else:
+            q = torch.arange(a.shape[-2], device=dev)
+            k = torch.arange(a.shape[-1], device=dev)
+            keys = valid.to(dev)[:, None, :] & (k[None, None, :] <= q[None, :, None])  # [B, Q, K]: real, not future
+            sees_first = q[None, :] >= first.to(dev)[:, None]  # [B, Q]
+            out["awft"] = _nan_mean(col, sees_first[None, :, None, :])
+            entropy = -torch.where(keys[None, :, None], plogp, torch.zeros((), device=dev)).sum(-1)
+            out["aeqd"] = entropy.mean(-1)
     if v is not None:
         n_kv = v.shape[3]
         heads = n_heads or n_kv
@@ -309,7 +392,7 @@ def _batches(model: Model, inputs: Any, batch_size: int | None, max_length: int 
 
 def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = None,
                 batch_size: int | None = None, max_length: int | None = None,
-                padding_side: str | None = None) -> "HeadScores":
+                padding_side: str | None = None, padded_queries: str = "drop") -> "HeadScores":
     """Compute the inactive-head score functions for every input, layer and head.
 
     One forward pass per batch (``batch_size=None``: all inputs in one pass) captures the attention
@@ -322,11 +405,19 @@ def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = 
         scores: score names (see :data:`SCORE_FUNCTIONS`); ``None`` computes all of them.
         batch_size: inputs per forward pass (bounds memory; patterns are ``[layers, batch, heads, pos, pos]``).
         max_length: truncate texts to this many tokens.
-        padding_side: ``"left"``/``"right"`` (the scores are the same either way).
+        padding_side: ``"left"``/``"right"`` (the scores are the same either way with ``padded_queries="drop"``).
+        padded_queries: ``"drop"`` (default): AWFT and AEQD average over real query rows only, so padding
+            changes no score. ``"official"``: the official code's literal rule (see :func:`head_statistics`),
+            under which padded query rows enter AWFT/AEQD; use it with right padding to reproduce the
+            code's numbers from padded batches. Causal language models only.
 
     Returns:
         :class:`HeadScores` with ``per_input[name]`` ``[n_inputs, n_layers, n_heads]``.
     """
+    check_choice("padded_queries", padded_queries, PADDED_QUERIES)
+    if padded_queries == "official" and not model.cfg.is_causal_lm:
+        raise ValueError("padded_queries='official' is the official code's rule for causal attention (it masks the "
+                         "upper triangle); this model is not a causal LM, use padded_queries='drop'")
     names = resolve_scores(scores)
     need = required_activations(names)
     hooks = [f"blocks.*.{_HOOK_OF[k]}" for k in ("pattern", "v", "z") if k in need]
@@ -345,12 +436,12 @@ def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = 
             raise ValueError(f"attention mask {tuple(mask.shape)} does not match activations of batch {b} and "
                              f"{s} positions")
         stats = head_statistics(mask, acts.get("pattern"), acts.get("v"), acts.get("z"), w_o,
-                                n_heads=model.cfg.n_heads)
+                                n_heads=model.cfg.n_heads, padded_queries=padded_queries)
         for n, t in scores_from_statistics(stats, names).items():
             parts[n].append(t.cpu())
         tokens.append(mask.sum(-1))
     return HeadScores(per_input={n: torch.cat(p) for n, p in parts.items()}, n_tokens=torch.cat(tokens),
-                      model=str(getattr(model, "source", "") or model.cfg.family))
+                      model=str(getattr(model, "source", "") or model.cfg.family), padded_queries=padded_queries)
 
 
 # -------------------------------------------------------------------------------------- result
@@ -362,12 +453,17 @@ class HeadScores(Result):
         per_input: score name -> ``[n_inputs, n_layers, n_heads]`` (the paper thresholds per input).
         n_tokens: ``[n_inputs]`` real (non-padding) tokens of each input.
         model: the model spec or family the scores came from.
+        padded_queries: the padding rule the pattern scores were computed with (``"drop"`` or ``"official"``).
     """
 
     per_input: dict[str, torch.Tensor]
     n_tokens: torch.Tensor
     model: str = ""
+    padded_queries: str = "drop"
     kind: ClassVar[str] = "head_scores"
+
+    def __post_init__(self) -> None:
+        check_choice("padded_queries", self.padded_queries, PADDED_QUERIES)
 
     # -- shape
     @property
@@ -398,46 +494,46 @@ class HeadScores(Result):
         return self.per_input[key]
 
     # -- thresholding (the paper's dynamic, per-input procedure)
-    def threshold(self, name: str, fraction: float) -> float:
-        """τ_p from the empirical CDF of all (input, layer, head) scores: the ``p``-quantile (or the
-        ``1-p``-quantile for a "greater-than" score such as AWFT), linearly interpolated."""
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-        values = self._get(name).flatten().double()
-        values = values[~values.isnan()]
-        if values.numel() == 0:
-            raise ValueError(f"score {name!r} has no finite values")
-        q = fraction if SCORE_FUNCTIONS[resolve_scores(name)[0]].inactive_if == "<" else 1.0 - fraction
-        return float(torch.quantile(values, q))
+    def thresholds(self, name: str, fractions: Sequence[float] = PAPER_FRACTIONS,
+                   convention: str = "official") -> list[float]:
+        """τ_p for each target fraction (the paper's 0, 5, ..., 30 % by default) from the empirical CDF of
+        all (input, layer, head) scores; see :func:`cdf_thresholds` for the two conventions."""
+        key = resolve_scores(name)[0]
+        try:
+            return cdf_thresholds(self._get(key), fractions, SCORE_FUNCTIONS[key].inactive_if, convention)
+        except ValueError as err:
+            raise ValueError(f"score {key!r}: {err}") from None
 
-    def thresholds(self, name: str, fractions: Sequence[float] = PAPER_FRACTIONS) -> list[float]:
-        """τ_p for each target fraction (the paper's 0, 5, ..., 30 % by default)."""
-        return [self.threshold(name, p) for p in fractions]
+    def threshold(self, name: str, fraction: float, convention: str = "official") -> float:
+        """τ_p for one target fraction ``p`` (``convention="official"``: the code's inverse CDF at ``p``, or
+        at ``1 − p`` for a "greater-than" score such as AWFT; ``"quantile"``: ``torch.quantile``)."""
+        return self.thresholds(name, [fraction], convention)[0]
 
-    def inactive(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None
-                 ) -> torch.Tensor:
+    def inactive(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None,
+                 convention: str = "official") -> torch.Tensor:
         """Boolean mask ``[n_inputs, n_layers, n_heads]`` of the heads inactive on each input.
 
-        The paper's rule: ``score < τ`` (``score > τ`` for AWFT), with ``τ = threshold`` when given (e.g. a
-        τ calibrated on another data set), else τ_p of this data for the target ``fraction``. With
-        ``fraction=0`` nothing is flagged.
+        The paper's rule, strict: ``score < τ`` (``score > τ`` for AWFT), with ``τ = threshold`` when given
+        (e.g. a τ calibrated on another data set), else τ_p of this data for the target ``fraction`` under
+        ``convention``. With ``fraction=0`` nothing is flagged. Compared in float64.
         """
         key = resolve_scores(name)[0]
-        t = self._get(key)
-        tau = self.threshold(key, fraction) if threshold is None else float(threshold)
+        check_choice("convention", convention, THRESHOLD_CONVENTIONS)
+        t = self._get(key).double()
+        tau = self.threshold(key, fraction, convention) if threshold is None else float(threshold)
         if SCORE_FUNCTIONS[key].inactive_if == "<":
             return t < tau
         return t > tau
 
-    def flag_rate(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None
-                  ) -> torch.Tensor:
+    def flag_rate(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None,
+                  convention: str = "official") -> torch.Tensor:
         """``[n_layers, n_heads]``: share of inputs on which each head is flagged inactive."""
-        return self.inactive(name, fraction, threshold).float().mean(0)
+        return self.inactive(name, fraction, threshold, convention).float().mean(0)
 
     def flagged(self, name: str = BEST_SCORE, fraction: float = 0.1, threshold: float | None = None,
-                min_share: float = 0.5) -> list[tuple[int, int]]:
+                min_share: float = 0.5, convention: str = "official") -> list[tuple[int, int]]:
         """A fixed head set: ``(layer, head)`` flagged on more than ``min_share`` of the inputs."""
-        rate = self.flag_rate(name, fraction, threshold)
+        rate = self.flag_rate(name, fraction, threshold, convention)
         return [(int(l), int(h)) for l, h in (rate > min_share).nonzero().tolist()]
 
     def ranking(self, name: str = BEST_SCORE) -> list[tuple[int, int]]:
@@ -447,20 +543,17 @@ class HeadScores(Result):
         order = mean.argsort(descending=SCORE_FUNCTIONS[key].inactive_if == ">")
         return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
 
-    def iou(self, fraction: float = 0.1) -> "Any":
+    def iou(self, fraction: float = 0.1, convention: str = "official") -> "Any":
         """Pairwise intersection-over-union of the per-input inactive masks of the score functions."""
         import pandas as pd
 
-        masks = {n: self.inactive(n, fraction).flatten() for n in self.names}
-        table = pd.DataFrame(index=self.names, columns=self.names, dtype=float)
-        for a in self.names:
-            for b in self.names:
-                inter = (masks[a] & masks[b]).sum().item()
-                union = (masks[a] | masks[b]).sum().item()
-                table.loc[a, b] = inter / union if union else float("nan")
-        return table
+        masks = torch.stack([self.inactive(n, fraction, convention=convention).flatten() for n in self.names])
+        inter = (masks[:, None] & masks[None]).sum(-1).double()
+        union = (masks[:, None] | masks[None]).sum(-1).double()
+        values = torch.where(union > 0, inter / union.clamp_min(1), torch.full_like(inter, float("nan")))
+        return pd.DataFrame(values.numpy(), index=self.names, columns=self.names)
 
-    def summary(self, fraction: float = 0.1, min_share: float = 0.5) -> "Any":
+    def summary(self, fraction: float = 0.1, min_share: float = 0.5, convention: str = "official") -> "Any":
         """One row per score: τ at ``fraction``, the share of (input, head) pairs flagged, and the
         fraction of heads flagged on more than ``min_share`` of the inputs (a fixed head set)."""
         import pandas as pd
@@ -469,13 +562,31 @@ class HeadScores(Result):
         total = self.n_layers * self.n_heads
         for n in self.names:
             spec = SCORE_FUNCTIONS[n]
-            mask = self.inactive(n, fraction)
+            tau = self.threshold(n, fraction, convention)
+            mask = self.inactive(n, threshold=tau)
+            fixed = int(((mask.float().mean(0)) > min_share).sum())
             rows.append({"score": n, "title": spec.title, "paper_number": str(spec.number) if spec.number else "extra",
-                         "inactive_if": spec.inactive_if,
-                         "threshold": self.threshold(n, fraction),
-                         "flagged_per_input": float(mask.float().mean()),
-                         "heads_flagged": len(self.flagged(n, fraction, min_share=min_share)),
-                         "fraction_heads_flagged": len(self.flagged(n, fraction, min_share=min_share)) / total})
+                         "inactive_if": spec.inactive_if, "threshold": tau,
+                         "flagged_per_input": float(mask.float().mean()), "pairs_flagged": int(mask.sum()),
+                         "heads_flagged": fixed, "fraction_heads_flagged": fixed / total})
+        return pd.DataFrame(rows)
+
+    def compare_conventions(self, fractions: Sequence[float] = (0.05, 0.10, 0.20), min_share: float = 0.5) -> "Any":
+        """One row per (score, p): τ, (input, head) pairs flagged and fixed heads (flagged on more than
+        ``min_share`` of the inputs) under each threshold convention (see :data:`THRESHOLD_CONVENTIONS`)."""
+        import pandas as pd
+
+        rows = []
+        for n in self.names:
+            taus = {c: self.thresholds(n, fractions, c) for c in THRESHOLD_CONVENTIONS}
+            for i, p in enumerate(fractions):
+                row: dict[str, Any] = {"score": n, "fraction": float(p)}
+                for c in THRESHOLD_CONVENTIONS:
+                    mask = self.inactive(n, threshold=taus[c][i])
+                    row[f"tau_{c}"] = taus[c][i]
+                    row[f"pairs_{c}"] = int(mask.sum())
+                    row[f"heads_{c}"] = int((mask.float().mean(0) > min_share).sum())
+                rows.append(row)
         return pd.DataFrame(rows)
 
     # -- views
@@ -531,5 +642,6 @@ class HeadScores(Result):
 
 
 __all__ = ["ScoreFunction", "SCORE_FUNCTIONS", "PAPER_SCORES", "EXTRA_SCORES", "BEST_SCORE", "PAPER_FRACTIONS",
-           "HeadScores", "score_heads", "output_weights", "head_statistics", "scores_from_statistics",
-           "resolve_scores", "required_activations"]
+           "THRESHOLD_CONVENTIONS", "PADDED_QUERIES", "HeadScores", "score_heads", "output_weights",
+           "head_statistics", "scores_from_statistics", "resolve_scores", "required_activations", "cdf_thresholds",
+           "check_choice"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -9,8 +10,8 @@ import torch
 import interp
 from interp.testing import tiny_model
 from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores, ablate_heads,
-                          evaluate_ablation, head_statistics, inactive_sweep, output_weights, score_heads,
-                          scores_from_statistics)
+                                 cdf_thresholds, dynamic_zeroing, evaluate_ablation, head_statistics, inactive_sweep, output_weights,
+                                 score_heads, scores_from_statistics)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog again and again.",
          "Interpretability studies the internals of neural networks.",
@@ -187,18 +188,147 @@ def test_layer_normalised_scores_average_one_per_layer_and_input():
     torch.testing.assert_close(s["LTHON (HN)"], s["LTHON"] / s["AHON"])
 
 
-def test_thresholds_follow_the_empirical_cdf():
-    vals = torch.arange(40, dtype=torch.float32).view(10, 2, 2)
+def _official_rule(values, p, inactive_if):
+    """The official thresholding rule by hand, in exact rational arithmetic: the CDF is the sorted scores
+    x_(k) at heights k/N; τ is its inverse at y = p (1 − p for ">"), linear between the bracketing points, y
+    clamped to [1/N, 1]; flagged means strictly below τ (above for ">")."""
+    xs = sorted(Fraction(float(v)) for v in values)
+    n = len(xs)
+    y = Fraction(str(p)) if inactive_if == "<" else 1 - Fraction(str(p))
+    y = min(max(y, Fraction(1, n)), Fraction(1))
+    k = next(k for k in range(1, n + 1) if Fraction(k, n) >= y)  # first CDF point at or above y
+    if k == 1:
+        tau = xs[0]
+    else:
+        y1, y2 = Fraction(k - 1, n), Fraction(k, n)
+        tau = xs[k - 2] + (y - y1) / (y2 - y1) * (xs[k - 1] - xs[k - 2])
+    flagged = sum((x < tau) if inactive_if == "<" else (x > tau) for x in xs)
+    return float(tau), flagged
+
+
+def test_official_thresholds_by_hand():
+    """The default convention is the official code's inverse CDF with strict comparison."""
+    vals = torch.arange(40, dtype=torch.float32).view(10, 2, 2)  # N = 40, p·N = 4 exactly
     hs = HeadScores({"AHON (LN)": vals, "AWFT": vals.clone()}, torch.full((10,), 5))
     assert not hs.inactive("AHON (LN)", 0.0).any() and not hs.inactive("AWFT", 0.0).any()
-    assert hs.threshold("AHON (LN)", 0.1) == pytest.approx(3.9)  # 0.1-quantile of 0..39
-    assert hs.inactive("AHON (LN)", 0.1).sum() == 4  # values 0, 1, 2, 3
-    assert hs.threshold("AWFT", 0.1) == pytest.approx(35.1)  # greater-than score: the 0.9-quantile
-    assert hs.inactive("AWFT", 0.1).sum() == 4  # values 36..39
-    assert hs.inactive("AWFT", threshold=37.5).sum() == 2
-    assert hs.ranking("AHON (LN)")[0] == (0, 0) and hs.ranking("AWFT")[0] == (1, 1)
+    assert hs.threshold("AHON (LN)", 0.1) == 3.0  # y = 4/40 is the 4th CDF point: τ = x_(4) = 3
+    assert hs.inactive("AHON (LN)", 0.1).sum() == 3  # strictly below: 0, 1, 2
+    assert hs.threshold("AWFT", 0.1) == 35.0  # greater-than score: y = 0.9 = 36/40 -> x_(36) = 35
+    assert hs.inactive("AWFT", 0.1).sum() == 4  # 36..39
+    assert hs.threshold("AHON (LN)", 1.0) == 39.0 and hs.inactive("AHON (LN)", 1.0).sum() == 39
+    # non-integer p·N interpolates between the bracketing CDF points; unequal gaps expose the weights
+    sq = (torch.arange(30, dtype=torch.float64) ** 2).view(5, 2, 3)  # 0, 1, 4, 9, ..., 841
+    hs = HeadScores({"AEQD": sq, "AWFT (LN)": sq.clone()}, torch.full((5,), 5))
+    assert hs.thresholds("AEQD", [0.0, 0.05, 0.1, 0.3]) == [0.0, 0.5, 4.0, 64.0]  # 1.5/30 -> x_(1)+½(x_(2)−x_(1))
+    assert [int(hs.inactive("AEQD", p).sum()) for p in (0.05, 0.1, 0.3)] == [1, 2, 8]
+    assert hs.threshold("AWFT (LN)", 0.05) == pytest.approx(756.5)  # y = 0.95: 27² + ½(28² − 27²)
+    assert hs.inactive("AWFT (LN)", 0.05).sum() == 2
+    # the former convention stays available by name: torch.quantile interpolates at y·(N − 1)
+    assert hs.threshold("AEQD", 0.1, convention="quantile") == pytest.approx(4 + 0.9 * 5)
+    assert hs.inactive("AEQD", 0.1, convention="quantile").sum() == 3
+    assert hs.threshold("AEQD", 0.1, convention="quantile") == pytest.approx(float(torch.quantile(sq.flatten(), 0.1)))
+    assert hs.inactive("AWFT (LN)", threshold=800.0).sum() == 1
+    assert hs.ranking("AEQD")[0] == (0, 0) and hs.ranking("AWFT (LN)")[0] == (1, 2)
     with pytest.raises(ValueError, match="unknown score function"):
         hs.threshold("AHONN", 0.1)
+    with pytest.raises(ValueError, match="convention must be one of 'official', 'quantile'"):
+        hs.inactive("AEQD", 0.1, convention="percentile")
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
+        hs.threshold("AEQD", 1.5)
+
+
+def test_official_thresholds_with_ties_at_the_boundary():
+    """Grouped-query heads share value norms, so scores tie in groups of 3 (here 10 values × 3)."""
+    tied = torch.arange(10, dtype=torch.float32).repeat_interleave(3).view(5, 2, 3)
+    hs = HeadScores({"AVVN": tied, "AWFT": tied.clone()}, torch.full((5,), 5))
+    # p = 10 %: y·N = 3 -> τ = x_(3) = 0, and nothing is strictly below the lowest tie group
+    assert hs.threshold("AVVN", 0.1) == 0.0 and hs.inactive("AVVN", 0.1).sum() == 0
+    assert hs.inactive("AVVN", 0.1, convention="quantile").sum() == 3  # τ = 0.9: the whole group of 0s
+    assert hs.threshold("AVVN", 0.15) == 1.0 and hs.inactive("AVVN", 0.15).sum() == 3  # y·N = 4.5, inside a tie
+    assert hs.threshold("AVVN", 0.2) == 1.0 and hs.inactive("AVVN", 0.2).sum() == 3
+    assert hs.inactive("AVVN", 0.2, convention="quantile").sum() == 6  # τ = 1.8
+    assert hs.threshold("AWFT", 0.1) == 8.0 and hs.inactive("AWFT", 0.1).sum() == 3  # > 8: the three 9s
+    table = hs.compare_conventions((0.1, 0.2)).set_index(["score", "fraction"])
+    assert table.loc[("AVVN", 0.2), ["pairs_quantile", "pairs_official"]].tolist() == [6, 3]
+    assert table.loc[("AVVN", 0.1), ["tau_quantile", "tau_official"]].tolist() == pytest.approx([0.9, 0.0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_official_thresholds_equal_the_rule_in_exact_arithmetic(seed):
+    g = torch.Generator().manual_seed(seed)
+    for n in (1, 2, 7, 30, 81, 270):
+        vals = torch.randn(n, generator=g).float()
+        if seed == 1:  # grouped-query ties
+            vals = vals[: (n + 2) // 3].repeat_interleave(3)[:n]
+        if seed == 2:  # few distinct values
+            vals = torch.randint(0, 4, (n,), generator=g).float()
+        hs = HeadScores({"AHON": vals.view(n, 1, 1), "AWFT": vals.view(n, 1, 1)}, torch.ones(n))
+        for p in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.37, 0.5, 0.99, 1.0):
+            for name, op in (("AHON", "<"), ("AWFT", ">")):
+                tau, count = _official_rule(vals.tolist(), p, op)
+                assert hs.threshold(name, p) == pytest.approx(tau, rel=1e-12, abs=1e-12), (n, p, name)
+                assert int(hs.inactive(name, p).sum()) == count, (n, p, name)
+    # NaN scores (e.g. a score undefined on some input) are left out of the CDF
+    hs = HeadScores({"AHON": torch.tensor([float("nan"), 0.0, 1.0, 2.0, 3.0]).view(5, 1, 1)}, torch.ones(5))
+    assert hs.threshold("AHON", 0.5) == 1.0
+    with pytest.raises(ValueError, match="no finite scores"):
+        cdf_thresholds(torch.full((3,), float("nan")), [0.1])
+
+
+def test_pattern_scores_padding_rules_by_hand():
+    """One input of 2 real tokens right-padded to 3: the padded query row still attends to the real keys."""
+    mask = torch.tensor([[1, 1, 0]])
+    a = torch.zeros(1, 1, 1, 3, 3)
+    a[0, 0, 0, 0] = torch.tensor([1.0, 0.0, 0.0])
+    a[0, 0, 0, 1] = torch.tensor([0.25, 0.75, 0.0])
+    a[0, 0, 0, 2] = torch.tensor([0.5, 0.5, 0.0])  # padded query row
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    drop = head_statistics(mask, a)
+    assert drop["awft"].item() == pytest.approx((1 + 0.25) / 2)
+    assert drop["aeqd"].item() == pytest.approx(h / 2)
+    lit = head_statistics(mask, a, padded_queries="official")
+    assert lit["awft"].item() == pytest.approx((1 + 0.25 + 0.5) / 3)
+    assert lit["aeqd"].item() == pytest.approx((0 + h + math.log(2)) / 3)
+    # left padding: the fully masked padded row sees no real key; the code's nansum makes its entropy 0
+    mask = torch.tensor([[0, 1, 1]])
+    b = torch.zeros(1, 1, 1, 3, 3)
+    b[0, 0, 0, 0] = 1 / 3  # what a fully masked row may hold (uniform): ignored by both rules
+    b[0, 0, 0, 1] = torch.tensor([0.0, 1.0, 0.0])
+    b[0, 0, 0, 2] = torch.tensor([0.0, 0.4, 0.6])
+    h2 = -(0.4 * math.log(0.4) + 0.6 * math.log(0.6))
+    assert head_statistics(mask, b)["awft"].item() == pytest.approx(0.7)
+    assert head_statistics(mask, b)["aeqd"].item() == pytest.approx(h2 / 2)
+    lit = head_statistics(mask, b, padded_queries="official")
+    assert lit["awft"].item() == pytest.approx(0.7)  # the padded row cannot see the first real token
+    assert lit["aeqd"].item() == pytest.approx(h2 / 3)
+    with pytest.raises(ValueError, match="padded_queries must be one of 'drop', 'official'"):
+        head_statistics(mask, b, padded_queries="keep")
+
+
+def _literal_pattern_rule(mask, pattern):
+    """The official code's AWFT/AEQD on a causal pattern, NaN-masking as it does (future and padded keys)."""
+    a = pattern.clone().double()
+    S = a.shape[-1]
+    causal = torch.ones(S, S).tril().bool()
+    a = a.masked_fill(~causal, float("nan"))
+    a = a.masked_fill(~mask.bool()[None, :, None, None, :], float("nan"))
+    first = mask.int().argmax(-1)
+    col = torch.stack([a[:, b, :, :, int(f)] for b, f in enumerate(first)], 1)  # [L, B, H, Q]
+    entropy = -(a * a.log()).nansum(-1)
+    return {"awft": col.nanmean(-1).float(), "aeqd": entropy.mean(-1).float()}
+
+
+def test_official_padding_rule_equals_the_literal_nan_masking_on_random_patterns():
+    mask, pattern, v, z, w_o = _random_inputs(seed=3, L=3)  # one left-, one right-padded input
+    lit = head_statistics(mask, pattern, v, z, w_o, n_heads=4, padded_queries="official")
+    drop = head_statistics(mask, pattern, v, z, w_o, n_heads=4)
+    ref = _literal_pattern_rule(mask, pattern)
+    for key in ("awft", "aeqd"):
+        torch.testing.assert_close(lit[key], ref[key], rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(lit[key][:, 0], drop[key][:, 0])  # the unpadded input: same either way
+        assert not torch.allclose(lit[key][:, 1:], drop[key][:, 1:])
+    for key in ("ftvvn", "avvn", "lthon", "ahon", "fho"):  # the other statistics have no query rows
+        assert torch.equal(lit[key], drop[key]), key
 
 
 # ------------------------------------------------------------------------------- on models
@@ -239,6 +369,47 @@ def test_transformer_lens_backend_gives_the_same_scores():
         torch.testing.assert_close(tl.per_input[n], ref.per_input[n], rtol=1e-4, atol=1e-5, msg=n)
 
 
+def test_padding_rules_on_a_right_padded_batch():
+    """Default: padding changes no score. ``padded_queries="official"``: the code's literal rule, which moves
+    only the pattern scores of the padded inputs."""
+    hf, tok = tiny_model("llama", n_layers=3)
+    with torch.no_grad():  # non-unit norm weights
+        for layer in hf.model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+    model = interp.wrap(hf, tok)
+    texts = TEXTS[:4]
+    unpadded = score_heads(model, texts, batch_size=1)
+    drop = score_heads(model, texts, padding_side="right")
+    lit = score_heads(model, texts, padding_side="right", padded_queries="official")
+    assert (drop.padded_queries, lit.padded_queries) == ("drop", "official")
+    batch = model.tokenize(texts, padding_side="right")
+    padded = batch["attention_mask"].sum(-1) < batch["attention_mask"].shape[1]
+    assert padded.any() and not padded.all()
+    for n in drop.names:
+        torch.testing.assert_close(drop.per_input[n], unpadded.per_input[n], rtol=1e-4, atol=1e-5, msg=n)
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    pattern_scores = ["AWFT", "AWFT (LN)", "AEQD", "AEQD (LN)"]
+    want = scores_from_statistics(_literal_pattern_rule(batch["attention_mask"], cache.stack("attn.hook_pattern")),
+                                  pattern_scores)
+    for n in lit.names:
+        if n in pattern_scores:
+            torch.testing.assert_close(lit.per_input[n], want[n], rtol=1e-4, atol=1e-5, msg=n)
+            torch.testing.assert_close(lit.per_input[n][~padded], drop.per_input[n][~padded], msg=n)
+            if "(LN)" not in n:  # (LN) may barely move: a random model's heads move alike and cancel
+                assert (lit.per_input[n][padded] - drop.per_input[n][padded]).abs().amax() > 1e-3, n
+        else:
+            torch.testing.assert_close(lit.per_input[n], drop.per_input[n], msg=n)
+    # without padding the two rules are the same
+    lit_unpadded = score_heads(model, texts, batch_size=1, scores=pattern_scores, padded_queries="official")
+    for n in pattern_scores:
+        torch.testing.assert_close(lit_unpadded.per_input[n], unpadded.per_input[n], msg=n)
+    with pytest.raises(ValueError, match="padded_queries must be one of 'drop', 'official'"):
+        score_heads(model, texts, padded_queries="keep")
+    bert, bert_tok = tiny_model("bert")
+    with pytest.raises(ValueError, match="not a causal LM"):
+        score_heads(interp.wrap(bert, bert_tok), texts, padded_queries="official")
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "gemma2", "bert", "vit"])
 def test_every_architecture_is_scored(arch):
     hf, tok = tiny_model(arch)
@@ -250,17 +421,26 @@ def test_every_architecture_is_scored(arch):
         assert torch.isfinite(s.per_input[n]).all(), n
 
 
+def _fraction_for(scores, name, k):
+    """Target fraction at which the official rule flags exactly the k·n_inputs most inactive (input, head) pairs
+    (when they are separated from the rest). With N pairs and y·N = m an integer, τ is the m-th order statistic
+    and the comparison is strict: for a "<" score p = m/N flags m − 1 pairs, so p is set one pair higher; for a
+    ">" score (y = 1 − p) τ is the (m+1)-th largest, and p = m/N flags exactly m."""
+    n = scores.n_layers * scores.n_heads * scores.n_inputs
+    m = k * scores.n_inputs
+    return (m + 1) / n if SCORE_FUNCTIONS[name].inactive_if == "<" else m / n
+
+
 def test_planted_heads_are_flagged_by_exactly_the_scores_that_see_them(planted):
     _, _, scores = planted
-    total = scores.n_layers * scores.n_heads
     for name, expected in EXPECTED.items():
         if not expected:  # LTHON (HN): its invariance is checked in test_scores_blind_to_a_plant_do_not_move
             continue
-        got = set(scores.flagged(name, fraction=len(expected) / total))
+        got = set(scores.flagged(name, fraction=_fraction_for(scores, name, len(expected))))
         assert got == expected, f"{name}: flagged {sorted(got)}, expected {sorted(expected)}"
         # the heads it should see are flagged on (almost) every input; every other head — normal heads and
         # the planted heads this score is blind to — (almost) never
-        rate = scores.flag_rate(name, fraction=len(expected) / total)
+        rate = scores.flag_rate(name, fraction=_fraction_for(scores, name, len(expected)))
         for l in range(scores.n_layers):
             for h in range(scores.n_heads):
                 assert (rate[l, h] >= 0.95) if (l, h) in expected else (rate[l, h] <= 0.05), (name, l, h)
@@ -372,9 +552,16 @@ def test_planted_heads_ablation_costs_less_than_random_heads(planted):
 
 
 def test_inactive_sweep_on_planted_model(planted):
-    model, plants, _ = planted
+    model, plants, scores = planted
     with model.intervene(plants):
         sweep = inactive_sweep(model, TEXTS[:6], "AHON (LN)", fractions=(0.0, 0.15), n_random=2, batch_size=6)
+        calibrated = inactive_sweep(model, TEXTS[:6], "AHON (LN)", fractions=(0.15,), calibration=scores,
+                                    n_random=0, batch_size=6, convention="quantile")
+    assert calibrated.thresholds == [scores.threshold("AHON (LN)", 0.15, convention="quantile")]
+    assert calibrated.convention == "quantile" and sweep.convention == "official"
+    for conv in ("official", "quantile"):
+        dz = dynamic_zeroing(model, "AHON (LN)", calibration=scores, fraction=0.15, convention=conv)
+        assert dz.threshold == scores.threshold("AHON (LN)", 0.15, convention=conv)
     assert sweep.mode == "dynamic" and sweep.values[0] == pytest.approx(sweep.baseline)
     assert sweep.heads_zeroed[1] > 0
     assert abs(sweep.values[1] - sweep.baseline) < 1e-3 * sweep.baseline  # only the planted dead heads go
@@ -394,16 +581,35 @@ def test_result_views_and_round_trip(planted, tmp_path):
     back = HeadScores.load(scores.save(tmp_path / "scores"))
     for n in scores.names:
         assert torch.equal(back.per_input[n], scores.per_input[n])
-    iou = scores.iou(3 / 16)
+    iou = scores.iou(_fraction_for(scores, "AHON", 3))
     assert iou.loc["AHON", "AHON (LN)"] == pytest.approx(1.0)
     assert iou.loc["AWFT", "AHON (LN)"] < 0.5
+
+
+def test_configs_validate_their_fields():
+    from interp.probes.audit_checks import HeadsConfig
+    from interp.probes.heads.experiment import ValidationConfig
+
+    assert HeadsConfig().convention == "official" and HeadsConfig().padded_queries == "drop"
+    with pytest.raises(ValueError, match="heads.convention must be one of 'official', 'quantile'"):
+        HeadsConfig(convention="numpy")
+    with pytest.raises(ValueError, match="heads.padded_queries must be one of 'drop', 'official'"):
+        HeadsConfig(padded_queries="keep")
+    with pytest.raises(ValueError, match=r"heads.fraction must be in \[0, 1\]"):
+        HeadsConfig(fraction=1.5)
+    with pytest.raises(ValueError, match="convention must be one of"):
+        ValidationConfig(convention="numpy")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        ValidationConfig(batch_size=0)
+    with pytest.raises(ValueError, match="padded_queries must be one of"):
+        HeadScores({"AHON": torch.zeros(1, 1, 1)}, torch.ones(1), padded_queries="keep")
 
 
 def test_bad_inputs_have_clear_errors(llama):
     _, _, model = llama
     with pytest.raises(ValueError, match="unknown score function"):
         score_heads(model, TEXTS[:1], scores=["nope"])
-    with pytest.raises(ValueError, match="no real tokens"):
+    with pytest.raises(ValueError, match="no real token"):
         score_heads(model, {"input_ids": torch.ones(1, 4, dtype=torch.long),
                             "attention_mask": torch.zeros(1, 4, dtype=torch.long)})
     with pytest.raises(TypeError, match="unsupported inputs"):
