@@ -64,8 +64,8 @@ def write_shard(folder: Path, index: int, first_context: int, tensors: dict[str,
     from safetensors.torch import save
 
     n_contexts = int(tensors["context_id"].shape[0])
-    data = save({k: v.contiguous() for k, v in tensors.items()},
-                metadata={"shard": str(index), "first_context": str(first_context), "n_contexts": str(n_contexts)})
+    # no safetensors metadata: its header order is not stable across processes (and the manifest has it all)
+    data = save({k: v.contiguous() for k, v in tensors.items()})
     name = shard_file(index)
     atomic_write_bytes(folder / name, data)
     rows = int(tensors["tokens"].numel())
