@@ -11,8 +11,9 @@ so any tool that reads HF folders can use a zoo model. Entries:
   continuations (:mod:`interp.zoo.grammar`).
 
 The cache lives under :func:`cache_dir` (``$INTERP_CACHE_DIR`` or the user cache dir), one folder per
-entry and recipe hash, written atomically (see :mod:`interp.zoo.registry`). Other packages add entries
-with :func:`register` or through the ``interp.zoo`` entry-point group.
+entry and recipe hash, written atomically and checked on every load against checksums recorded at build
+time (:func:`verify` / ``interp zoo verify`` for a full check; see :mod:`interp.zoo.registry`). Other
+packages add entries with :func:`register` or through the ``interp.zoo`` entry-point group.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from . import datasets  # noqa: F401  (public submodule)
 from .registry import (
     ZooEntry,
     ZooInfo,
+    ZooIntegrityError,
     available,
     build,
     cache_dir,
@@ -31,10 +33,11 @@ from .registry import (
     recipe_hash,
     register,
     unregister,
+    verify,
 )
 from . import builtin as _builtin  # noqa: E402,F401  (registers the built-in entries)
 
 __all__ = [
-    "ZooEntry", "ZooInfo", "available", "build", "cache_dir", "cached_path", "datasets", "get_entry", "info",
-    "path", "recipe", "recipe_hash", "register", "unregister",
+    "ZooEntry", "ZooInfo", "ZooIntegrityError", "available", "build", "cache_dir", "cached_path", "datasets",
+    "get_entry", "info", "path", "recipe", "recipe_hash", "register", "unregister", "verify",
 ]

@@ -1,7 +1,9 @@
-"""``interp zoo list | build NAME [--force] | info NAME``: the zoo on the command line."""
+"""``interp zoo list | build NAME [--force] | info NAME | verify [NAME]``: the zoo on the command line."""
 from __future__ import annotations
 
 import json
+import time
+from typing import Optional
 
 import typer
 
@@ -36,8 +38,40 @@ def build(name: str = typer.Argument(..., help="zoo entry name, e.g. smollm2-135
           force: bool = typer.Option(False, "--force", help="rebuild even if a cached folder exists")) -> None:
     """Build an entry into the cache (no-op when cached unless --force) and print its folder."""
     name = _entry_or_exit(name)
-    folder = registry.build(name, force=force)
+    try:
+        folder = registry.build(name, force=force)
+    except registry.ZooIntegrityError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
     typer.echo(str(folder))
+
+
+@app.command()
+def verify(name: Optional[str] = typer.Argument(None, help="zoo entry name (default: every cached entry)")) -> None:
+    """Fully verify cached entries: the SHA-256 of every file against the checksums recorded at build time.
+
+    Prints one line per entry; exits 1 if any is damaged (the line names the file and the rebuild command).
+    """
+    names = [_entry_or_exit(name)] if name else [n for n in registry.available() if registry.cached_path(n)]
+    if name and registry.cached_path(names[0]) is None:
+        typer.echo(f"error: zoo entry {names[0]!r} is not built (run: interp zoo build {names[0]})", err=True)
+        raise typer.Exit(code=1)
+    if not names:
+        typer.echo(f"no cached zoo entries in {registry.zoo_dir()}")
+        return
+    damaged = 0
+    for n in names:
+        t0 = time.perf_counter()
+        try:
+            folder = registry.verify(n, full=True)
+        except registry.ZooIntegrityError as err:
+            damaged += 1
+            typer.echo(f"DAMAGED  {n}: {err}")
+            continue
+        mib = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+        typer.echo(f"ok       {n}  ({mib:.0f} MiB, {time.perf_counter() - t0:.1f} s)  {folder}")
+    if damaged:
+        raise typer.Exit(code=1)
 
 
 @app.command()
