@@ -12,7 +12,7 @@ arguments (integer positions and heads, real finite vectors and scales) and refu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -334,7 +334,7 @@ class Patch(Intervention):
     def __init__(self, cache, positions: Sequence[int] | None = None, heads: Sequence[int] | None = None):
         if isinstance(cache, torch.Tensor):
             cache = _check_tensor(cache, "Patch source")
-        elif not hasattr(cache, "__getitem__"):
+        elif not isinstance(cache, Mapping):
             raise TypeError(f"Patch source must be a Cache or a tensor, got {type(cache).__name__}")
         self.cache = cache
         self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")

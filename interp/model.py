@@ -275,6 +275,9 @@ class Model:
         where the cache is kept. Every requested hook must fire, or :class:`HookNotFiredError` is raised.
         """
         wanted = self._resolve(names)
+        if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
+                                          or not 0 < stop_at_layer <= self.cfg.n_layers):
+            raise ValueError(f"stop_at_layer must be an integer in 1..{self.cfg.n_layers}, got {stop_at_layer!r}")
         if stop_at_layer is not None:
             late = [n for n in wanted if (parse(n)[0] is not None and parse(n)[0] >= stop_at_layer)
                     or n == "ln_final.hook_normalized"]

@@ -25,8 +25,9 @@ def _parse_sets(items: list[str] | None) -> dict[str, dict[str, str]]:
     return out
 
 
-def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAME, a local Hugging Face folder or a "
-                                                           f"hub name (default {DEFAULT_MODEL})."),
+def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s): zoo:NAME, a local Hugging Face folder "
+                                                                  f"or a hub name (default {DEFAULT_MODEL}); several "
+                                                                  "give one report each plus an index page."),
           checks: str = typer.Option("all", "--checks", "-c", help="Comma-separated checks to run, or 'all'."),
           out: str = typer.Option("audit-report", "--out", "-o", help="Output folder for index.html and results.json."),
           force: bool = typer.Option(False, "--force", help="Write into a folder that holds no earlier report, or "
@@ -39,6 +40,7 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
           device: Optional[str] = typer.Option(None, help="Device to load the model on (e.g. cpu, cuda)."),
           set_: Optional[List[str]] = typer.Option(None, "--set", "-s",
                                                    help="Override a check option: CHECK.FIELD=VALUE (repeatable)."),
+          engine: str = typer.Option("local", help="local | ray: run one audit per model as a Ray task."),
           list_checks: bool = typer.Option(False, "--list", help="List the available checks and exit.")) -> None:
     """Audit a model: run checks (inactive heads, ...) and write DIR/index.html and DIR/results.json."""
     from .base import AuditData, configure
@@ -62,7 +64,10 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
             raise ValueError(f"--set given for checks that are not selected: {', '.join(sorted(extra))}")
         for name in names:  # load every plug-in and validate its options before any slow work
             configure(get_check(name), options.get(name, {}))
-        out_path = prepare_output(out, overwrite=force)
+        if engine not in ("local", "ray"):
+            raise ValueError(f"--engine must be local or ray, got {engine!r}")
+        multi = len(models or []) > 1 or engine == "ray"
+        out_path = None if multi else prepare_output(out, overwrite=force)
         data = AuditData.from_file(texts) if texts else AuditData.builtin()
         if max_texts is not None:
             if max_texts < 1:
@@ -71,7 +76,10 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
     except (ValueError, ImportError, TypeError) as exc:
         _fail(str(exc))
         return
-    spec = model or DEFAULT_MODEL
+    if multi:
+        _audit_many(models or [DEFAULT_MODEL], names, data, out, options, backend, engine, dtype, device, force)
+        return
+    spec = (models or [DEFAULT_MODEL])[0]
     typer.echo(f"loading {spec} (backend {backend}) ...", err=True)
     t0 = time.perf_counter()
     try:
@@ -93,6 +101,25 @@ def audit(model: Optional[str] = typer.Argument(None, help=f"Model spec: zoo:NAM
         typer.echo(f"  {c.name}: {c.status} ({c.seconds:.1f} s)", err=True)
     typer.echo(f"wrote {out_path / 'index.html'} and {out_path / 'results.json'}")
     if not report.ok:
+        raise typer.Exit(1)
+
+
+def _audit_many(specs, names, data, out, options, backend, engine, dtype, device, force) -> None:
+    from .multi import run_audits
+
+    typer.echo(f"auditing {len(specs)} models with {', '.join(names)} on {len(data.texts)} texts "
+               f"(engine {engine}) ...", err=True)
+    load_kwargs = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+    try:
+        summaries = run_audits(specs, names, data, out, options, backend=backend, engine=engine,
+                               load_kwargs=load_kwargs, overwrite=force)
+    except Exception as exc:  # noqa: BLE001 - a failing load or worker is reported, not a traceback
+        _fail(f"{type(exc).__name__}: {exc}")
+        return
+    for s in summaries:
+        typer.echo(f"  {s['spec']}: " + ", ".join(f"{c['name']} {c['status']}" for c in s["checks"]), err=True)
+    typer.echo(f"wrote {out}/index.html and one report per model")
+    if not all(s["ok"] for s in summaries):
         raise typer.Exit(1)
 
 

@@ -14,13 +14,16 @@ from typing import Any, Callable
 import torch
 
 from ..model import HookSet, StopForward
+from ..run import current_pass
 from .hf import HFModel
 
 
 class TorchModel(HFModel):
     backend = "torch"
 
-    def _install(self, hooks: HookSet) -> Callable[[], None]:
+    def _install(self, hooks: HookSet, run=None) -> Callable[[], None]:
+        """Register ``hooks``; with ``run``, they act only in passes of that run (a run's own hooks must
+        not fire in another thread's forward of the same module), otherwise in every pass."""
         switch = self._eager_switch(hooks)
         handles: list[Any] = [switch]  # recorded before it acts: removal is safe at any point
         fns: list[Any] = []
@@ -29,10 +32,10 @@ class TorchModel(HFModel):
             for (path, io), entries in self._groups(hooks).items():
                 module = self.hf_model.get_submodule(path)
                 if io == "output":
-                    fns.append(partial(self._out_hook, entries))
+                    fns.append(partial(self._out_hook, entries, run))
                     handles.append(module.register_forward_hook(fns[-1]))
                 else:
-                    fns.append(partial(self._in_hook, entries))
+                    fns.append(partial(self._in_hook, entries, run))
                     handles.append(module.register_forward_pre_hook(fns[-1], with_kwargs=True))
         except BaseException:
             try:
@@ -42,11 +45,21 @@ class TorchModel(HFModel):
             raise
         return partial(_remove, handles)
 
-    def _out_hook(self, entries, module, args, output):
+    def _foreign(self, run) -> bool:
+        if run is None:
+            return False
+        p = current_pass(self)
+        return p is None or p.run is not run
+
+    def _out_hook(self, entries, run, module, args, output):
+        if self._foreign(run):
+            return None
         new, changed = self._apply(entries, output)
         return new if changed else None
 
-    def _in_hook(self, entries, module, args, kwargs):
+    def _in_hook(self, entries, run, module, args, kwargs):
+        if self._foreign(run):
+            return None
         if args:
             new, changed = self._apply(entries, args[0])
             return ((new, *args[1:]), kwargs) if changed else None
@@ -59,13 +72,15 @@ class TorchModel(HFModel):
         return self._install(hooks)
 
     def _forward(self, batch, hooks, stop_at_layer, grad):
-        remove = self._install(hooks)
+        run = current_pass(self).run
+        remove = self._install(hooks, run)
         stop_handle = None
         if stop_at_layer is not None:
             block = self.hf_model.get_submodule(f"{self.spec.blocks}.{stop_at_layer - 1}")
 
             def stop(module, args, output):
-                raise StopForward
+                if not self._foreign(run):
+                    raise StopForward
             stop_handle = block.register_forward_hook(stop)
         try:
             with (torch.enable_grad() if grad else torch.no_grad()):

@@ -106,8 +106,9 @@ def _audit_task(spec: str, backend: str, checks: list[str], texts: list[str], so
     t0 = time.perf_counter()
     model = interp.load(spec, backend=backend, **load_kwargs)
     load_s = time.perf_counter() - t0
-    report = run_audit(model, checks, AuditData(texts, source), out, options, spec=spec,
+    report = run_audit(model, checks, AuditData(texts, source), None, options, spec=spec,
                        timings={"load_model": load_s})
+    report.write(out)
     return {"spec": spec, "ok": report.ok, "model": report.model, "timings": report.timings,
             "checks": [{"name": c.name, "title": c.title, "status": c.status, "seconds": c.seconds,
                         "summary": c.summary} for c in report.checks]}
