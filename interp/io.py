@@ -3,10 +3,11 @@
 Two layers:
 
 * :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json` write one file via a
-  temporary sibling and an atomic rename; :func:`atomic_dir` swaps a whole folder in with one rename and is
+  temporary sibling and an atomic rename; :func:`replace_dir` swaps a whole folder in with one rename and is
   meant only for folders this program owns entirely (the zoo cache).
-* :func:`output_dir` is **the writer rule** for every output folder a user names (``Result.save``,
-  ``SteeringVector.save``, ``interp audit --out``):
+* :func:`output_dir` (also available as :func:`atomic_dir`, its former name) is **the writer rule** for
+  every output folder a user names (``Result.save``, ``SteeringVector.save``, ``interp audit --out``, the
+  ``save`` methods of the analyzers and paper models):
 
   - everything is written into a temporary folder first and moved into place only when complete; a failure
     (or an interruption) leaves the previous output exactly as it was and no temporary folder behind;
@@ -118,13 +119,14 @@ def _json_default(obj: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces ``path`` in one rename.
+def replace_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole, in one rename.
 
-    Only for folders this program owns entirely (the zoo cache): an existing folder at ``path`` is
-    replaced as a whole. User-facing outputs use :func:`output_dir`. A symbolic link or a file at
-    ``path`` is refused. On an exception (or interruption) the temporary folder and any parent folders
-    created for it are removed and ``path`` is untouched.
+    Only for folders this program owns entirely, where nobody keeps files of their own (the zoo cache):
+    everything in an existing folder at ``path`` is replaced. Every output a user names goes through
+    :func:`output_dir` instead. A symbolic link or a file at ``path`` is refused. On an exception (or an
+    interruption) the temporary folder and any parent folders created for it are removed and ``path`` is
+    untouched.
     """
     path = Path(path)
     if path.is_symlink():
@@ -321,6 +323,13 @@ def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str 
         raise
 
 
+def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str = "interp",
+               legacy: LegacyFiles | None = None):
+    """The writer rule under its historical name: exactly :func:`output_dir` (kept so that every writer that
+    used ``atomic_dir`` follows the rule)."""
+    return output_dir(path, overwrite=overwrite, writer=writer, legacy=legacy)
+
+
 def _walk(root: Path) -> tuple[list[str], list[str]]:
     """Relative paths of the files (and symbolic links) and of the folders under ``root``."""
     files: list[str] = []
@@ -391,4 +400,4 @@ def _commit_into(target: _Target, tmp: Path, files: list[str], dirs: list[str], 
 
 
 __all__ = ["MANIFEST", "OutputError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-           "check_output", "output_dir", "read_manifest"]
+           "check_output", "output_dir", "read_manifest", "replace_dir"]

@@ -4,7 +4,7 @@ A :class:`ZooEntry` knows how to obtain one model (load it from a package that s
 train it locally). Building writes a normal Hugging Face folder (``config.json`` + ``model.safetensors``
 + tokenizer or preprocessor files) under ``cache_dir()/zoo/<name>-<recipe hash>/``:
 
-- the folder is written through :func:`interp.io.atomic_dir`, so it appears in one rename once the build
+- the folder is written through :func:`interp.io.replace_dir`, so it appears in one rename once the build
   (including its sanity checks) has succeeded; an interrupted or failed build leaves nothing at that
   path, and a build killed outright leaves only a hidden ``.<name>-<hash>.*.tmp`` sibling, which the next
   build of that entry removes;
@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 from filelock import FileLock
 
-from ..io import atomic_dir, atomic_write_json
+from ..io import atomic_write_json, replace_dir
 
 #: Environment variable that overrides the cache root (the zoo lives in its ``zoo/`` subfolder).
 CACHE_ENV = "INTERP_CACHE_DIR"
@@ -249,7 +249,7 @@ def _remove_leftovers(entry: ZooEntry, digest: str) -> None:
     for p in root.iterdir():
         if p.name.startswith(stem) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
-    # a folder at the final path without zoo.json cannot come from atomic_dir, but never trust it
+    # a folder at the final path without zoo.json cannot come from replace_dir, but never trust it
     final = _folder(entry, digest)
     if final.exists() and not _is_complete(final):
         shutil.rmtree(final, ignore_errors=True)
@@ -410,7 +410,7 @@ def _build_locked(entry: ZooEntry, digest: str, final: Path) -> None:
     """Run the builder into a temporary folder and swap it in (the caller holds the entry's lock)."""
     _remove_leftovers(entry, digest)
     started = time.time()
-    with atomic_dir(final) as tmp:
+    with replace_dir(final) as tmp:
         metrics = entry.builder(tmp, dict(entry.params)) or {}
         meta = {
             "name": entry.name, "recipe_hash": digest, "recipe": recipe(entry.name),

@@ -109,8 +109,20 @@ def _audit_writer(reports) -> Writer:
                    f"checks/len/{MANIFEST}"})
 
 
-@pytest.fixture(params=["result", "vector", "audit"])
+def _atomic_dir_writer() -> Writer:
+    """Writers of the paper models (CityGraph.save, RDChain.save, ...) use the rule under its old name."""
+    def write(p, v, o):
+        with iio.atomic_dir(p, overwrite=o) as tmp:
+            (tmp / "data.json").write_text(json.dumps({"version": v}))
+        return p
+
+    return Writer("atomic_dir", write, lambda p: json.loads((p / "data.json").read_text())["version"], {"data.json"})
+
+
+@pytest.fixture(params=["result", "vector", "audit", "atomic_dir"])
 def writer(request) -> Writer:
+    if request.param == "atomic_dir":
+        return _atomic_dir_writer()
     if request.param == "result":
         return _result_writer()
     if request.param == "vector":
@@ -276,8 +288,30 @@ def test_outputs_written_before_manifests_are_recognised(writer, tmp_path):
     for p in out.rglob(MANIFEST):  # as written by the previous version of the toolkit
         p.unlink()
     (out / "notes.txt").write_text("mine")
+    if writer.name == "atomic_dir":  # no recogniser given: such a folder is foreign, refused, untouched
+        with pytest.raises(OutputError, match="not empty and was not written by"):
+            writer.write(out, 2, False)
+        assert writer.read(out) == 1 and (out / "notes.txt").read_text() == "mine"
+        return
     writer.write(out, 2, False)
     assert writer.read(out) == 2 and (out / "notes.txt").read_text() == "mine"
+
+
+def test_replace_dir_is_only_for_folders_owned_entirely(tmp_path):
+    """The zoo cache's whole-folder swap refuses files and symbolic links as well."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    for bad, why in ((f, "not a folder"), (link, "symbolic link")):
+        with pytest.raises(OutputError, match=why):
+            with iio.replace_dir(bad):
+                pass
+    assert f.read_text() == "x" and link.is_symlink()
+    with pytest.raises(RuntimeError):
+        with iio.replace_dir(tmp_path / "p" / "q" / "cache"):
+            raise RuntimeError
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
 
 
 def test_leftovers_of_a_killed_run_are_cleaned_and_bad_paths_rejected(tmp_path):
