@@ -2,9 +2,10 @@
 
 ``HeadsCheck`` (entry point ``heads`` in the ``interp.checks`` group) scores every head with every score
 function of the paper on half of the audit texts, thresholds them the paper's way (per input, τ_p from the
-empirical CDF at the target fraction ``p``, inverted as the official code does), and checks the finding that matters to a user: ablating the
-heads the output-norm score flags (AHON (LN) by default) changes the loss on the *other* half of the texts
-less than ablating as many random heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
+empirical CDF at the target fraction ``p``, inverted as the official code does; ``convention="quantile"`` for
+``torch.quantile``), and checks the finding that matters to a user: ablating the heads the output-norm score
+flags (AHON (LN) by default) changes the loss on the *other* half of the texts less than ablating as many random
+heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from interp.results import Result
 
 from .heads import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTIONS, THRESHOLD_CONVENTIONS, HeadScores,
                     evaluate_ablation, inactive_sweep, resolve_scores, score_heads)
-from .heads.scores import check_choice
 from .heads.ablation import AblationViews
+from .heads.scores import check_choice
 
 
 @dataclass
@@ -37,7 +38,7 @@ class HeadsConfig:
     batch_size: int = 8
     max_length: int = 128  #: tokens per text
     seed: int = 0
-    convention: str = "official"  #: τ_p from the CDF: "official" (the code's inverse CDF) or "quantile" (torch.quantile)
+    convention: str = "official"  #: τ_p from the CDF: "official" (the code's inverse CDF) or "quantile"
     padded_queries: str = "drop"  #: AWFT/AEQD padding rule: "drop" padded query rows, or the code's "official" rule
 
     def __post_init__(self) -> None:

@@ -18,6 +18,6 @@ from .scores import (BEST_SCORE, EXTRA_SCORES, PADDED_QUERIES, PAPER_FRACTIONS, 
 
 __all__ = ["score_heads", "HeadScores", "ScoreFunction", "SCORE_FUNCTIONS", "PAPER_SCORES", "EXTRA_SCORES",
            "BEST_SCORE", "PAPER_FRACTIONS", "THRESHOLD_CONVENTIONS", "PADDED_QUERIES", "cdf_thresholds",
-           "output_weights", "head_statistics", "scores_from_statistics", "resolve_scores", "ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means",
-           "dynamic_zeroing", "DynamicZeroing", "evaluate_ablation", "AblationResult", "inactive_sweep",
-           "SweepResult", "random_heads", "random_like"]
+           "output_weights", "head_statistics", "scores_from_statistics", "resolve_scores", "ablate_heads",
+           "HeadAblation", "ZeroHeads", "head_mask", "head_means", "dynamic_zeroing", "DynamicZeroing",
+           "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepResult", "random_heads", "random_like"]

@@ -158,7 +158,8 @@ def _main() -> None:  # pragma: no cover - a script
     ap.add_argument("--convention", default="official", choices=list(THRESHOLD_CONVENTIONS),
                     help="how τ_p is read off the empirical CDF")
     ap.add_argument("--compare-thresholds", action="store_true",
-                    help="only print the before/after table of threshold conventions and padding rules (p = 5, 10, 20 %%)")
+                    help="only print the before/after table of threshold conventions and padding rules "
+                         "(p = 5, 10, 20 %%)")
     ap.add_argument("--out", default=None, help="save the ValidationResult to this folder")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (1 is fastest on a busy machine)")
     args = ap.parse_args()

@@ -9,9 +9,9 @@ import torch
 
 import interp
 from interp.testing import tiny_model
-from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores, ablate_heads,
-                                 cdf_thresholds, dynamic_zeroing, evaluate_ablation, head_statistics, inactive_sweep, output_weights,
-                                 score_heads, scores_from_statistics)
+from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores,
+                                 ablate_heads, cdf_thresholds, dynamic_zeroing, evaluate_ablation, head_statistics,
+                                 inactive_sweep, output_weights, score_heads, scores_from_statistics)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog again and again.",
          "Interpretability studies the internals of neural networks.",
