@@ -101,8 +101,9 @@ def cdf_thresholds(values: torch.Tensor, fractions: Sequence[float], inactive_if
     the CDF is the points ``(x_(k), k/N)`` and τ is its inverse at ``y = p`` (``y = 1 − p`` when
     ``inactive_if == ">"``), linearly interpolated between the bracketing points and clamped to the range of
     the CDF: the sorted values interpolated at the 0-based position ``clamp(y·N − 1, 0, N − 1)``. A position
-    that is an integer up to float rounding (``0.1 * 30``) is snapped to it, so τ is then exactly an order
-    statistic, as it is when the official code finds ``y`` among the CDF's ``k/N`` (it compares in float32).
+    that is an integer up to float rounding (``0.55 * 100 = 55.00000000000001``) is snapped to it, so τ is then
+    exactly an order statistic, as it is when the official code finds ``y`` among the CDF's ``k/N`` (it
+    compares in float32).
     ``convention="quantile"``: ``torch.quantile`` at ``y`` (position ``y·(N − 1)``).
 
     Computed in float64; returns one float per fraction.

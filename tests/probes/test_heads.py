@@ -256,14 +256,14 @@ def test_official_thresholds_with_ties_at_the_boundary():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_official_thresholds_equal_the_rule_in_exact_arithmetic(seed):
     g = torch.Generator().manual_seed(seed)
-    for n in (1, 2, 7, 30, 81, 270):
+    for n in (1, 2, 7, 30, 81, 100, 270):
         vals = torch.randn(n, generator=g).float()
         if seed == 1:  # grouped-query ties
             vals = vals[: (n + 2) // 3].repeat_interleave(3)[:n]
         if seed == 2:  # few distinct values
             vals = torch.randint(0, 4, (n,), generator=g).float()
         hs = HeadScores({"AHON": vals.view(n, 1, 1), "AWFT": vals.view(n, 1, 1)}, torch.ones(n))
-        for p in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.37, 0.5, 0.99, 1.0):
+        for p in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.37, 0.5, 0.55, 0.99, 1.0):  # 0.55·100 = 55.00000000000001
             for name, op in (("AHON", "<"), ("AWFT", ">")):
                 tau, count = _official_rule(vals.tolist(), p, op)
                 assert hs.threshold(name, p) == pytest.approx(tau, rel=1e-12, abs=1e-12), (n, p, name)
