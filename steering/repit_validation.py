@@ -93,6 +93,10 @@ class RepItValidation(Result):
     selection_top: list
     examples: list  # {"category", "prompt", condition: response}
     config: dict
+    eval_layers: list = field(default_factory=list)  # COSMIC's evaluation layers (empty when the layer was fixed)
+    #: cosine between category vectors at the chosen (position, layer): mean over pairs of harmful categories
+    #: ("all"), over target/non-target pairs ("target_nontarget") and over target pairs ("target")
+    category_cosine: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -274,7 +278,23 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
         rho_search={mode: ([] if m.rho_search_ is None else m.rho_search_.points) for mode, m in methods.items()},
         data_efficiency=efficiency,
         selection_top=[] if sel is None else sel.candidates[:10], examples=ev["examples"],
-        config={**asdict(c), "targets": list(c.targets), "modes": list(c.modes)})
+        config={**asdict(c), "targets": list(c.targets), "modes": list(c.modes)},
+        eval_layers=[] if sel is None else list(sel.eval_layers),
+        category_cosine=_category_cosine(first.category_vectors_, list(c.targets), position, layer))
+
+
+def _category_cosine(cv, targets: list[str], position: int, layer: int) -> dict[str, float]:
+    """Mean pairwise cosine of the category vectors at ``(position, layer)`` (all / target-non-target / target)."""
+    cats = list(cv.vectors)
+    V = torch.nn.functional.normalize(cv.stack(cats, position, layer).double(), dim=1)
+    cos = V @ V.T
+    is_t = torch.tensor([x in targets for x in cats])
+    off = ~torch.eye(len(cats), dtype=torch.bool)
+
+    def mean(mask: torch.Tensor) -> float:
+        return float(cos[mask].mean()) if bool(mask.any()) else float("nan")
+    return {"all": mean(off), "target_nontarget": mean(is_t[:, None] & ~is_t[None, :]),
+            "target": mean(off & is_t[:, None] & is_t[None, :])}
 
 
 def _data_efficiency(model, method: RepIt, train: SteeringData, sizes: Sequence[int]) -> dict[str, float]:

@@ -54,6 +54,9 @@ def test_repit_isolates_target_refusal(wmd, tmp_path):
     wmd.save(tmp_path / "wmd")
     back = RepItValidation.load(tmp_path / "wmd")
     assert back.judged == wmd.judged and back.data_efficiency == wmd.data_efficiency
+    # the category vectors overlap (shared intent words) but are not identical (measured: mean cosine 0.74)
+    assert 0.5 < wmd.category_cosine["all"] < 0.95 and back.category_cosine == wmd.category_cosine
+    assert wmd.eval_layers == []  # the layer was fixed: no COSMIC selection
 
 
 def test_single_target_category(toy_refusal_path):

@@ -11,10 +11,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def refusal_model():
+    """``zoo:smollm2-135m-refusal``, built first when the zoo cache is empty (a ~15-minute LoRA fine-tune)."""
+    import interp
+
+    return interp.load("zoo:smollm2-135m-refusal")
+
+
+@pytest.fixture(scope="module")
+def result(refusal_model, tmp_path_factory):
     from interp.steering.repit_validation import RepItExperimentConfig, RepItValidation, experiment
 
-    res = experiment(RepItExperimentConfig())
+    res = experiment(RepItExperimentConfig(), model=refusal_model)
     path = tmp_path_factory.mktemp("repit") / "result"
     res.save(path)
     back = RepItValidation.load(path)
@@ -52,12 +60,10 @@ def test_paper_criterion_single_layer_collateral(result):
     assert result.criteria["natural_collateral"]["passed"]
 
 
-def test_audit_steering_section_on_refusal_model(tmp_path):
-    import interp
+def test_audit_steering_section_on_refusal_model(refusal_model, tmp_path):
     from interp.audit import AuditData, run_audit
 
-    model = interp.load("zoo:smollm2-135m-refusal")
-    report = run_audit(model, ["steering"], AuditData(["hello"]), out=tmp_path / "audit", keep_going=False)
+    report = run_audit(refusal_model, ["steering"], AuditData(["hello"]), out=tmp_path / "audit", keep_going=False)
     res = report.checks[0].result
     assert res.applicable and res.method == "repit" and res.layer is not None and res.baseline_probe >= 0.8
     df = res.to_frame()
