@@ -350,17 +350,20 @@ def _verified(entry: ZooEntry, folder: Path, full: bool = False) -> Path:
     meta, touched = _check_folder(entry.name, folder, full)
     if "files" in meta and not touched:
         return folder
-    with FileLock(str(_lock_path(entry, folder.name.rsplit("-", 1)[-1]))):
-        meta, touched = _check_folder(entry.name, folder, full)  # another process may have updated it
-        if "files" not in meta:
-            warnings.warn(f"zoo cache of {entry.name!r} in {folder} was built before checksums were recorded; "
-                          "recording them now (the folder itself cannot be verified: rebuild with "
-                          f"'interp zoo build {entry.name} --force' to be sure)", stacklevel=3)
-            meta = _seal({**meta, "files": _file_records(folder)})
-            atomic_write_json(folder / META_FILE, meta)
-        elif touched:  # e.g. a copied cache: intact (full hash matched), remember the new times
-            files = {k: ({**v, "mtime_ns": touched[k]} if k in touched else v) for k, v in meta["files"].items()}
-            atomic_write_json(folder / META_FILE, _seal({**meta, "files": files}))
+    try:
+        with FileLock(str(_lock_path(entry, folder.name.rsplit("-", 1)[-1]))):
+            meta, touched = _check_folder(entry.name, folder, full)  # another process may have updated it
+            if "files" not in meta:
+                warnings.warn(f"zoo cache of {entry.name!r} in {folder} was built before checksums were "
+                              "recorded; recording them now (the folder itself cannot be verified: rebuild with "
+                              f"'interp zoo build {entry.name} --force' to be sure)", stacklevel=3)
+                meta = _seal({**meta, "files": _file_records(folder)})
+                atomic_write_json(folder / META_FILE, meta)
+            elif touched:  # e.g. a copied cache: intact (full hash matched), remember the new times
+                files = {k: ({**v, "mtime_ns": touched[k]} if k in touched else v) for k, v in meta["files"].items()}
+                atomic_write_json(folder / META_FILE, _seal({**meta, "files": files}))
+    except OSError as exc:  # a read-only cache still loads; it just cannot remember what was checked
+        warnings.warn(f"zoo cache of {entry.name!r}: could not record checksums in {folder} ({exc})", stacklevel=3)
     return folder
 
 

@@ -215,3 +215,24 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def test_a_read_only_cache_still_loads_and_is_still_checked(entry, monkeypatch):
+    folder, _ = entry
+    meta = json.loads((folder / "zoo.json").read_text())
+    legacy = {k: v for k, v in meta.items() if k not in ("files", "checksum", "integrity_version")}
+    (folder / "zoo.json").write_text(json.dumps(legacy))
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as m:
+        m.setattr(registry, "atomic_write_json", read_only)
+        with pytest.warns(UserWarning) as caught:
+            assert zoo.path(NAME) == folder  # adoption cannot be recorded, the load still works
+        messages = [str(w.message) for w in caught]
+        assert any("before checksums" in m for m in messages) and any("could not record" in m for m in messages)
+        assert "files" not in json.loads((folder / "zoo.json").read_text())
+        (folder / "zoo.json").write_text(json.dumps(meta))  # recorded checksums, read-only, damaged file
+        _damage(folder / "config.json", lambda d: d[:5])
+        _expect_damaged("config.json")
