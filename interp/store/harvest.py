@@ -276,6 +276,9 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
         raise ValueError("engine='ray' needs a model spec (zoo:NAME or a folder) that the workers can load; "
                          "this Model has none (pass the spec string instead)")
     folder = Path(out).expanduser().absolute()
+    if folder.is_symlink():  # the toolkit's writer rule (interp.io): never write through a link silently
+        raise StoreError(f"output {str(folder)!r} is a symbolic link; refusing to write through it (pass its "
+                         f"target {str(folder.resolve())!r} itself)")
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / MANIFEST).exists())):
         raise StoreError(f"output {str(folder)!r} exists and is not an activation store; choose a new or empty folder")
     source = open_source(data, text_column=cfg.text_column, tokens_column=cfg.tokens_column)

@@ -377,3 +377,25 @@ def test_cli_rerun_keeps_notes_and_mydata_and_force_is_needed_for_foreign_folder
     # a bad model after a good output check: no empty parent folders are left behind
     res = _audit(tmp_path / "no-model", "--checks", "len", "--out", tmp_path / "new" / "deep" / "report")
     assert res.exit_code == 2 and not (tmp_path / "new").exists()
+
+
+def test_activation_store_refuses_links_files_and_foreign_folders(tiny, tmp_path):
+    """interp.store.harvest writes incrementally (resumable shards) into its own store folder."""
+    from interp.store import StoreError, harvest
+
+    _, hf, tok = tiny
+    model = interp.wrap(hf, tok)
+    target = tmp_path / "target"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    f = tmp_path / "results.csv"
+    f.write_text("precious")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    for out, why in ((link, "symbolic link"), (f, "not an activation store"), (foreign, "not an activation store")):
+        with pytest.raises(StoreError, match=why):
+            harvest(model, ["some text " * 20], "blocks.0.hook_resid_post", out, context_size=8)
+    assert link.is_symlink() and list(target.iterdir()) == [] and f.read_text() == "precious"
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
