@@ -238,28 +238,28 @@ class _Target:
                               "names of the new outputs are replaced)")
 
     def conflicts(self, rels: Iterable[str]) -> list[str]:
-        """Paths under the output that writing ``rels`` would replace or that block it, and why."""
+        """What under the output would block writing ``rels`` (files; folders end in ``/``), and why."""
         out: list[str] = []
         for rel in sorted(rels):
-            if rel.endswith("/"):  # a folder the writer creates
-                rel = rel.rstrip("/") + "/_"
-            for d in _ancestors(rel):
+            is_dir, rel = rel.endswith("/"), rel.rstrip("/")
+            blocked = False
+            for d in _ancestors(rel) + ([rel] if is_dir else []):  # the folders it needs
                 q = self.path / d
                 if q.is_symlink():
                     out.append(f"{d} (a symbolic link where a folder is needed)")
-                    break
-                if q.exists() and not q.is_dir():
-                    if d not in self.owned:
-                        out.append(f"{d} (a file where a folder is needed)")
-                    break
-            else:
-                q = self.path / rel
-                if rel.endswith("/_"):
+                elif q.exists() and not q.is_dir() and d not in self.owned:
+                    out.append(f"{d} (a file where a folder is needed)")
+                else:
                     continue
-                if q.is_dir() and not q.is_symlink():
-                    out.append(f"{rel} (a folder where a file is needed)")
-                elif (q.exists() or q.is_symlink()) and rel not in self.owned and not self.overwrite:
-                    out.append(f"{rel} (a file this program did not write)")
+                blocked = True
+                break
+            q = self.path / rel
+            if blocked or is_dir:
+                continue
+            if q.is_dir() and not q.is_symlink():
+                out.append(f"{rel} (a folder where a file is needed)")
+            elif (q.exists() or q.is_symlink()) and rel not in self.owned and not self.overwrite:
+                out.append(f"{rel} (a file this program did not write)")
         return out
 
     def refuse_conflicts(self, rels: Iterable[str]) -> None:
@@ -275,8 +275,9 @@ def check_output(path: str | os.PathLike, names: Sequence[str] = (), *, overwrit
     """Check, without writing anything, that :func:`output_dir` could write ``names`` to ``path``.
 
     ``names`` are relative paths of the files the writer is going to create, and of folders with a
-    trailing ``/`` (top-level names are enough to catch the common conflicts early). Returns the folder that would be written (the target of a symbolic link when
-    ``overwrite=True``); raises :class:`OutputError` with the reason otherwise.
+    trailing ``/`` (top-level names are enough to catch the common conflicts early). Returns the folder
+    that would be written (the target of a symbolic link when ``overwrite=True``); raises
+    :class:`OutputError` with the reason otherwise.
     """
     target = _Target(path, overwrite, writer, legacy)
     target.refuse_conflicts(names)

@@ -399,3 +399,22 @@ def test_activation_store_refuses_links_files_and_foreign_folders(tiny, tmp_path
             harvest(model, ["some text " * 20], "blocks.0.hook_resid_post", out, context_size=8)
     assert link.is_symlink() and list(target.iterdir()) == [] and f.read_text() == "precious"
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused_even_when_asked(reports, tmp_path):
+    from interp.audit.report import prepare_output
+
+    out = tmp_path / "mixed"
+    out.mkdir()
+    (out / "checks").write_text("a file of mine called checks")
+    for overwrite in (False, True):
+        with pytest.raises(OutputError):
+            reports[1].write(out, overwrite=overwrite)
+    with pytest.raises(OutputError, match="checks \\(a file where a folder is needed\\)"):
+        prepare_output(out, overwrite=True)  # the CLI's early check says so before any work
+    (out / "checks").unlink()
+    (out / "index.html").mkdir()
+    (out / "index.html" / "page.txt").write_text("mine")
+    with pytest.raises(OutputError, match="index.html \\(a folder where a file is needed\\)"):
+        reports[1].write(out, overwrite=True)
+    assert _tree(out) == {"index.html": None, "index.html/page.txt": b"mine"}
