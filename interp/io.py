@@ -64,6 +64,34 @@ def _make_parents(folder: Path) -> list[Path]:
     return created
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where the system allows (Linux), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mkdtemp(parent: Path, prefix: str, suffix: str = "") -> Path:
+    """A new uniquely named folder in ``parent`` with the usual permissions (``tempfile.mkdtemp`` makes it
+    private, mode 0700, which an output folder created by renaming it would keep)."""
+    import secrets
+
+    for _ in range(100):
+        d = parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {parent}")
+
+
 def _remove_if_empty(folders: Iterable[Path]) -> None:
     for d in folders:
         with contextlib.suppress(OSError):
@@ -84,6 +112,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private (0600)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -135,7 +164,7 @@ def replace_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise OutputError(f"{str(path)!r} exists and is not a folder; refusing to replace a file with a folder")
     created = _make_parents(path.parent)
     try:
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        tmp = _mkdtemp(path.parent, f".{path.name}.", ".tmp")
         try:
             yield tmp
             if path.exists():
@@ -298,9 +327,9 @@ def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str 
     created = _make_parents(p.parent)
     try:
         if target.exists:  # staging inside the folder keeps every move on one file system
-            tmp = Path(tempfile.mkdtemp(dir=p, prefix=_NEW_PREFIX))
+            tmp = _mkdtemp(p, _NEW_PREFIX)
         else:
-            tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}{_NEW_PREFIX}"))
+            tmp = _mkdtemp(p.parent, f".{p.name}{_NEW_PREFIX}")
     except OSError as exc:
         _remove_if_empty(created)
         raise OutputError(f"output folder {str(p)!r} is not writable: {exc.strerror or exc}") from None
@@ -350,7 +379,7 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
 def _commit_into(target: _Target, tmp: Path, files: list[str], dirs: list[str], manifest: dict) -> None:
     """Move the new files from ``tmp`` into the existing folder, replacing only owned (or allowed) files."""
     p = target.path
-    backup = Path(tempfile.mkdtemp(dir=p, prefix=_OLD_PREFIX))
+    backup = _mkdtemp(p, _OLD_PREFIX)
     moved_out: list[str] = []  # files moved from p into the backup (old outputs, replaced files)
     moved_in: list[str] = []  # new files moved into p
     made: list[str] = []  # folders created in p

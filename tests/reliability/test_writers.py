@@ -418,3 +418,12 @@ def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused_e
     with pytest.raises(OutputError, match="index.html \\(a folder where a file is needed\\)"):
         reports[1].write(out, overwrite=True)
     assert _tree(out) == {"index.html": None, "index.html/page.txt": b"mine"}
+
+
+def test_outputs_get_the_usual_permissions(writer, tmp_path):
+    """Temporary folders and files are private (0700/0600); the outputs made from them must not be."""
+    mask = iio._umask()
+    out = tmp_path / "out"
+    writer.write(out, 1, False)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (out / MANIFEST).stat().st_mode & 0o777 == 0o666 & ~mask
