@@ -560,6 +560,24 @@ def test_full_stepwise_ablation_hierarchical_variant(full_result):
     assert min(ab["stepwise_accept_on"]) > 0
 
 
+@pytest.fixture(scope="module")
+def classification_result():
+    from interp.models.bayesian_tpnn import classification_experiment
+
+    return classification_experiment(seeds=(0, 1, 2, 3, 4))     # breast cancer, 1500 iterations per split
+
+
+@pytest.mark.slow
+def test_full_breast_cancer_against_logistic_regression_and_boosting(classification_result):
+    """Held-out AUROC within 0.01 of the better baseline, accuracy >= 0.93, log-loss no worse than gradient
+    boosting (means over five stratified 70/30 splits)."""
+    m = classification_result.summary()
+    tp, lr, gb = m["bayesian_tpnn"], m["logistic_regression"], m["gradient_boosting"]
+    assert tp["auroc"][0] >= max(lr["auroc"][0], gb["auroc"][0]) - 0.01, m
+    assert tp["accuracy"][0] >= 0.93, m
+    assert tp["log_loss"][0] <= gb["log_loss"][0], m
+
+
 @pytest.mark.slow
 def test_full_diabetes(full_result):
     dia = full_result.diabetes
