@@ -343,7 +343,13 @@ def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str 
         if not target.exists:
             manifest["dirs"] = sorted(dirs)
             atomic_write_json(tmp / MANIFEST, manifest)
-            os.rename(tmp, p)  # fails rather than replace if something appeared there meanwhile
+            try:
+                os.rename(tmp, p)  # fails rather than replace if something appeared there meanwhile
+            except OSError as exc:
+                if not p.exists():
+                    raise
+                raise OutputError(f"{str(p)!r} appeared while this output was being written (another writer?); "
+                                  "nothing there was replaced: run again to write into it") from exc
             return
         target.refuse_conflicts(files)
         _commit_into(target, tmp, files, dirs, manifest)

@@ -427,3 +427,13 @@ def test_outputs_get_the_usual_permissions(writer, tmp_path):
     writer.write(out, 1, False)
     assert out.stat().st_mode & 0o777 == 0o777 & ~mask
     assert (out / MANIFEST).stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_an_output_that_appears_during_the_write_is_not_replaced(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match="appeared while this output was being written"):
+        with iio.output_dir(out) as tmp:
+            (tmp / "a.txt").write_text("ours")
+            out.mkdir()  # another program (or writer) creates the folder meanwhile ...
+            (out / "theirs.txt").write_text("theirs")
+    assert _tree(out) == {"theirs.txt": b"theirs"} and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
