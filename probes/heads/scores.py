@@ -548,9 +548,10 @@ class HeadScores(Result):
         """Pairwise intersection-over-union of the per-input inactive masks of the score functions."""
         import pandas as pd
 
-        masks = torch.stack([self.inactive(n, fraction, convention=convention).flatten() for n in self.names])
-        inter = (masks[:, None] & masks[None]).sum(-1).double()
-        union = (masks[:, None] | masks[None]).sum(-1).double()
+        masks = torch.stack([self.inactive(n, fraction, convention=convention).flatten() for n in self.names]).double()
+        inter = masks @ masks.T  # [n_scores, n_scores] pairs flagged by both
+        count = masks.sum(-1)
+        union = count[:, None] + count[None, :] - inter
         values = torch.where(union > 0, inter / union.clamp_min(1), torch.full_like(inter, float("nan")))
         return pd.DataFrame(values.numpy(), index=self.names, columns=self.names)
 

@@ -275,6 +275,18 @@ def test_official_thresholds_equal_the_rule_in_exact_arithmetic(seed):
         cdf_thresholds(torch.full((3,), float("nan")), [0.1])
 
 
+def test_iou_is_intersection_over_union_of_the_per_input_masks():
+    g = torch.Generator().manual_seed(0)
+    hs = HeadScores({n: torch.rand(20, 3, 4, generator=g) for n in ("AHON", "AWFT", "AEQD")}, torch.ones(20))
+    table = hs.iou(0.2)
+    for a in hs.names:
+        for b in hs.names:
+            ma, mb = hs.inactive(a, 0.2), hs.inactive(b, 0.2)
+            assert table.loc[a, b] == pytest.approx(float((ma & mb).sum()) / float((ma | mb).sum())), (a, b)
+    assert table.loc["AHON", "AHON"] == 1.0 and table.loc["AHON", "AWFT"] < 0.5
+    assert hs.iou(0.0).isna().all().all()  # nothing flagged anywhere: IoU undefined
+
+
 def test_pattern_scores_padding_rules_by_hand():
     """One input of 2 real tokens right-padded to 3: the padded query row still attends to the real keys."""
     mask = torch.tensor([[1, 1, 0]])
