@@ -115,6 +115,55 @@ class InterleavedQKV(Lens):
         return torch.cat(parts, dim=-1).flatten(-2)
 
 
+class NormLens(Lens):
+    """``hook_scale`` / ``hook_normalized`` of a LayerNorm or RMSNorm module, as TransformerLens defines them.
+
+    ``hook_scale`` is ``sqrt(mean(x_c^2) + eps)`` (``[..., 1]``; ``x_c`` = ``x`` centred for LayerNorm, ``x``
+    for RMSNorm) and ``hook_normalized`` is ``x_c / scale``, *before* the norm's weight and bias, on
+    every backend. Both are computed from the module's input (HF exposes only the weighted output);
+    ``hook_scale`` is read-only, and a write to ``hook_normalized`` recomputes the module output as
+    ``normalized * (w + offset) + b`` (``offset`` is 1 for Gemma's ``(1 + w)`` RMSNorm).
+    """
+
+    needs_input = True
+
+    def __init__(self, part: str, kind: str, offset: float = 0.0):
+        if part not in ("scale", "normalized") or kind not in ("layer", "rms"):
+            raise ValueError(f"NormLens(part={part!r}, kind={kind!r})")
+        self.part, self.kind, self.offset = part, kind, offset
+        self.writable = part == "normalized"
+
+    @staticmethod
+    def _eps(module) -> float:
+        for key in ("eps", "variance_epsilon", "epsilon"):
+            v = getattr(module, key, None)
+            if isinstance(v, (int, float)):
+                return float(v)
+        raise ValueError(f"cannot find the epsilon of {type(module).__name__}")
+
+    def parts(self, module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xf = x.float()
+        if self.kind == "layer":
+            xf = xf - xf.mean(-1, keepdim=True)
+        scale = (xf.pow(2).mean(-1, keepdim=True) + self._eps(module)).sqrt()
+        return scale, xf / scale
+
+    def get_io(self, module, inp: torch.Tensor, out: Any) -> torch.Tensor:
+        scale, normalized = self.parts(module, inp)
+        return (scale if self.part == "scale" else normalized).to(inp.dtype)
+
+    def set_io(self, module, inp: torch.Tensor, out: Any, value: torch.Tensor) -> Any:
+        w = getattr(module, "weight", None)
+        b = getattr(module, "bias", None)
+        y = value.float()
+        if w is not None:
+            y = y * (w.float() + self.offset)
+        if b is not None:
+            y = y + b.float()
+        y = y.to(out.dtype if isinstance(out, torch.Tensor) else value.dtype)
+        return Item(0).set(out, y)
+
+
 class Chain(Lens):
     def __init__(self, *lenses: Lens):
         self.lenses = lenses
@@ -144,6 +193,11 @@ class Site:
     lens: Lens = field(default_factory=Identity)
     needs_eager: bool = False  # attention weights exist only under eager attention
 
+    @property
+    def needs_input(self) -> bool:
+        """The lens reads the module's input as well as its output (``get_io`` / ``set_io``)."""
+        return bool(getattr(self.lens, "needs_input", False))
+
 
 @dataclass
 class ArchSpec:
@@ -164,7 +218,16 @@ class ArchSpec:
     qkv: str | None = None
     qkv_layout: str = "split"  # "split" (separate q/k/v), "concat" (GPT-2), "interleaved" (NeoX)
     o: str | None = None
+    ln1: str | None = None
     ln2: str | None = None
+    norm_kind: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    norm_offset: float = 0.0  # 1.0 where the RMSNorm multiplies by (1 + w) (Gemma)
+    act: str | None = None  # the MLP's activation module (its input is mlp.hook_pre)
+    mlp_gate_path: str | None = None  # gated MLP (Llama, Gemma): the gate branch; mlp_in is the linear branch
+
+    @property
+    def mlp_gate(self) -> bool:
+        return self.mlp_gate_path is not None
     mlp_in: str | None = None
     mlp_out: str | None = None
     attn_out_norm: str | None = None  # Gemma-2/3 post-attention norm, DINOv2 layer scale
@@ -184,6 +247,14 @@ class ArchSpec:
             blk = f"{self.blocks}.{layer}"
             sub = lambda p: f"{blk}.{p}"  # noqa: E731
             s: dict[str, Site] = {"hook_resid_pre": Site(blk, "input")}
+            for ln, path in (("ln1", self.ln1), ("ln2", self.ln2)):
+                if path:
+                    for part in ("scale", "normalized"):
+                        s[f"{ln}.hook_{part}"] = Site(sub(path), "output", NormLens(part, self.norm_kind, self.norm_offset))
+            if self.act:
+                s["mlp.hook_pre"] = Site(sub(self.act), "input")
+            if self.mlp_gate and self.mlp_in:
+                s["mlp.hook_pre_linear"] = Site(sub(self.mlp_in), "output", first)
             if self.qkv_layout == "split":
                 s["attn.hook_q"] = Site(sub(self.q), "output", Heads(self.n_heads))
                 s["attn.hook_k"] = Site(sub(self.k), "output", Heads(self.n_kv_heads))
@@ -209,7 +280,8 @@ class ArchSpec:
                 if hook in s:
                     out[f"blocks.{layer}.{hook}"] = s[hook]
         if self.ln_final:
-            out["ln_final.hook_normalized"] = Site(self.ln_final, "output", first)
+            for part in ("scale", "normalized"):
+                out[f"ln_final.hook_{part}"] = Site(self.ln_final, "output", NormLens(part, self.norm_kind, self.norm_offset))
         return dict(sorted(out.items(), key=lambda kv: order_key(kv[0], self.n_layers)))
 
 
@@ -316,12 +388,17 @@ def arch_spec(model: nn.Module) -> ArchSpec:
     n_heads = int(tl.n_heads)
     n_kv = int(getattr(tl, "n_key_value_heads", None) or n_heads)
     post_norm = cfg.model_type == "bert"
+    ln1 = local(name(bsub.get("ln1")))  # BERT (post-norm): the attention block's output LayerNorm
+    ln_module = block0.get_submodule(ln1) if ln1 else None
+    mlp_path = local(name(mlp_node)) if mlp_node is not None else None
     spec = ArchSpec(
         family=cfg.model_type, n_layers=int(tl.n_layers), n_heads=n_heads, n_kv_heads=n_kv,
         d_model=int(tl.d_model), d_head=int(tl.d_head),
         embed=path(name(comp.get("embed"))) if cfg.model_type != "vit" else path(name(comp.get("embed"))),
         blocks=blocks, attn=attn, q=q, k=k, v=v, qkv=qkv, qkv_layout=layout, o=in_attn("o"),
-        ln2=None if post_norm else local(name(bsub.get("ln2"))),
+        ln1=ln1, ln2=local(name(bsub.get("ln2"))),
+        norm_kind=_norm_kind(ln_module), norm_offset=1.0 if cfg.model_type.startswith("gemma") else 0.0,
+        act=_act_path(block0, mlp_path), mlp_gate_path=in_mlp("gate"),
         mlp_in=in_mlp("in"), mlp_out=in_mlp("out"),
         attn_out_norm=local(name(bsub.get("ln1_post"))), mlp_out_norm=local(name(bsub.get("ln2_post"))),
         resid_mid_from=local(name(bsub.get("ln1"))) if post_norm else None,
@@ -335,6 +412,42 @@ def arch_spec(model: nn.Module) -> ArchSpec:
     return spec
 
 
+def _norm_kind(module: nn.Module | None) -> str:
+    if module is None or isinstance(module, nn.LayerNorm) or getattr(module, "bias", None) is not None:
+        return "layer"
+    return "rms" if "rms" in type(module).__name__.lower() or hasattr(module, "variance_epsilon") else "layer"
+
+
+def norm_parts(module: nn.Module, offset: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor | None, str, float]:
+    """``(weight (+ offset), bias, kind, eps)`` of a LayerNorm/RMSNorm module (HF or TransformerLens)."""
+    w = getattr(module, "weight", None)
+    if w is None:
+        w = getattr(module, "w", None)
+    b = getattr(module, "bias", None)
+    if b is None:
+        b = getattr(module, "b", None)
+    kind = _norm_kind(module) if not hasattr(module, "w") else ("layer" if b is not None else "rms")
+    eps = NormLens._eps(module) if any(hasattr(module, k) for k in ("eps", "variance_epsilon", "epsilon")) else 1e-5
+    w = None if w is None else (w.detach() + offset)
+    return w, None if b is None else b.detach(), kind, eps
+
+
+_ACT_NAMES = ("act_fn", "act", "activation", "activation_fn", "intermediate_act_fn")
+
+
+def _act_path(block: nn.Module, mlp_path: str | None) -> str | None:
+    """The MLP activation module of a block (its input is ``mlp.hook_pre``), if it is a module."""
+    roots = [mlp_path] if mlp_path else []
+    roots += [n for n, _ in block.named_modules() if n.endswith("intermediate")]
+    for root in roots:
+        mod = block.get_submodule(root)
+        for attr in _ACT_NAMES:
+            child = getattr(mod, attr, None)
+            if isinstance(child, nn.Module) and not list(child.parameters()):
+                return f"{root}.{attr}"
+    return None
+
+
 def _dinov2_spec(model: nn.Module, cfg) -> ArchSpec:
     """DINOv2 (not covered by TransformerLens): pre-norm ViT blocks with layer scale."""
     blocks = resolve_path(model, "encoder.layer")
@@ -344,6 +457,7 @@ def _dinov2_spec(model: nn.Module, cfg) -> ArchSpec:
         family="dinov2", n_layers=cfg.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_heads,
         d_model=cfg.hidden_size, d_head=cfg.hidden_size // n_heads, embed=f"{prefix}embeddings",
         blocks=blocks, attn="attention", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj",
-        o="attention.o_proj", ln2="norm2", mlp_in="mlp.fc1", mlp_out="mlp.fc2",
+        o="attention.o_proj", ln1="norm1", ln2="norm2", mlp_in="mlp.fc1", mlp_out="mlp.fc2",
+        act=_act_path(model.get_submodule(f"{blocks}.0"), "mlp"),
         attn_out_norm="layer_scale1", mlp_out_norm="layer_scale2", ln_final=f"{prefix}layernorm",
     )

@@ -8,6 +8,26 @@ import torch
 
 from .names import UnknownHookError, expand, parse, unknown_message
 
+#: TransformerLens's short hook names for ``cache[short, layer]``
+_SHORT = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+          "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "q": "attn.hook_q", "k": "attn.hook_k",
+          "v": "attn.hook_v", "z": "attn.hook_z", "pattern": "attn.hook_pattern", "attn": "attn.hook_pattern",
+          "scores": "attn.hook_attn_scores", "attn_scores": "attn.hook_attn_scores", "rot_q": "attn.hook_rot_q",
+          "rot_k": "attn.hook_rot_k", "pre": "mlp.hook_pre", "pre_linear": "mlp.hook_pre_linear",
+          "post": "mlp.hook_post", "mlp_post": "mlp.hook_post", "scale": "hook_scale",
+          "normalized": "hook_normalized", "embed": "hook_embed"}
+
+
+def _long_name(short: str, layer: int | None = None, kind: str | None = None) -> str:
+    """``("resid_post", 3)`` -> ``blocks.3.hook_resid_post``; ``("scale", 2, "ln1")`` ->
+    ``blocks.2.ln1.hook_scale``; ``("scale",)`` -> ``ln_final.hook_scale``."""
+    hook = _SHORT.get(short, short)
+    if layer is None:
+        return f"ln_final.{hook}" if hook in ("hook_scale", "hook_normalized") else hook
+    if hook in ("hook_scale", "hook_normalized"):
+        return f"blocks.{layer}.{kind or 'ln1'}.{hook}"
+    return f"blocks.{layer}.{hook}"
+
 
 class Cache(Mapping[str, torch.Tensor]):
     """Activations keyed by canonical hook name.
@@ -18,8 +38,10 @@ class Cache(Mapping[str, torch.Tensor]):
     steps of ``generate``, whose sequence lengths differ).
     """
 
-    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None) -> None:
+    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None, model=None) -> None:
         self._data: dict[str, list[torch.Tensor]] = {k: list(v) for k, v in (data or {}).items()}
+        #: the model that filled the cache (for weights and norms in the analysis helpers), or None
+        self.model = model
 
     # -- filling
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -29,7 +51,11 @@ class Cache(Mapping[str, torch.Tensor]):
         self._data.clear()
 
     # -- mapping protocol
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def __getitem__(self, name) -> torch.Tensor:
+        if isinstance(name, tuple):  # TransformerLens shorthand: cache["resid_post", 3], cache["scale", 2, "ln1"]
+            name = _long_name(*name)
+        elif name not in self._data and name in _SHORT:  # cache["scale"], cache["embed"]
+            name = _long_name(name)
         if name not in self._data:
             raise UnknownHookError(unknown_message(name, list(self._data)) if self._data else
                                    f"{name!r} is not in this cache (it is empty)")
@@ -75,11 +101,114 @@ class Cache(Mapping[str, torch.Tensor]):
     def select(self, patterns) -> "Cache":
         """A new cache with only the keys matching ``patterns``."""
         keep = expand(patterns, list(self._data))
-        return Cache({k: self._data[k] for k in keep})
+        return Cache({k: self._data[k] for k in keep}, model=self.model)
 
     def to(self, device=None, dtype=None) -> "Cache":
         return Cache({k: [t.to(device=device, dtype=dtype if t.is_floating_point() else None) for t in v]
-                      for k, v in self._data.items()})
+                      for k, v in self._data.items()}, model=self.model)
+
+    # -- TransformerLens-style analysis (need the model that filled the cache)
+    def _need_model(self):
+        if self.model is None:
+            raise ValueError("this cache has no model attached (it was built by hand); set cache.model = model")
+        return self.model
+
+    def _n_layers(self) -> int:
+        return self._need_model().cfg.n_layers
+
+    def accumulated_resid(self, layer: int | None = None, apply_ln: bool = False,
+                          return_labels: bool = False):
+        """The residual stream before each layer ``0..layer-1`` and after the last one: ``[k, batch, pos, d]``
+        (``layer=None``: every layer plus the final residual). With ``apply_ln`` the final norm, with the
+        scale of this run (``ln_final.hook_scale``) and its weight and bias, is applied to each entry:
+        the logit lens."""
+        n = self._n_layers()
+        layer = n if layer is None else layer
+        if not 0 <= layer <= n:
+            raise ValueError(f"layer must be in 0..{n}, got {layer}")
+        names = [f"blocks.{l}.hook_resid_pre" for l in range(layer)]
+        labels = [f"{l}_pre" for l in range(layer)]
+        if layer == n:
+            names.append(f"blocks.{n - 1}.hook_resid_post")
+            labels.append("final_post")
+        stack = torch.stack([self[nm] for nm in names])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, include_bias=True)
+        return (stack, labels) if return_labels else stack
+
+    def decompose_resid(self, layer: int | None = None, return_labels: bool = False):
+        """The residual stream before ``layer`` (default: the final one) as its additive parts: the
+        embedding as it enters block 0 (``blocks.0.hook_resid_pre``: token embedding plus any learned
+        position embedding or embedding scale), then each layer's ``hook_attn_out`` and ``hook_mlp_out``:
+        ``[k, batch, pos, d]``; the parts sum to the residual (pre-norm, sequential models)."""
+        n = self._n_layers()
+        layer = n if layer is None else layer
+        names, labels = ["blocks.0.hook_resid_pre"], ["embed"]
+        for l in range(layer):
+            names += [f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out"]
+            labels += [f"{l}_attn_out", f"{l}_mlp_out"]
+        stack = torch.stack([self[nm] for nm in names])
+        return (stack, labels) if return_labels else stack
+
+    def stack_head_results(self, layer: int | None = None, return_labels: bool = False):
+        """Each head's direct contribution to the residual stream, ``z_h @ W_O[l, h]``, for layers
+        ``0..layer-1``: ``[layer * head, batch, pos, d]`` (labels ``L{l}H{h}``). The output bias ``b_O`` is
+        not included (it belongs to no head)."""
+        model = self._need_model()
+        n = self._n_layers() if layer is None else layer
+        W_O = model.weight("W_O")  # [L, H, d_head, d]
+        parts, labels = [], []
+        for l in range(n):
+            z = self[f"blocks.{l}.attn.hook_z"]  # [b, p, H, d_head]
+            parts.append(torch.einsum("bphe,hed->hbpd", z.float(), W_O[l].float()).to(z.dtype))
+            labels += [f"L{l}H{h}" for h in range(z.shape[2])]
+        stack = torch.cat(parts)
+        return (stack, labels) if return_labels else stack
+
+    def apply_ln_to_stack(self, stack: torch.Tensor, include_bias: bool = False) -> torch.Tensor:
+        """Apply the final norm as this run applied it to components ``stack [..., batch, pos, d]`` of the
+        final residual: centre each component (LayerNorm), divide by the run's ``ln_final.hook_scale``
+        and multiply by the norm's weight. The norm is then linear in the components, so the
+        components' logit attributions sum to the true logit (plus the bias term, a constant:
+        ``include_bias=True`` adds it to every component, as :meth:`accumulated_resid` needs; leave it
+        off for a decomposition and account for it once, see :meth:`ln_bias_term`)."""
+        model = self._need_model()
+        w, b, kind = model.ln_final_parts()
+        x = stack.float()
+        if kind == "layer":
+            x = x - x.mean(-1, keepdim=True)
+        x = x / self["ln_final.hook_scale"].float()
+        if w is not None:
+            x = x * w.float().to(x.device)
+        if include_bias and b is not None:
+            x = x + b.float().to(x.device)
+        return x.to(stack.dtype)
+
+    def ln_bias_term(self) -> torch.Tensor:
+        """The final norm's bias (``[d]``, zeros for RMSNorm): the constant that completes a decomposition
+        passed through :meth:`apply_ln_to_stack`."""
+        model = self._need_model()
+        w, b, _ = model.ln_final_parts()
+        return b if b is not None else torch.zeros(model.cfg.d_model)
+
+    def logit_attrs(self, stack: torch.Tensor, tokens, incorrect_tokens=None, pos: int = -1,
+                    has_batch_dim: bool = True) -> torch.Tensor:
+        """Direct logit attribution of residual components ``stack [k, batch, pos, d]`` (already passed
+        through :meth:`apply_ln_to_stack`): ``stack[..., pos, :] @ W_U[:, tokens]``, minus the same for
+        ``incorrect_tokens`` when given; ``tokens`` is an int, ``[batch]`` ids, or strings. ``[k, batch]``."""
+        model = self._need_model()
+        W_U = model.weight("W_U").float()
+
+        def ids(t):
+            if isinstance(t, str):
+                t = model.to_single_token(t)
+            return torch.as_tensor(t, dtype=torch.long)
+        x = stack[..., pos, :].float() if has_batch_dim else stack.float()
+        dirs = W_U[:, ids(tokens)]
+        if incorrect_tokens is not None:
+            dirs = dirs - W_U[:, ids(incorrect_tokens)]
+        return (x * dirs.T).sum(-1) if dirs.dim() == 2 else x @ dirs
+
 
     def mean(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean of ``cache[name]`` over batch and positions.

@@ -91,6 +91,121 @@ class Model:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ weights (TransformerLens shapes)
+    def weight(self, name: str) -> torch.Tensor:
+        """A weight in TransformerLens shape by name (``"W_Q"``, ``"W_U"``, ...; see :mod:`interp.weights`),
+        the same on every backend; a detached copy."""
+        from .weights import WEIGHT_NAMES
+        if name not in WEIGHT_NAMES:
+            import difflib
+            close = difflib.get_close_matches(name, WEIGHT_NAMES, n=3)
+            raise KeyError(f"unknown weight {name!r}; closest: {', '.join(close) or ', '.join(WEIGHT_NAMES)}")
+        return self._weight(name)
+
+    def _weight(self, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def can_write(self, name: str) -> bool:
+        """Whether interventions may modify hook ``name`` on this backend (all names can be captured)."""
+        self._resolve(name)
+        return True
+
+    def ln_final_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
+        """``(weight, bias, kind)`` of the final norm (``kind`` ``"layer"`` or ``"rms"``); ``weight`` already
+        includes an ``(1 + w)`` offset where the architecture has one. ``None`` where absent."""
+        raise NotImplementedError
+
+    def unembed(self, resid: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
+        """Logits from a residual stream ``[..., d_model]``: the final norm (if ``apply_ln``), then
+        ``@ W_U + b_U``."""
+        x = self.apply_ln_final(resid) if apply_ln else resid
+        return x @ self.weight("W_U").to(x.dtype) + self.weight("b_U").to(x.dtype)
+
+    def apply_ln_final(self, resid: torch.Tensor) -> torch.Tensor:
+        """The final norm applied to ``resid [..., d_model]`` with its own scale (weight and bias included)."""
+        w, b, kind = self.ln_final_parts()
+        x = resid.float()
+        if kind == "layer":
+            x = x - x.mean(-1, keepdim=True)
+        x = x / (x.pow(2).mean(-1, keepdim=True) + self._ln_final_eps()).sqrt()
+        if w is not None:
+            x = x * w.float()
+        if b is not None:
+            x = x + b.float()
+        return x.to(resid.dtype)
+
+    def _ln_final_eps(self) -> float:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ tokens (TransformerLens habits)
+    #: BOS rule of :meth:`to_tokens`: ``None`` (default) lets the tokenizer's own special-token rule decide,
+    #: as Hugging Face does (SmolLM2's adds none); ``True`` / ``False`` force a BOS / no BOS. Settable.
+    prepend_bos: bool | None = None
+
+    def to_tokens(self, texts: str | Sequence[str], prepend_bos: bool | None = None,
+                  padding_side: str | None = None) -> torch.Tensor:
+        """Token ids ``[batch, pos]`` (padded), with the BOS rule ``prepend_bos`` (default: the model's
+        :attr:`prepend_bos`): ``True`` prepends the BOS token to rows that do not start with it, ``False``
+        strips a leading BOS the tokenizer added, ``None`` keeps what the tokenizer did."""
+        ids = self.tokenize(texts, padding_side=padding_side or "right")["input_ids"]
+        want = self.prepend_bos if prepend_bos is None else prepend_bos
+        if want is None:
+            return ids
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
+            if want:
+                raise ValueError("this tokenizer has no BOS token to prepend")
+            return ids
+        starts = bool((ids[:, 0] == bos).all())
+        if want and not starts:
+            return torch.cat([torch.full((ids.shape[0], 1), bos, dtype=ids.dtype), ids], 1)
+        if not want and starts:
+            return ids[:, 1:]
+        return ids
+
+    def to_single_token(self, text: str) -> int:
+        """The id of ``text`` if it is exactly one token (else a ValueError naming its tokens)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens ({[self.tokenizer.decode([i]) for i in ids]}), not one")
+        return int(ids[0])
+
+    def to_str_tokens(self, text: str | torch.Tensor, prepend_bos: bool | None = None) -> list[str]:
+        """The tokens of one text (or a 1-D id tensor) as strings."""
+        ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
+        return [self.tokenizer.decode([int(i)]) for i in ids]
+
+    def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
+        """Decode ``[pos]`` ids to a string, or ``[batch, pos]`` ids to a list of strings."""
+        t = torch.as_tensor(tokens)
+        if t.dim() == 1:
+            return self.tokenizer.decode(t.tolist())
+        return [self.tokenizer.decode(row.tolist()) for row in t]
+
+    def run_with_hooks(self, inputs: Inputs, fwd_hooks: Sequence[tuple[Any, InterventionFn]] = (),
+                       attention_mask: torch.Tensor | None = None, stop_at_layer: int | None = None):
+        """TransformerLens's ``run_with_hooks``: ``fwd_hooks`` is a list of ``(name_or_filter, fn)`` where
+        ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's name, as in TL)."""
+        hooks: HookSet = defaultdict(list)
+        for pattern, fn in fwd_hooks:
+            if not callable(fn):
+                raise TypeError(f"hook for {pattern!r} is not callable: {fn!r}")
+            for name in self._resolve(pattern):
+                hooks[name].append(fn)
+        if stop_at_layer is not None:
+            return self._stopped(inputs, dict(hooks), stop_at_layer, attention_mask)
+        return self._run(inputs, dict(hooks), attention_mask=attention_mask)
+
+    def _stopped(self, inputs, hooks: HookSet, stop_at_layer: int, attention_mask=None) -> torch.Tensor:
+        """Run blocks ``0..stop_at_layer-1`` and return the residual stream there ``[batch, pos, d_model]``
+        (``blocks.{stop_at_layer-1}.hook_resid_post``), as TransformerLens does."""
+        keep: list[torch.Tensor] = []
+        name = f"blocks.{stop_at_layer - 1}.hook_resid_post" if isinstance(stop_at_layer, int) else ""
+        hooks = {k: list(v) for k, v in hooks.items()}
+        hooks.setdefault(name, []).append(lambda t, ctx: keep.append(t))
+        self._run(inputs, hooks, stop_at_layer=stop_at_layer, attention_mask=attention_mask)
+        return keep[-1]
+
     # ------------------------------------------------------------------ names
     def hook_names(self, pattern: str | Sequence[str] | None = None) -> list[str]:
         """Canonical hook names this model offers, optionally filtered by a glob or a list of names/globs.
@@ -252,15 +367,21 @@ class Model:
                 _check_hook_output(name, tensor, out)
                 if not writable:
                     raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
-                                     "backend (HF attention returns the pattern after using it); "
-                                     "intervene on attn.hook_z or use backend='transformer_lens'")
+                                     f"backend: {_READ_ONLY_WHY.get(parse(name)[1], 'it is derived from other tensors')} "
+                                     "(model.can_write(name) tells which names are writable)")
                 tensor, changed = out, True
         finally:
             _IN_HOOK.reset(token)
         return tensor, changed
 
-    def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``)."""
+    def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
+                 stop_at_layer: int | None = None) -> torch.Tensor:
+        """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``).
+
+        With ``stop_at_layer=l``, runs blocks ``0..l-1`` only and returns the residual stream there
+        (``blocks.{l-1}.hook_resid_post``, ``[batch, pos, d_model]``), as TransformerLens does."""
+        if stop_at_layer is not None:
+            return self._stopped(inputs, {}, stop_at_layer, attention_mask)
         return self._run(inputs, attention_mask=attention_mask)
 
     forward = __call__
@@ -284,7 +405,7 @@ class Model:
             if late and names is not None:
                 raise HookNotFiredError(f"hooks {late[:3]}... run after stop_at_layer={stop_at_layer}")
             wanted = [n for n in wanted if n not in late]
-        cache = Cache()
+        cache = Cache(model=self)
         out = self._run(inputs, self._capture_hooks(wanted, cache, device, dtype), stop_at_layer,
                         attention_mask=attention_mask)
         _check_fired(wanted, cache)
@@ -308,7 +429,7 @@ class Model:
         ``cache.passes(name)`` keeps them apart (e.g. generation steps).
         """
         wanted = self._resolve(names)
-        cache = Cache()
+        cache = Cache(model=self)
         pop = self._push(self._capture_hooks(wanted, cache, device, dtype))
         try:
             yield cache
@@ -504,6 +625,15 @@ def next_token_loss(logits: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> 
     nll = -logp.gather(-1, tgt[..., None]).squeeze(-1)
     keep = (mask[:, 1:] * mask[:, :-1]).float()
     return (nll * keep).sum() / keep.sum().clamp_min(1)
+
+
+_READ_ONLY_WHY = {
+    "attn.hook_pattern": "HF attention returns the pattern after using it; intervene on attn.hook_z or use "
+                         "backend='transformer_lens'",
+    "ln1.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
+    "ln2.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
+    "ln_final.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
+}
 
 
 def _check_ids(ids: torch.Tensor, vocab: int | None, max_positions: int | None) -> None:

@@ -1,6 +1,6 @@
 """Canonical hook names (TransformerLens names) and the patterns that select them.
 
-A canonical name is ``hook_embed``, ``blocks.{l}.<hook>`` or ``ln_final.hook_normalized``. Patterns are
+A canonical name is ``hook_embed``, ``blocks.{l}.<hook>`` or ``ln_final.hook_scale|hook_normalized``. Patterns are
 shell globs (``blocks.*.hook_resid_post``); a bare hook suffix such as ``hook_resid_post`` matches that
 hook in every block. Unknown names raise :class:`UnknownHookError` naming the closest valid ones.
 """
@@ -14,19 +14,29 @@ from typing import Iterable, Sequence
 #: Per-block hooks in execution order, with the rank used to order them within a block.
 BLOCK_HOOKS: tuple[str, ...] = (
     "hook_resid_pre",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
     "attn.hook_q",
     "attn.hook_k",
     "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
     "attn.hook_pattern",
     "attn.hook_z",
     "hook_attn_out",
     "hook_resid_mid",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
     "mlp.hook_post",
     "hook_mlp_out",
     "hook_resid_post",
 )
 #: Hooks whose tensors have a head axis, and where it is: ``[batch, pos, head, d_head]`` or ``[batch, head, q, k]``.
-HEAD_AXIS: dict[str, int] = {"attn.hook_q": 2, "attn.hook_k": 2, "attn.hook_v": 2, "attn.hook_z": 2, "attn.hook_pattern": 1}
+HEAD_AXIS: dict[str, int] = {"attn.hook_q": 2, "attn.hook_k": 2, "attn.hook_v": 2, "attn.hook_z": 2, "attn.hook_pattern": 1,
+                              "attn.hook_rot_q": 2, "attn.hook_rot_k": 2, "attn.hook_attn_scores": 1}
 
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
@@ -58,7 +68,7 @@ def order_key(name: str, n_layers: int) -> tuple[int, int]:
     """Execution order of a canonical hook: ``hook_embed`` first, ``ln_final`` last."""
     layer, hook = parse(name)
     if layer is None:
-        return (-1, 0) if name == "hook_embed" else (n_layers + 1, 0)
+        return (-1, 0) if name == "hook_embed" else (n_layers + 1, 0 if name.endswith("hook_scale") else 1)
     rank = BLOCK_HOOKS.index(hook) if hook in BLOCK_HOOKS else len(BLOCK_HOOKS)
     return (layer, rank)
 
@@ -66,6 +76,7 @@ def order_key(name: str, n_layers: int) -> tuple[int, int]:
 def expand(patterns: str | Iterable[str] | None, available: Sequence[str], strict: bool = True) -> list[str]:
     """Resolve names/patterns against ``available``, in the caller's order.
 
+    A pattern may also be a callable name filter ``fn(name) -> bool`` (as in TransformerLens).
     The result lists the matches of the first pattern, then those of the second, and so on (duplicates
     kept once, at their first place); the matches of one glob come in the order of ``available`` (the
     model's execution order). So ``expand(["blocks.2.x", "blocks.0.x"], ...)`` is
@@ -78,13 +89,21 @@ def expand(patterns: str | Iterable[str] | None, available: Sequence[str], stric
     """
     if patterns is None:
         return list(available)
-    if isinstance(patterns, str):
+    if isinstance(patterns, str) or callable(patterns):
         patterns = [patterns]
     elif not isinstance(patterns, Iterable):
         raise TypeError(f"hook names must be a string or a list of strings, got {type(patterns).__name__}")
     avail = set(available)
     chosen: dict[str, None] = {}
     for pat in patterns:
+        if callable(pat):  # a name filter, as TransformerLens accepts: fn(name) -> bool
+            matched = [n for n in available if pat(n)]
+            if not matched and strict:
+                raise UnknownHookError(f"the name filter {getattr(pat, '__name__', pat)!r} matches no hook "
+                                       "name (see model.hook_names())")
+            for n in matched:
+                chosen.setdefault(n)
+            continue
         if not isinstance(pat, str):
             raise TypeError(f"hook names must be strings, got {type(pat).__name__}: {pat!r}")
         if pat in avail:

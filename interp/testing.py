@@ -67,15 +67,30 @@ def tiny_config(arch: str, n_layers: int = 2, d_model: int = 64, n_heads: int = 
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")
 
 
-def tiny_model(arch: str, seed: int = 0, folder: str | Path | None = None, **kwargs):
+def tiny_model(arch: str, seed: int = 0, folder: str | Path | None = None, perturb_norms: bool = False, **kwargs):
     """``(hf_model, tokenizer)`` for ``arch``, saved to ``folder`` (a temp dir by default) so it can be
-    reloaded with ``from_pretrained`` / ``interp.load(folder)``. Vision models return ``tokenizer=None``."""
+    reloaded with ``from_pretrained`` / ``interp.load(folder)``. Vision models return ``tokenizer=None``.
+
+    ``perturb_norms=True`` gives every normalisation layer weights ``1 + 0.5 N(0, 1)`` and biases
+    ``0.3 N(0, 1)`` (and layer scales ``1 + 0.5 N(0, 1)``), so that a hook read before or after a norm's
+    weight, or with a forgotten bias, shows up as a difference (random init leaves them at 1 and 0)."""
     import transformers as T
 
     cfg = tiny_config(arch, **kwargs)
     torch.manual_seed(seed)
     cls = getattr(T, cfg.architectures[0])
     model = cls(cfg).eval()
+    if perturb_norms:
+        g = torch.Generator().manual_seed(seed + 1000)
+        with torch.no_grad():
+            for name, mod in model.named_modules():
+                kind = type(mod).__name__.lower()
+                if "norm" in kind or "layerscale" in kind or "layer_scale" in name:
+                    for pname, p in mod.named_parameters(recurse=False):
+                        if p.dim() == 1:
+                            base = 0.0 if (pname == "bias" or kind.startswith("gemma")) else 1.0
+                            scale = 0.3 if pname == "bias" else 0.5
+                            p.copy_(base + scale * torch.randn(p.shape, generator=g))
     folder = Path(folder or tempfile.mkdtemp(prefix=f"interp-tiny-{arch}-"))
     model.save_pretrained(folder)
     model.config._name_or_path = str(folder)

@@ -7,17 +7,20 @@ import pytest
 import torch
 
 import interp
+from interp.architectures import arch_spec
 from interp.testing import ARCHITECTURES, tiny_model
 
 BACKENDS = ("torch", "nnsight", "transformer_lens")
 NO_TL = {"dinov2"}  # TransformerLens has no DINOv2 adapter
 TEXTS = ["Hello world, this is a test.", "Hi"]
+TL_ONLY = {"attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores"}
 
 
 @functools.lru_cache(maxsize=None)
 def tiny(arch: str, owner: str = "reference"):
-    """One instance per owner: a TransformerBridge rewires the HF module it wraps in place."""
-    return tiny_model(arch, seed=0)
+    """One instance per owner: a TransformerBridge rewires the HF module it wraps in place. Three layers
+    and non-identity norm weights and biases, so that index and before/after-weight bugs show."""
+    return tiny_model(arch, seed=0, n_layers=3, perturb_norms=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,8 +70,12 @@ def test_resid_and_pattern_match_hf(arch, backend):
         got = cache[f"blocks.{layer}.hook_resid_post"]
         want = ref.hidden_states[layer + 1]
         if layer == n - 1 and "ln_final.hook_normalized" in cache:
-            # HF hands back the last hidden state after the final norm for some architectures
-            alt = cache["ln_final.hook_normalized"]
+            # HF hands back the last hidden state after the final norm (with its weight) for some
+            # architectures; hook_normalized is before the weight, as in TransformerLens
+            ref_hf = tiny(arch)[0]
+            final = ref_hf.get_submodule(arch_spec(ref_hf).ln_final)
+            with torch.no_grad():
+                alt = final(got)
             diff = min((got - want)[real].abs().max(), (alt - want)[real].abs().max())
         else:
             diff = (got - want)[real].abs().max()
@@ -92,10 +99,11 @@ def test_same_tensor_on_every_backend(arch):
     for backend, (out, cache) in results.items():
         assert (out - out0).abs().max() < 1e-4
         offered = set(wrapped(arch, backend).hook_names())
-        # the HF backends offer everything; TransformerLens only what its implementation runs
+        # the HF backends offer everything but the tensors HF computes inside one attention call
+        # (rotated q/k, pre-softmax scores), which only the TransformerLens bridge exposes
         assert set(cache) == offered
-        assert offered <= set(cache0)
-        for name in offered:
+        assert {n.split(".", 2)[-1] for n in offered - set(cache0)} <= TL_ONLY
+        for name in offered & set(cache0):
             a, b = cache0[name], cache[name]
             assert a.shape == b.shape, name
             if mask is not None and a.dim() >= 3 and "pattern" not in name:
@@ -111,3 +119,25 @@ def test_gqa_shapes():
     assert cache["blocks.0.attn.hook_q"].shape == (1, 3, 4, 16)
     assert cache["blocks.0.attn.hook_k"].shape == (1, 3, 2, 16)
     assert cache["blocks.0.attn.hook_z"].shape == (1, 3, 4, 16)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma"])
+def test_writes_to_derived_norm_and_mlp_hooks_agree(arch):
+    """A write to ``ln*.hook_normalized`` (before the norm's weight) or ``mlp.hook_pre`` means the same
+    on every backend: the logits of the three backends agree with each other and differ from clean."""
+    x = inputs_for(arch)
+    edits = {"blocks.1.ln1.hook_normalized": interp.Scale(0.5), "blocks.2.ln2.hook_normalized": interp.Add(torch.ones(64)),
+             "ln_final.hook_normalized": interp.Scale(2.0), "blocks.0.mlp.hook_pre": interp.Scale(-1.0)}
+    outs = {}
+    for backend in BACKENDS:
+        model = wrapped(arch, backend)
+        with model.intervene(edits):
+            outs[backend] = model(x)
+    clean = wrapped(arch, "torch")(x)
+    mask = wrapped(arch, "torch").prepare(x)["attention_mask"].bool()
+    assert (outs["torch"] - clean)[mask].abs().max() > 1e-2
+    for backend in ("nnsight", "transformer_lens"):
+        assert (outs[backend] - outs["torch"])[mask].abs().max() < 1e-4, backend
+    with pytest.raises(ValueError, match="captured but not modified"):
+        with wrapped(arch, "torch").intervene({"blocks.0.ln1.hook_scale": interp.Scale(2.0)}):
+            wrapped(arch, "torch")(x)

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, Site, arch_spec
+from ..architectures import ArchSpec, Site, arch_spec, norm_parts
 from ..model import HookSet, Model, ModelConfig
 
 
@@ -38,6 +38,25 @@ class HFModel(Model):
 
     def parameters(self):
         return self.hf_model.parameters()
+
+    def _weight(self, name: str) -> torch.Tensor:
+        from ..weights import hf_weight
+        return hf_weight(self, name)
+
+    def can_write(self, name: str) -> bool:
+        return all(self.sites[n].lens.writable for n in self._resolve(name))
+
+    def _final_norm(self):
+        if not self.spec.ln_final:
+            raise KeyError(f"this {self.spec.family} model has no final norm of the residual stream")
+        return norm_parts(self.hf_model.get_submodule(self.spec.ln_final), self.spec.norm_offset)
+
+    def ln_final_parts(self):
+        w, b, kind, _ = self._final_norm()
+        return w, b, kind
+
+    def _ln_final_eps(self) -> float:
+        return self._final_norm()[3]
 
     def _max_positions(self) -> int | None:
         c = getattr(self.hf_model, "config", None)
@@ -76,13 +95,17 @@ class HFModel(Model):
             raise UnknownHookError(unknown_message(unknown[0], list(self.sites)))
         return groups
 
-    def _apply(self, entries: list[tuple[str, Site, list]], raw: Any, pass_ctx=None) -> tuple[Any, bool]:
-        """Run the hook functions of one module call on its raw input/output value."""
+    def _apply(self, entries: list[tuple[str, Site, list]], raw: Any, pass_ctx=None, module=None,
+               inp: Any = None) -> tuple[Any, bool]:
+        """Run the hook functions of one module call on its raw input/output value (``module`` and its
+        first input ``inp`` are needed by derived sites such as ``ln1.hook_normalized``)."""
         changed_any = False
         for name, site, fns in entries:
-            t, changed = self._call_hooks(name, site.lens.get(raw), fns, site.lens.writable, pass_ctx)
+            lens = site.lens
+            t = lens.get_io(module, inp, raw) if site.needs_input else lens.get(raw)
+            t, changed = self._call_hooks(name, t, fns, lens.writable, pass_ctx)
             if changed:
-                raw = site.lens.set(raw, t)
+                raw = lens.set_io(module, inp, raw, t) if site.needs_input else lens.set(raw, t)
                 changed_any = True
         return raw, changed_any
 

@@ -76,8 +76,9 @@ class NNsightModel(HFModel):
             with self.nn.trace(**kwargs) as tracer:
                 for key in keys:
                     env = self._envoy(key[0])
-                    raw = env.output if key[1] == "output" else env.input
-                    new, changed = self._apply(groups[key], raw, run_ctx)
+                    inp = env.input if key[1] == "input" or any(site.needs_input for _, site, _ in groups[key]) else None
+                    raw = env.output if key[1] == "output" else inp
+                    new, changed = self._apply(groups[key], raw, run_ctx, env._module, inp)
                     if changed:
                         if key[1] == "output":
                             env.output = new

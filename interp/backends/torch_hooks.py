@@ -33,7 +33,7 @@ class TorchModel(HFModel):
                 module = self.hf_model.get_submodule(path)
                 if io == "output":
                     fns.append(partial(self._out_hook, entries, run))
-                    handles.append(module.register_forward_hook(fns[-1]))
+                    handles.append(module.register_forward_hook(fns[-1], with_kwargs=True))
                 else:
                     fns.append(partial(self._in_hook, entries, run))
                     handles.append(module.register_forward_pre_hook(fns[-1], with_kwargs=True))
@@ -51,10 +51,11 @@ class TorchModel(HFModel):
         p = current_pass(self)
         return p is None or p.run is not run
 
-    def _out_hook(self, entries, run, module, args, output):
+    def _out_hook(self, entries, run, module, args, kwargs, output):
         if self._foreign(run):
             return None
-        new, changed = self._apply(entries, output)
+        inp = args[0] if args else next(iter(kwargs.values()), None)
+        new, changed = self._apply(entries, output, None, module, inp)
         return new if changed else None
 
     def _in_hook(self, entries, run, module, args, kwargs):

@@ -24,13 +24,13 @@ from ..names import BLOCK_HOOKS, order_key
 #: head's transform, not a final norm of the residual stream.
 _BRIDGE_ALIASES: dict[str, dict[str, str | None]] = {
     "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out", "hook_resid_mid": "ln1.hook_out",
-             "ln_final.hook_normalized": None},
+             "ln_final.hook_normalized": None, "ln_final.hook_scale": None},
 }
 
 
 def _canonical_set(n_layers: int) -> list[str]:
     names = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in BLOCK_HOOKS]
-    return names + ["ln_final.hook_normalized"]
+    return names + ["ln_final.hook_scale", "ln_final.hook_normalized"]
 
 
 class TLModel(Model):
@@ -103,6 +103,39 @@ class TLModel(Model):
 
     def parameters(self):
         return self.tl.parameters()
+
+    def _weight(self, name: str) -> torch.Tensor:
+        try:
+            w = getattr(self.tl, name)
+        except (AttributeError, TypeError):
+            w = None
+        if isinstance(w, torch.Tensor):
+            return w.detach().clone()
+        if name.startswith("b_"):  # TransformerLens gives zeros where the architecture has no bias
+            ref = {"b_Q": "W_Q", "b_K": "W_K", "b_V": "W_V", "b_O": "W_O", "b_in": "W_in", "b_out": "W_out",
+                   "b_U": "W_U"}[name]
+            W = self._weight(ref)
+            shape = {"b_O": (W.shape[0], W.shape[-1]), "b_out": (W.shape[0], W.shape[-1]),
+                     "b_U": (W.shape[-1],)}.get(name, W.shape[:-2] + W.shape[-1:] if name != "b_in" else (W.shape[0], W.shape[-1]))
+            return torch.zeros(shape, dtype=W.dtype, device=W.device)
+        raise KeyError(f"{name}: this model has no such weight")
+
+    def _final_norm(self):
+        from ..architectures import norm_parts
+        mod = getattr(self.tl, "ln_final", None)
+        if mod is None:
+            raise KeyError("this model has no final norm of the residual stream")
+        orig = getattr(mod, "original_component", None)
+        if orig is not None:  # a bridge: the HF norm module it wraps (Gemma's multiplies by 1 + w)
+            return norm_parts(orig, 1.0 if "gemma" in self.cfg.family.lower() else 0.0)
+        return norm_parts(mod)  # HookedTransformer: its own LayerNorm/RMSNorm (w, b)
+
+    def ln_final_parts(self):
+        w, b, kind, _ = self._final_norm()
+        return w, b, kind
+
+    def _ln_final_eps(self) -> float:
+        return self._final_norm()[3]
 
     @property
     def device(self) -> torch.device:
