@@ -437,3 +437,143 @@ def test_an_output_that_appears_during_the_write_is_not_replaced(tmp_path):
             out.mkdir()  # another program (or writer) creates the folder meanwhile ...
             (out / "theirs.txt").write_text("theirs")
     assert _tree(out) == {"theirs.txt": b"theirs"} and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+_KILL_SCRIPT = r"""
+import sys, torch
+from dataclasses import dataclass
+from pathlib import Path
+from interp.results import Result
+
+@dataclass
+class Toy(Result):
+    version: int
+    values: torch.Tensor
+
+out, ready = Path(sys.argv[1]), Path(sys.argv[2])
+v = 0
+while True:
+    v += 1
+    Toy(v, torch.arange(200_000.0) * v).save(out)
+    ready.touch()
+"""
+
+
+def _kill_rounds(tmp_path: Path, rounds: int) -> dict[str, int]:
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    _Toy(0, torch.arange(200_000.0) * 0).save(out)
+    mine = _user_files(out)
+    script = tmp_path / "writer.py"
+    script.write_text(_KILL_SCRIPT)
+    rng = random.Random(0)
+    seen = {"complete": 0, "incomplete": 0}
+    for _ in range(rounds):
+        ready = tmp_path / "ready"
+        ready.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, str(script), str(out), str(ready)])
+        deadline = time.time() + 120
+        while not ready.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), "the writer did not start"
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert all((out / r).read_bytes() == d for r, d in mine.items())  # the user's files, always
+        try:  # what is there is a complete output or an incomplete one, never a wrong one
+            meta = json.loads((out / "result.json").read_text())
+            v = meta["fields"]["version"]
+            values = load_file(str(out / "tensors.safetensors"))["values"]
+        except (FileNotFoundError, KeyError, ValueError):
+            seen["incomplete"] += 1
+        else:
+            assert torch.equal(values, torch.arange(200_000.0) * v)
+            seen["complete"] += 1
+    _Toy(-1, torch.arange(200_000.0) * -1).save(out)  # the next write repairs and cleans up
+    assert _Toy.load(out).version == -1 and all((out / r).read_bytes() == d for r, d in mine.items())
+    _no_leftovers(out)
+    return seen
+
+
+def test_kill_9_during_rewrites_never_costs_user_files(tmp_path):
+    _kill_rounds(tmp_path, rounds=1)
+
+
+@pytest.mark.slow
+def test_kill_9_during_rewrites_never_costs_user_files_many_times(tmp_path):
+    seen = _kill_rounds(tmp_path, rounds=25)
+    print(seen)
+    assert seen["complete"] > 0
+
+
+_KILL_AT_SCRIPT = r"""
+import os, signal, sys, torch
+from dataclasses import dataclass
+from pathlib import Path
+import interp.io as iio
+from interp.results import Result
+
+@dataclass
+class Toy(Result):
+    version: int
+    values: torch.Tensor
+
+out, at = Path(sys.argv[1]), int(sys.argv[2])
+real, calls = os.replace, []
+
+def replace(src, dst):
+    calls.append(dst)
+    if len(calls) == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst)
+
+iio.os.replace = replace
+Toy(2, torch.arange(1000.0) * 2).save(out)
+"""
+
+
+def _kill_during_commit(tmp_path: Path, at: int) -> str:
+    """Re-save into an output with user files, killed (SIGKILL) at the ``at``-th rename of the commit."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / f"out{at}"
+    _Toy(1, torch.arange(1000.0)).save(out)
+    mine = _user_files(out)
+    script = tmp_path / "kill_at.py"
+    script.write_text(_KILL_AT_SCRIPT)
+    rc = subprocess.run([sys.executable, str(script), str(out), str(at)]).returncode
+    assert rc == -9  # it was killed at that rename
+    assert all((out / r).read_bytes() == d for r, d in mine.items())
+    try:
+        v = json.loads((out / "result.json").read_text())["fields"]["version"]
+        values = load_file(str(out / "tensors.safetensors"))["values"]
+    except (FileNotFoundError, KeyError, ValueError):
+        state = "incomplete"
+    else:
+        assert torch.equal(values, torch.arange(1000.0) * v)  # never old JSON with new tensors or vice versa
+        state = f"complete v{v}"
+    _Toy(3, torch.arange(1000.0) * 3).save(out)  # the next write repairs it and removes the leftovers
+    assert _Toy.load(out).version == 3 and all((out / r).read_bytes() == d for r, d in mine.items())
+    _no_leftovers(out)
+    return state
+
+
+def test_kill_9_between_the_renames_of_a_rewrite(tmp_path):
+    assert _kill_during_commit(tmp_path, 4) == "incomplete"  # new result.json in, new tensors not yet
+
+
+@pytest.mark.slow
+def test_kill_9_at_every_rename_of_a_rewrite(tmp_path):
+    # killed before rename 1 (old result.json aside), 2 (old tensors aside), 3 and 4 (new ones in), 5 (manifest)
+    states = [_kill_during_commit(tmp_path, at) for at in range(1, 6)]
+    assert states == ["complete v1", "incomplete", "incomplete", "incomplete", "complete v2"], states
