@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .io import output_dir
+from .io import check_output, output_dir
 
 SCHEMA_VERSION = 1
 
@@ -120,6 +120,15 @@ class Result:
             if tensors:
                 save_file(tensors, str(tmp / "tensors.safetensors"))
         return Path(path)
+
+    @staticmethod
+    def check_save(path: str | Path, overwrite: bool = False) -> Path:
+        """Raise :class:`interp.io.OutputError` now if :meth:`save` to ``path`` would be refused.
+
+        For scripts that compute a result for minutes and save it at the end: check the folder first.
+        """
+        return check_output(path, ("result.json", "tensors.safetensors"), overwrite=overwrite, writer="Result.save",
+                            legacy=_legacy_result_files)
 
     @classmethod
     def load(cls, path: str | Path):

@@ -168,6 +168,8 @@ def _main() -> None:  # pragma: no cover - a script
 
         torch.set_num_threads(args.threads)
     interp.set_progress(False)
+    if args.out:
+        ValidationResult.check_save(args.out)  # refuse a folder it may not write before the slow work
     if args.compare_thresholds:
         print(threshold_comparison(config=ValidationConfig(model=args.model)).to_string(index=False))  # noqa: T201
         return

@@ -577,3 +577,20 @@ def test_kill_9_at_every_rename_of_a_rewrite(tmp_path):
     # killed before rename 1 (old result.json aside), 2 (old tensors aside), 3 and 4 (new ones in), 5 (manifest)
     states = [_kill_during_commit(tmp_path, at) for at in range(1, 6)]
     assert states == ["complete v1", "incomplete", "incomplete", "incomplete", "complete v2"], states
+
+
+def test_result_check_save_refuses_before_any_work(tmp_path):
+    f = tmp_path / "results.csv"
+    f.write_text("x")
+    with pytest.raises(OutputError, match="not a folder"):
+        Result.check_save(f)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "a.txt").write_text("a")
+    with pytest.raises(OutputError, match="not empty"):
+        _Toy.check_save(foreign)
+    assert _Toy.check_save(foreign, overwrite=True) == foreign
+    _Toy(1, torch.zeros(1)).save(tmp_path / "mine")
+    assert _Toy.check_save(tmp_path / "mine") == tmp_path / "mine" and not (tmp_path / "new").exists()
+    _Toy.check_save(tmp_path / "new" / "deeper")
+    assert not (tmp_path / "new").exists()  # checking creates nothing
