@@ -22,6 +22,7 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
                 backend: str = typer.Option("torch", help="torch | nnsight | transformer_lens"),
                 engine: str = typer.Option("local", help="local | ray (RAY_ADDRESS selects a cluster)."),
                 workers: int = typer.Option(2, help="Ray workers (each loads the model once)."),
+                gpus_per_worker: float = typer.Option(0.0, help="GPUs each Ray worker reserves (with --device cuda)."),
                 text_column: str = typer.Option("text", help="Text field of JSON lines / datasets."),
                 no_bos: bool = typer.Option(False, "--no-bos", help="Do not start contexts with BOS."),
                 repair: bool = typer.Option(False, help="Recompute shards whose checksum fails."),
@@ -36,7 +37,7 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
     try:
         res = harvest(model, data, hooks, out, context_size=context_size, batch_size=batch_size, dtype=dtype,
                       max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=not no_bos, text_column=text_column,
-                      engine=engine, num_workers=workers, repair=repair, backend=backend, load_kwargs=load_kwargs)
+                      engine=engine, num_workers=workers, gpus_per_worker=gpus_per_worker, repair=repair, backend=backend, load_kwargs=load_kwargs)
     except (StoreError, ValueError, KeyError, FileNotFoundError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -57,7 +57,9 @@ class HarvestConfig:
     - ``prepend_bos`` / ``separator`` (identity): sae-lens's ``prepend_bos`` (each context starts with BOS)
       and ``sequence_separator_token`` (``"bos"``, ``"eos"``, ``"sep"``, an id, or ``None``).
     - ``text_column`` / ``tokens_column`` (identity): fields read from JSON lines and datasets.
-    - ``engine``: ``"local"`` or ``"ray"``; ``num_workers``: Ray actors (each loads the model once).
+    - ``engine``: ``"local"`` or ``"ray"``; ``num_workers``: Ray actors (each loads the model once);
+      ``gpus_per_worker``: GPUs each actor reserves (pass ``load_kwargs={"device": "cuda"}`` or
+      ``{"device_map": "auto"}`` to use them).
     - ``verify``: re-check the sha256 of completed shards when resuming; ``repair``: recompute shards
       that fail it instead of stopping.
     """
@@ -74,6 +76,7 @@ class HarvestConfig:
     tokens_column: str = "input_ids"
     engine: str = "local"
     num_workers: int = 2
+    gpus_per_worker: float = 0.0
     verify: bool = True
     repair: bool = False
 
@@ -94,13 +97,15 @@ class HarvestConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.shard_mb, (int, float)) or self.shard_mb <= 0:
             raise ValueError(f"shard_mb must be a positive number, got {self.shard_mb!r}")
+        if not isinstance(self.gpus_per_worker, (int, float)) or self.gpus_per_worker < 0:
+            raise ValueError(f"gpus_per_worker must be a number >= 0, got {self.gpus_per_worker!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.separator is not None and not isinstance(self.separator, int) and self.separator not in ("bos", "eos", "sep"):
             raise ValueError(f"separator must be 'bos', 'eos', 'sep', a token id or None, got {self.separator!r}")
 
     def identity(self) -> dict[str, Any]:
-        skip = {"engine", "num_workers", "verify", "repair"}
+        skip = {"engine", "num_workers", "gpus_per_worker", "verify", "repair"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
     @property
@@ -251,7 +256,7 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
             context_size: int = 128, batch_size: int = 8, dtype: str = "float32", max_tokens: int | None = None,
             shard_mb: float = 64.0, prepend_bos: bool = True, separator: str | int | None = "bos",
             text_column: str = "text", tokens_column: str = "input_ids", engine: str = "local",
-            num_workers: int = 2, verify: bool = True, repair: bool = False, backend: str = "torch",
+            num_workers: int = 2, gpus_per_worker: float = 0.0, verify: bool = True, repair: bool = False, backend: str = "torch",
             load_kwargs: dict[str, Any] | None = None) -> HarvestResult:
     """Harvest the activations at ``names`` of ``model`` over ``data`` into the store folder ``out``.
 
@@ -269,7 +274,7 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
     cfg = HarvestConfig(names=names, context_size=context_size, batch_size=batch_size, dtype=dtype,
                         max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=prepend_bos, separator=separator,
                         text_column=text_column, tokens_column=tokens_column, engine=engine,
-                        num_workers=num_workers, verify=verify, repair=repair)
+                        num_workers=num_workers, gpus_per_worker=gpus_per_worker, verify=verify, repair=repair)
     load_kwargs = dict(load_kwargs or {})
     spec = str(model) if isinstance(model, (str, Path)) else getattr(model, "source", None)
     if cfg.engine == "ray" and spec is None:
@@ -422,7 +427,7 @@ def _run_ray(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar
 
     return run_shards(todo, spec=spec, backend=backend, load_kwargs=load_kwargs, folder=folder, names=names,
                       shapes=shapes, stop=stop, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                      num_workers=cfg.num_workers, record=record)
+                      num_workers=cfg.num_workers, record=record, gpus_per_worker=cfg.gpus_per_worker)
 
 
 __all__ = ["harvest", "HarvestConfig", "HarvestResult", "compute_shard", "stop_layer", "DTYPES", "ENGINES"]

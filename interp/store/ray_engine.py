@@ -55,11 +55,11 @@ class _HarvestWorker:
 def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str, load_kwargs: dict[str, Any],
                folder: Path, names: list[str], shapes: dict[str, list[int]], stop: int | None, batch_size: int,
                dtype: str, num_workers: int, record: Callable[[int, dict[str, Any], int], None],
-               threads_per_worker: int = 1) -> int:
+               threads_per_worker: int = 1, gpus_per_worker: float = 0.0) -> int:
     """Compute every shard of ``todo`` on ``num_workers`` actors; ``record(index, entry, n_tokens)`` runs on
     the driver as each shard completes. Returns the number of shards written."""
     ray = ensure_ray()
-    Worker = ray.remote(num_cpus=threads_per_worker)(_HarvestWorker)
+    Worker = ray.remote(num_cpus=threads_per_worker, num_gpus=gpus_per_worker)(_HarvestWorker)
     workers = [Worker.remote(spec, backend, load_kwargs, threads_per_worker) for _ in range(num_workers)]
     pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (index, worker, tokens)
     load = [0] * num_workers
