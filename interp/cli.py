@@ -12,19 +12,27 @@ app = typer.Typer(help="interp: capture, intervene and audit transformer models.
 
 def _mount_optional() -> None:
     """Sub-commands that live beside their feature: the zoo (interp.zoo.cli), audit (interp.audit.cli) and
-    harvest (interp.store.cli)."""
-    try:
-        app.add_typer(importlib.import_module("interp.zoo.cli").app, name="zoo", help="Built-in model zoo.")
-    except ModuleNotFoundError:
-        pass
-    try:
-        importlib.import_module("interp.audit.cli").register(app)
-    except ModuleNotFoundError:
-        pass
-    try:
-        importlib.import_module("interp.store.cli").register(app)
-    except ModuleNotFoundError:
-        pass
+    harvest (interp.store.cli). One that fails to import is still listed, as a command that says why."""
+    mounts = {"zoo": lambda: app.add_typer(importlib.import_module("interp.zoo.cli").app, name="zoo",
+                                           help="Built-in model zoo."),
+              "audit": lambda: importlib.import_module("interp.audit.cli").register(app),
+              "harvest": lambda: importlib.import_module("interp.store.cli").register(app)}
+    for name, mount in mounts.items():
+        try:
+            mount()
+        except Exception as exc:  # noqa: BLE001 - reported by the stand-in command below
+            _unavailable(name, exc)
+
+
+def _unavailable(name: str, exc: BaseException) -> None:
+    reason = f"{type(exc).__name__}: {exc}"
+
+    @app.command(name=name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                 help=f"(unavailable: {reason})")
+    def stand_in() -> None:
+        typer.echo(f"error: 'interp {name}' is unavailable because its module failed to import ({reason})",
+                   err=True)
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -35,7 +43,12 @@ def hooks(model: str = typer.Argument("zoo:toy-grammar", help="Model spec (zoo:N
     import interp
 
     m = _load_or_exit(model, backend)
-    for name in m.hook_names(pattern):
+    names = m.hook_names(pattern)
+    if not names:
+        from interp.names import unknown_message
+        typer.echo(f"error: {unknown_message(pattern, m.hook_names())}", err=True)
+        raise typer.Exit(2)
+    for name in names:
         typer.echo(name)
 
 
@@ -48,6 +61,7 @@ def demo(model: str = typer.Argument(None, help="Model spec; default: a tiny Lla
 
     if model is None:
         from interp.testing import tiny_model
+        _check_backend_or_exit(backend)
         hf, tok = tiny_model("llama")
         m = interp.wrap(hf, tok, backend=backend)
         model = "tiny random Llama (interp.testing)"
@@ -61,9 +75,19 @@ def demo(model: str = typer.Argument(None, help="Model spec; default: a tiny Lla
         typer.echo(f"  blocks.{layer}.hook_resid_post  mean norm {norm:8.3f}")
 
 
+def _check_backend_or_exit(backend: str) -> None:
+    from interp.loading import _check_backend
+    try:
+        _check_backend(backend)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _load_or_exit(spec: str, backend: str):
     import interp
 
+    _check_backend_or_exit(backend)
     try:
         return interp.load(spec, backend=backend)
     except (ValueError, KeyError, OSError) as exc:

@@ -47,6 +47,10 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
     nn_wrapper = None
     if type(model).__module__.startswith("nnsight"):
         nn_wrapper, model = model, model._module
+    if getattr(model, "_interp_bridged", False):
+        raise ValueError("this Hugging Face module was already wrapped with backend='transformer_lens', which "
+                         "rewires it in place; load it again (or wrap copy.deepcopy(model) before bridging) to "
+                         f"use it with backend={backend!r}")
     if backend == "torch":
         from .backends.torch_hooks import TorchModel
         return TorchModel(model, tokenizer)
@@ -54,7 +58,10 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
         from .backends.nnsight_backend import NNsightModel
         return NNsightModel(model, tokenizer, nn_model=nn_wrapper)
     from .backends.transformer_lens import TLModel
-    return TLModel(_boot_bridge(model, tokenizer), tokenizer)
+    if getattr(model, "_interp_bridged", False):
+        raise ValueError("this Hugging Face module is already bridged by TransformerLens (wrapped with "
+                         "backend='transformer_lens' before); wrap that Model again instead of the module")
+    return TLModel(_boot_bridge(model, tokenizer), tokenizer, use_own_tokenizer=tokenizer is not None)
 
 
 def _boot_bridge(hf_model, tokenizer):
@@ -72,18 +79,63 @@ def _boot_bridge(hf_model, tokenizer):
         tmp = tmp or tempfile.TemporaryDirectory(prefix="interp-bridge-")
         tokenizer.save_pretrained(tmp.name)
         tokenizer = AutoTokenizer.from_pretrained(tmp.name)
+    if tokenizer is None:
+        # the bridge always wants a tokenizer object; a model without one gets a byte-level placeholder
+        # inside the bridge only (interp's Model keeps tokenizer=None and refuses text inputs clearly)
+        from .testing import tiny_tokenizer
+        tmp = tmp or tempfile.TemporaryDirectory(prefix="interp-bridge-")
+        tokenizer = tiny_tokenizer(Path(tmp.name) / "placeholder-tokenizer")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             device = next(hf_model.parameters()).device
-            return TransformerBridge.boot_transformers(src, hf_model=hf_model, tokenizer=tokenizer, device=device,
-                                                       dtype=next(hf_model.parameters()).dtype)
+            bridge = TransformerBridge.boot_transformers(src, hf_model=hf_model, tokenizer=tokenizer, device=device,
+                                                         dtype=next(hf_model.parameters()).dtype)
+        hf_model._interp_bridged = True
+        return bridge
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"TransformerLens cannot bridge {type(hf_model).__name__}: {exc}. "
                          "Use backend='torch' or 'nnsight'.") from exc
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _check_source(spec: str) -> None:
+    """Fail at once, with what was wrong, for a spec that is neither a local folder nor a hub name we can
+    reach: a missing path, a zoo name without ``zoo:``, or a hub name while the hub is off or unreachable
+    (instead of transformers' retries). A reachable hub is still tried for any other name."""
+    import os
+
+    from huggingface_hub import constants
+
+    p = Path(spec).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise ValueError(f"cannot load model {spec!r}: the folder has no config.json (not a Hugging Face model folder)")
+        return
+    looks_local = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1] or spec.count("/") > 1
+    from . import zoo
+    names = zoo.available()
+    if spec in names:
+        raise ValueError(f"cannot load model {spec!r}: it is a zoo entry; write zoo:{spec}")
+    if looks_local:
+        raise ValueError(f"cannot load model {spec!r}: no such folder")
+    import difflib
+    close = difflib.get_close_matches(spec, names, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join('zoo:' + c for c in close)}?)" if close else ""
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"cannot load model {spec!r}: not a zoo entry (zoo:NAME) or local folder, and the hub "
+                         f"is switched off (HF_HUB_OFFLINE=1){hint}")
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=3).close()
+    except OSError:
+        raise ValueError(f"cannot load model {spec!r}: not a zoo entry (zoo:NAME) or local folder, and the hub "
+                         f"({constants.ENDPOINT}) cannot be reached from here{hint}") from None
 
 
 def load(spec: str | Path, backend: str = "torch", device: str | torch.device | None = None,
@@ -105,6 +157,7 @@ def load(spec: str | Path, backend: str = "torch", device: str | torch.device | 
         source: str = str(zoo.path(spec[4:]))
     else:
         source = spec
+        _check_source(spec)
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as exc:

@@ -36,7 +36,7 @@ def _canonical_set(n_layers: int) -> list[str]:
 class TLModel(Model):
     backend = "transformer_lens"
 
-    def __init__(self, tl_model, tokenizer=None) -> None:
+    def __init__(self, tl_model, tokenizer=None, use_own_tokenizer: bool = True) -> None:
         from transformer_lens import HookedTransformer
 
         self.tl = tl_model.eval()
@@ -69,7 +69,9 @@ class TLModel(Model):
             getattr(getattr(tl_model, "original_model", None), "main_input_name", "input_ids") == "pixel_values"
         family = getattr(c, "original_architecture", None) or getattr(c, "architecture", None) or "transformer_lens"
         n_kv = getattr(c, "n_key_value_heads", None) or c.n_heads
-        super().__init__(tokenizer if tokenizer is not None else tl_model.tokenizer,
+        # a bridge booted by interp around a tokenizer-less model holds a placeholder (loading._boot_bridge)
+        own = getattr(tl_model, "tokenizer", None) if use_own_tokenizer else None
+        super().__init__(tokenizer if tokenizer is not None else own,
                          ModelConfig(str(family), c.n_layers, c.n_heads, n_kv, c.d_model, c.d_head,
                                      getattr(c, "d_vocab", None), not self._vision,
                                      "vision" if self._vision else "text"))

@@ -1,0 +1,65 @@
+"""Ordinary mistakes at the API and CLI boundary get one clear error before any slow work (issue #12)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import interp
+from interp.cli import _unavailable, app
+from interp.testing import tiny_config, tiny_model
+
+
+def test_cli_unknown_backend_and_empty_hook_pattern():
+    runner = CliRunner()
+    res = runner.invoke(app, ["demo", "--backend", "foo"])
+    assert res.exit_code == 2 and "unknown backend 'foo'" in res.output and "Traceback" not in res.output
+    hf, tok = tiny_model("gpt2", n_layers=3)
+    folder = hf.config._name_or_path
+    res = runner.invoke(app, ["hooks", folder, "--pattern", "nomatch*"])
+    assert res.exit_code == 2 and "closest valid names" in res.output
+    res = runner.invoke(app, ["hooks", folder, "--pattern", "blocks.2.hook_resid_post"])
+    assert res.exit_code == 0 and res.stdout.strip().splitlines()[-1].endswith("blocks.2.hook_resid_post")
+
+
+def test_a_failing_optional_command_says_why():
+    _unavailable("brokencmd", ImportError("no module named 'frobnicate'"))
+    res = CliRunner().invoke(app, ["brokencmd", "--anything"])
+    assert res.exit_code == 2 and "failed to import" in res.output and "frobnicate" in res.output
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("smollm2-135m", "write zoo:smollm2-135m"),
+    ("./no/such/folder", "no such folder"),
+    ("some-org/some-model", "hub"),
+])
+def test_mistyped_model_names_fail_at_once(spec, match, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        interp.load(spec)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_bridged_module_is_refused_by_other_backends():
+    hf, tok = tiny_model("llama", n_layers=3)
+    interp.wrap(hf, tok, backend="transformer_lens")
+    for backend in ("torch", "nnsight", "transformer_lens"):
+        with pytest.raises(ValueError, match="rewires it in place|already bridged"):
+            interp.wrap(hf, tok, backend=backend)
+
+
+def test_tokenizer_less_llama_on_the_transformer_lens_backend():
+    torch.manual_seed(0)
+    import transformers as T
+    hf = T.LlamaForCausalLM(tiny_config("llama", n_layers=3)).eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = hf(ids).logits
+    model = interp.wrap(hf, None, backend="transformer_lens")
+    assert model.tokenizer is None
+    assert (model(ids) - want).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="no tokenizer"):
+        model("text")
