@@ -26,6 +26,7 @@ def test_sae_trains_with_sae_lens_trainer(store):
     fvu = ((res.sae(x) - x) ** 2).sum(-1).mean() / ((x - x.mean(0)) ** 2).sum(-1).mean()
     assert fvu < 0.2
     assert list(res.to_frame().columns[:3]) == ["step", "loss", "mse_loss"] and len(res.to_frame()) == 300
+    assert len(res.figure().data) >= 2 and "sae" not in res.to_dict()
 
 
 def test_topk_and_normalisation(store):
