@@ -506,6 +506,14 @@ def test_bad_inputs_raise_clear_errors():
         BayesianTPNNConfig(n_iter=10, burn_in=10)
     with pytest.raises(ValueError, match="input_importance"):
         BayesianTPNNConfig(input_importance="shap")
+    with pytest.raises(ValueError, match="likelihood"):
+        BayesianTPNNConfig(likelihood="poisson")
+    with pytest.raises(ValueError, match="stepwise_proposal"):
+        BayesianTPNNConfig(stepwise_proposal="exact")
+    with pytest.raises(ValueError, match="stepwise_scale"):
+        BayesianTPNNConfig(stepwise_scale=0.0)
+    with pytest.raises(ValueError, match="order_weights"):
+        BayesianTPNNConfig(max_order=None, order_weights=(1.0,))
     model = BayesianTPNN(BayesianTPNNConfig(n_iter=5, burn_in=1))
     with pytest.raises(ValueError, match=r"X \[n, p\]"):
         model.fit(np.zeros((5, 2)), np.zeros(4))
