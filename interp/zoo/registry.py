@@ -17,11 +17,10 @@ train it locally). Building writes a normal Hugging Face folder (``config.json``
   per entry and recipe hash, and the waiting ones then find the finished folder.
 
 Integrity: ``zoo.json`` records, for every file of the build, its size, modification time, a *sample hash*
-(SHA-256 over the size, the first and last MiB and 64 evenly spaced 64 KiB blocks; the whole file when it is
-smaller than that) and its full SHA-256, plus a checksum of ``zoo.json`` itself. Every load
-(:func:`path`, hence ``interp.load("zoo:NAME")``) checks sizes and sample hashes (about 10 ms for
-SmolLM2-135M's 517 MiB, see docs/reliability.md) and computes the full SHA-256 of any file whose
-modification time changed; :func:`verify` with ``full=True`` (``interp zoo verify``) hashes every file
+(SHA-256 over the size, the first and last MiB and 4 KiB of every MiB in between; the whole file up to
+4 MiB) and its full SHA-256, plus a checksum of ``zoo.json`` itself. Every load (:func:`path`, hence
+``interp.load("zoo:NAME")``) checks sizes and sample hashes (tens of ms for SmolLM2-135M's 517 MiB, see
+docs/reliability.md) and computes the full SHA-256 of any file whose modification time changed; :func:`verify` with ``full=True`` (``interp zoo verify``) hashes every file
 completely. A mismatch raises :class:`ZooIntegrityError` naming the damaged file and the command that
 rebuilds the entry. Folders built before checksums were recorded are adopted on their first load: the
 checksums are computed and recorded then (with a warning that the folder itself could not be verified).
@@ -52,10 +51,12 @@ ENTRY_POINT_GROUP = "interp.zoo"
 
 Builder = Callable[[Path, Mapping[str, Any]], "Mapping[str, Any] | None"]
 
-#: Version of the integrity record in ``zoo.json`` (the ``files`` and ``checksum`` fields).
-INTEGRITY_VERSION = 1
+#: Version of the integrity record in ``zoo.json`` (the ``files`` and ``checksum`` fields; 2: sample hash with
+#: 4 KiB blocks every MiB). An older record is checked with full hashes once and then rewritten.
+INTEGRITY_VERSION = 2
 _EDGE = 1 << 20  # the sample hash reads the first and last MiB ...
-_BLOCKS, _BLOCK = 64, 1 << 16  # ... and 64 evenly spaced 64 KiB blocks in between
+_STRIDE, _BLOCK, _MAX_BLOCKS = 1 << 20, 1 << 12, 4096  # ... and 4 KiB every MiB in between (at most 4096 blocks)
+_SMALL = 4 << 20  # files up to 4 MiB (configs, tokenizers) are hashed completely
 _CHUNK = 1 << 22
 
 
@@ -257,16 +258,19 @@ def _remove_leftovers(entry: ZooEntry, digest: str) -> None:
 
 # ------------------------------------------------------------------------------------ integrity
 def _sample_hash(f: Path, size: int) -> str:
-    """SHA-256 over the size, the first and last MiB and 64 evenly spaced 64 KiB blocks (all of a small file)."""
+    """SHA-256 over the size, the first and last MiB and 4 KiB of every MiB in between (all of a small file).
+
+    Any change to a contiguous MiB of the file (a tensor of a MiB or more, overwritten or zeroed) changes it.
+    """
     h = hashlib.sha256(size.to_bytes(8, "little"))
     with open(f, "rb") as fh:
-        if size <= 2 * _EDGE + _BLOCKS * _BLOCK:
+        if size <= _SMALL:
             h.update(fh.read())
         else:
             h.update(fh.read(_EDGE))
-            step = (size - 2 * _EDGE - _BLOCK) // (_BLOCKS - 1)
-            for i in range(_BLOCKS):
-                fh.seek(_EDGE + i * step)
+            stride = max(_STRIDE, -(-(size - 2 * _EDGE) // _MAX_BLOCKS))
+            for pos in range(_EDGE, size - _EDGE, stride):
+                fh.seek(pos)
                 h.update(fh.read(_BLOCK))
             fh.seek(size - _EDGE)
             h.update(fh.read(_EDGE))
@@ -326,6 +330,7 @@ def _check_folder(name: str, folder: Path, full: bool) -> tuple[dict, dict[str, 
         return meta, {}  # built before checksums were recorded: adopted by the caller
     if meta.get("checksum") != _meta_checksum(meta) or not isinstance(meta.get("files"), dict):
         raise _damaged(name, folder, f"{META_FILE} was modified or truncated (its checksum does not match)")
+    outdated = meta.get("integrity_version") != INTEGRITY_VERSION  # other sample hashes: full hashes, once
     touched: dict[str, int] = {}
     for rel, rec in sorted(meta["files"].items()):
         f = folder / rel
@@ -335,12 +340,12 @@ def _check_folder(name: str, folder: Path, full: bool) -> tuple[dict, dict[str, 
         if st.st_size != rec["size"]:
             raise _damaged(name, folder, f"{rel} has {st.st_size} bytes, {rec['size']} were written (truncated "
                                          "or overwritten)")
-        if _sample_hash(f, st.st_size) != rec["sample"]:
+        if not outdated and _sample_hash(f, st.st_size) != rec["sample"]:
             raise _damaged(name, folder, f"{rel} has changed (sample hash mismatch)")
-        if full or st.st_mtime_ns != rec["mtime_ns"]:
+        if full or outdated or st.st_mtime_ns != rec["mtime_ns"]:
             if _full_hash(f) != rec["sha256"]:
                 raise _damaged(name, folder, f"{rel} has changed (SHA-256 mismatch)")
-            if st.st_mtime_ns != rec["mtime_ns"]:
+            if outdated or st.st_mtime_ns != rec["mtime_ns"]:
                 touched[rel] = st.st_mtime_ns
     return meta, touched
 
@@ -359,8 +364,9 @@ def _verified(entry: ZooEntry, folder: Path, full: bool = False) -> Path:
                               f"'interp zoo build {entry.name} --force' to be sure)", stacklevel=3)
                 meta = _seal({**meta, "files": _file_records(folder)})
                 atomic_write_json(folder / META_FILE, meta)
-            elif touched:  # e.g. a copied cache: intact (full hash matched), remember the new times
-                files = {k: ({**v, "mtime_ns": touched[k]} if k in touched else v) for k, v in meta["files"].items()}
+            elif touched:  # a copied cache or an older record: intact (full hashes matched), record it anew
+                files = {k: ({**v, "mtime_ns": touched[k], "sample": _sample_hash(folder / k, v["size"])}
+                             if k in touched else v) for k, v in meta["files"].items()}
                 atomic_write_json(folder / META_FILE, _seal({**meta, "files": files}))
     except OSError as exc:  # a read-only cache still loads; it just cannot remember what was checked
         warnings.warn(f"zoo cache of {entry.name!r}: could not record checksums in {folder} ({exc})", stacklevel=3)

@@ -75,7 +75,7 @@ def test_build_records_checksums_of_every_file(entry):
     rec = meta["files"]["model.safetensors"]
     assert rec["sha256"] == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     assert rec["size"] == (folder / "model.safetensors").stat().st_size
-    assert meta["integrity_version"] == 1 and len(meta["checksum"]) == 64
+    assert meta["integrity_version"] == registry.INTEGRITY_VERSION == 2 and len(meta["checksum"]) == 64
     assert zoo.path(NAME) == folder and zoo.verify(NAME) == folder  # intact: both checks pass
 
 
@@ -182,6 +182,20 @@ def test_a_cache_built_before_checksums_is_adopted_then_protected(entry):
     assert len(calls) == 1
 
 
+def test_an_older_integrity_record_is_checked_in_full_then_upgraded(entry):
+    folder, calls = entry
+    meta = json.loads((folder / "zoo.json").read_text())
+    old = {**meta, "integrity_version": 1,
+           "files": {k: {**v, "sample": "0" * 64} for k, v in meta["files"].items()}}  # other sample hashes
+    (folder / "zoo.json").write_text(json.dumps({**old, "checksum": registry._meta_checksum(old)}))
+    assert zoo.path(NAME) == folder  # full hashes match: loads, and the record is rewritten
+    assert json.loads((folder / "zoo.json").read_text()) == meta
+    (folder / "zoo.json").write_text(json.dumps({**old, "checksum": registry._meta_checksum(old)}))
+    _damage(folder / "blob.bin", lambda d: d[:100] + bytes([d[100] ^ 1]) + d[101:], keep_mtime=True)
+    _expect_damaged("blob.bin", "SHA-256 mismatch")  # an older record is no excuse
+    assert len(calls) == 1
+
+
 def test_cli_verify(entry, monkeypatch):
     folder, _ = entry
     runner = CliRunner()
@@ -197,6 +211,28 @@ def test_cli_verify(entry, monkeypatch):
     assert res.exit_code == 1 and "damaged" in res.output
     res = runner.invoke(app, ["zoo", "verify", "minilm-l6"])  # not built in this cache
     assert res.exit_code == 1 and "not built" in res.output
+
+
+@pytest.mark.slow
+def test_zeroed_tensor_in_a_copy_of_smollm2(tmp_path, monkeypatch):
+    """At full scale: one 1.27 MiB tensor zeroed in place with the modification time put back is caught by
+    the check on load (the sample hash reads 4 KiB of every MiB)."""
+    import shutil
+
+    src = zoo.path("smollm2-135m")
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path))
+    dst = tmp_path / "zoo" / src.name
+    shutil.copytree(src, dst)  # copy2 keeps the modification times
+    f = dst / "model.safetensors"
+    n = int.from_bytes(f.read_bytes()[:8], "little")
+    a, b = json.loads(f.read_bytes()[8:8 + n])["model.layers.7.self_attn.o_proj.weight"]["data_offsets"]
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(8 + n + a)
+        fh.write(bytes(b - a))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ZooIntegrityError, match="model.safetensors has changed \\(sample hash mismatch\\)"):
+        zoo.path("smollm2-135m")
 
 
 @pytest.mark.slow
