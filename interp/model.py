@@ -69,6 +69,7 @@ class Model:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self._active: list[HookSet] = []  # hooks of open capture/intervene contexts, outermost first
+        self._splices: dict[str, Any] = {}  # base hook name -> Splice of an open `splice` context
 
     # ------------------------------------------------------------------ backend interface
     def _all_hook_names(self) -> list[str]:
@@ -207,16 +208,45 @@ class Model:
         return keep[-1]
 
     # ------------------------------------------------------------------ names
+    def _all_names(self) -> list[str]:
+        """Every hook name: the backend's, with the hooks of spliced SAEs after their base hook."""
+        names = self._all_hook_names()
+        if not self._splices:
+            return names
+        out: list[str] = []
+        for n in names:
+            out.append(n)
+            if n in self._splices:
+                out.extend(self._splices[n].names)
+        return out
+
+    @contextlib.contextmanager
+    def splice(self, sae: Any, at: str, use_error_term: bool = False) -> Iterator["Model"]:
+        """``with model.splice(sae, at="blocks.5.hook_resid_post"):`` runs the SAE (an sae-lens ``SAE`` or
+        any module with ``encode``/``decode``) at ``at`` and offers its tensors as hook names
+        (``blocks.5.hook_resid_post.hook_sae_acts_post`` ...); see :mod:`interp.splice`."""
+        from .splice import Splice
+        names = self._resolve(at)
+        if not isinstance(at, str) or names != [at]:
+            raise ValueError(f"splice at one hook name, got {at!r} (matches {names[:3]})")
+        if at in self._splices:
+            raise ValueError(f"an SAE is already spliced at {at!r}; close that splice first")
+        self._splices[at] = Splice(self, sae, at, use_error_term)
+        try:
+            yield self
+        finally:
+            self._splices.pop(at, None)
+
     def hook_names(self, pattern: str | Sequence[str] | None = None) -> list[str]:
         """Canonical hook names this model offers, optionally filtered by a glob or a list of names/globs.
 
         With a list, the result is in the caller's order (see :func:`interp.names.expand`); with ``None``
         or one glob, in the model's execution order. Unknown names are dropped here (use them in
         ``run_with_cache`` to get an error naming the closest valid ones)."""
-        return expand(pattern, self._all_hook_names(), strict=False)
+        return expand(pattern, self._all_names(), strict=False)
 
     def _resolve(self, names) -> list[str]:
-        return expand(names, self._all_hook_names())
+        return expand(names, self._all_names())
 
     # ------------------------------------------------------------------ inputs
     def tokenize(self, texts: str | Sequence[str], padding_side: str | None = None,
@@ -331,6 +361,9 @@ class Model:
         if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
                                           or not 0 < stop_at_layer <= self.cfg.n_layers):
             raise ValueError(f"stop_at_layer must be an integer in 1..{self.cfg.n_layers}, got {stop_at_layer!r}")
+        for at, sp in self._splices.items():  # spliced SAEs: their hooks run inside the SAE at `at`
+            virtual = {n: merged.pop(n) for n in sp.names if n in merged}
+            merged[at].append(sp.intervention(virtual))
         mask = batch.get("attention_mask")
         ids = batch.get("input_ids")
         past = 0 if mask is None or ids is None else mask.shape[1] - ids.shape[1]

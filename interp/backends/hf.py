@@ -44,7 +44,7 @@ class HFModel(Model):
         return hf_weight(self, name)
 
     def can_write(self, name: str) -> bool:
-        return all(self.sites[n].lens.writable for n in self._resolve(name))
+        return all(self.sites[n].lens.writable if n in self.sites else True for n in self._resolve(name))
 
     def _final_norm(self):
         if not self.spec.ln_final:

@@ -69,8 +69,21 @@ class TorchModel(HFModel):
         return (args, {**kwargs, key: new}) if changed else None
 
     def _push(self, hooks: HookSet):
-        # contexts become real torch hooks at once, so raw hf_model calls and HF generate see them too
-        return self._install(hooks)
+        # contexts become real torch hooks at once, so raw hf_model calls and HF generate see them too;
+        # hooks of spliced SAEs are not module hooks: they stay with the model and run inside the splice
+        real = {n: f for n, f in hooks.items() if n in self.sites}
+        virtual = {n: f for n, f in hooks.items() if n not in self.sites}
+        remove = self._install(real)
+        if not virtual:
+            return remove
+        pop = super()._push(virtual)
+
+        def both() -> None:
+            try:
+                pop()
+            finally:
+                remove()
+        return both
 
     def _forward(self, batch, hooks, stop_at_layer, grad):
         run = current_pass(self).run
