@@ -174,6 +174,17 @@ def test_naive_baseline_is_pca_of_concatenation(family3):
     assert [lv.shape[1] for lv in chain.transform(family3)] == [6, 10, 16]
 
 
+def test_residual_pca_with_fewer_rows_than_directions():
+    from interp.models.reverse_distillation import fit_residual_pca
+
+    r = torch.randn(3, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pca = fit_residual_pca(r, 5)                          # rank 2 after centring: 3 directions complete the basis
+    assert torch.allclose(pca.components.T @ pca.components, torch.eye(5, dtype=torch.float64), atol=1e-10)
+    assert (pca.explained_variance[2:] < 1e-20).all() and (pca.explained_variance[:2] > 1e-3).all()
+    scores = pca.transform(r)
+    assert torch.allclose(scores[:, 2:], torch.zeros(3, 3, dtype=torch.float64), atol=1e-10)
+
+
 def test_save_load_roundtrip(family3, tmp_path):
     for cfg in (ScalerConfig(), ScalerConfig(kind="naive"), ScalerConfig(regressor="ridge", variant="code")):
         chain = RDChain.fit(family3, cfg)
@@ -334,9 +345,24 @@ def test_synthetic_scaling_criterion_full_scale():
     assert synthetic_experiment(SyntheticConfig()).checks["monotone_rd"]
 
 
+@pytest.fixture(scope="module")
+def protein_full():
+    return protein_experiment(ProteinRDConfig())
+
+
 @pytest.mark.slow
-def test_protein_family_full_scale():
-    res = protein_experiment(ProteinRDConfig())
+def test_protein_family_full_scale_exactness(protein_full):
+    res = protein_full
     assert res.widths == [32, 64, 128]
     assert all(e["prefix_exact"] and e["max_abs_corr_retained"] < 1e-6 and e["beats_random"]
                for e in res.exactness.values())
+    assert {"rd.128 > raw.128", "rd.128 > rd.64", "raw.128 > raw.64", "rd.128 > direct.128"} <= set(res.comparisons)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="paper (ProteinGym, ESM-2): rd.larger > raw.larger on 67.9-85.7% of sets; "
+                   "measured on the local protein-mlm-32/64/128 family over 11 tasks: rd.64 > raw.64 on 36%, "
+                   "rd.128 > raw.128 on 18% (raw.128 > raw.64 on 82%: this family scales consistently, and H_p is "
+                   "99.997% linearly predictable from H_r, so there is little for RD to repair)")
+def test_protein_rd_beats_raw_larger_paper_criterion(protein_full):
+    assert all(protein_full.comparisons[f"rd.{w} > raw.{w}"] > 0.5 for w in (64, 128))
