@@ -201,7 +201,7 @@ def ablation_means(ab: dict | None) -> dict[str, float]:
                 vals = np.where(vals < 0, ab["n_iter"], vals)
             if m in ("stepwise_accept", "stepwise_born_567") and arm == "off":
                 continue
-            out[f"{m}_{arm}"] = float(np.nanmean(vals)) if len(vals) else float("nan")
+            out[f"{m}_{arm}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
     return out
 
 

@@ -553,19 +553,30 @@ def test_full_rmse_within_10_percent_of_hgb(full_result):
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
     "Not reproduced: on the digest's function x5:x6:x7 is a pure interaction (every lower-order projection is "
-    "zero), so no parent node exists for a stepwise birth to extend; stepwise births are (almost) never "
-    "accepted and every run finds x5:x6:x7 through ordinary births, with or without stepwise birth "
-    "(see docs/models/bayesian_tpnn.md)."))
+    "zero), so no parent node exists for a stepwise birth to extend; no stepwise birth is accepted (0 of ~6000 "
+    "proposals per run) and x5:x6:x7 is found only by ordinary births, which are rarer with stepwise birth on: "
+    "measured mean inclusion 0.829 on vs 1.00 off, importance 0.0066 vs 0.0090 (seeds 0-2, "
+    "see docs/models/bayesian_tpnn.md)."))
 def test_full_stepwise_ablation_digest_function(full_result):
     assert _worse_without_stepwise(full_result.ablation), full_result.ablation
 
 
 @pytest.mark.slow
 def test_full_stepwise_ablation_hierarchical_variant(full_result):
-    """When x5:x6 carries signal (the case stepwise birth is built for) disabling it hurts detection."""
+    """When x5:x6 carries signal (the case stepwise birth is built for) disabling it hurts detection
+    (measured: mean inclusion 0.681 on vs 0.475 off over seeds 0-7) and stepwise births are accepted."""
     ab = full_result.ablation_hierarchical
     assert _worse_without_stepwise(ab), ab
-    assert min(ab["stepwise_accept_on"]) > 0
+    assert np.mean(ab["stepwise_accept_on"]) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Stepwise births are accepted about once per 400-iteration run on the hierarchical variant (0.094% of ~800 "
+    "proposals); seeds 0, 3 and 5 accepted none, so acceptance in every seed does not hold "
+    "(see docs/models/bayesian_tpnn.md)."))
+def test_full_stepwise_birth_accepted_in_every_hierarchical_seed(full_result):
+    assert min(full_result.ablation_hierarchical["stepwise_accept_on"]) > 0
 
 
 @pytest.fixture(scope="module")
