@@ -56,10 +56,10 @@ class ReverseDistilledFamily:
     def fit(cls, models: Sequence[str], sequences: Sequence[str], config: ScalerConfig | None = None,
             batch_size: int = 16) -> "ReverseDistilledFamily":
         """Embed ``sequences`` with every model and fit the chain on all their residues."""
-        fam = cls.__new__(cls)
-        fam.models, fam._loaded = list(models), None
-        embs = [torch.cat(e) for e in fam.raw(sequences, batch_size)]
-        fam.chain = RDChain.fit(embs, config)
+        plms = [load_plm(m) for m in models]
+        embs = [torch.cat(embed_residues(m, sequences, batch_size)) for m in plms]
+        fam = cls(models, RDChain.fit(embs, config))
+        fam._loaded = plms
         return fam
 
     def apply(self, raw: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
