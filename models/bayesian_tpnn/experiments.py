@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from interp.progress import progress
 from interp.results import Result
 
 from .basis import component_name
