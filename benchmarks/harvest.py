@@ -212,7 +212,12 @@ def write_md(r: dict) -> str:
                      f"| {sl['tokens_per_s']:.0f} | {t['tokens_per_s']['harvest'] / sl['tokens_per_s']:.2f}x |")
     elif sl:
         lines.append(f"| sae-lens CacheActivationsRunner | failed: {sl['error']} | | |")
-    lines += ["", "Ratio = (method's seconds per token) / (harvest's): > 1 means the harvest is faster.",
+    lines += ["", "Ratio = (method's seconds per token) / (harvest's): > 1 means the harvest is faster. The harvest's "
+              "own goal is >= 0.9x the plain loop that runs the same forward (stopped after block 11) and discards "
+              "the activations. sae-lens's runner caches one hook per run and runs the whole 30-layer model (its "
+              "HF proxy has no early stop), so for the same 4 hooks it needs 4 runs (4x its time). The machine "
+              "was shared (load average 13-15 on 2 cores): absolute tokens/s are low and noisy, the methods ran "
+              "back to back.",
               f"Store written: {t['store_bytes'] / 2**20:.0f} MiB.", ""]
     m = r.get("memory")
     if m:
