@@ -199,7 +199,7 @@ class DynamicZeroing(_InterventionMap):
         self.padded_queries = check_choice("padded_queries", padded_queries, PADDED_QUERIES)
         self.score = resolve_scores(score)[0]
         spec = SCORE_FUNCTIONS[self.score]
-        if "pattern" in spec.uses and model.backend != "transformer_lens":
+        if "pattern" in spec.uses and not model.can_write("blocks.0.attn.hook_pattern"):
             raise ValueError(f"{self.score} reads the attention pattern, which the {model.backend} backend delivers "
                              "only after the head output was used; use backend='transformer_lens' for dynamic "
                              "zeroing with it, or ablate_heads(model, scores.inactive(...)) with per-input masks "
@@ -498,7 +498,7 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
     key = resolve_scores(score)[0]
     fn = _metric_fn(metric)
     batches = _batches(model, inputs, batch_size, max_length, None)
-    prepass = "pattern" in SCORE_FUNCTIONS[key].uses and model.backend != "transformer_lens"
+    prepass = "pattern" in SCORE_FUNCTIONS[key].uses and not model.can_write("blocks.0.attn.hook_pattern")
     unablated = HeadScores(per_input={key: torch.cat([score_heads(model, b, key, padded_queries=padded_queries)
                                                       .per_input[key] for b in batches])},
                            n_tokens=torch.zeros(0), padded_queries=padded_queries)

@@ -71,7 +71,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import torch
-from torch import nn
 
 from interp.model import Model
 from interp.progress import progress
@@ -213,37 +212,11 @@ def output_weights(model: Model) -> torch.Tensor:
     """Output-projection weight per head, ``[n_layers, n_heads, d_head, d_model]``, on every backend.
 
     ``O[h] @ W[l, h]`` is head ``h``'s contribution to the attention output of layer ``l`` (without the
-    shared bias). Read from ``model.tl.blocks[l].attn.W_O`` on the TransformerLens backend and from the
-    module at ``model.spec.o`` (``nn.Linear`` or GPT-2's ``Conv1D``) on the torch and nnsight backends.
+    shared bias): the capture layer's ``model.weight("W_O")`` in TransformerLens shape.
     """
-    cfg = model.cfg
-    if model.backend == "transformer_lens":
-        mats = [blk.attn.W_O.detach() for blk in model.tl.blocks]
-        w = torch.stack([m if m.dim() == 3 else m.reshape(cfg.n_heads, cfg.d_head, -1) for m in mats])
-    else:
-        spec = getattr(model, "spec", None)
-        hf = getattr(model, "hf_model", None)
-        if spec is None or hf is None or spec.o is None:
-            raise ValueError(f"cannot find the output projection of this {type(model).__name__}: expected a "
-                             "Hugging Face model with an architecture map (model.spec.o) or a TransformerLens model")
-        mats = []
-        for layer in range(cfg.n_layers):
-            mod = hf.get_submodule(f"{spec.blocks}.{layer}.{spec.o}")
-            weight = mod.weight.detach()
-            if isinstance(mod, nn.Linear):
-                weight = weight.T  # [in = n_heads * d_head, out = d_model]
-            elif type(mod).__name__ != "Conv1D":  # GPT-2's Conv1D already stores [in, out]
-                raise ValueError(f"unsupported output projection {type(mod).__name__} at {spec.blocks}.{layer}.{spec.o}; "
-                                 "expected nn.Linear or transformers' Conv1D")
-            if weight.shape[0] != cfg.n_heads * cfg.d_head:
-                raise ValueError(f"output projection input size {weight.shape[0]} != n_heads*d_head = "
-                                 f"{cfg.n_heads}*{cfg.d_head}")
-            mats.append(weight.reshape(cfg.n_heads, cfg.d_head, weight.shape[1]))
-        w = torch.stack(mats)
-    return w
+    return model.weight("W_O")
 
 
-# ------------------------------------------------------------------------------ core computation
 def _positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Index of the first and last real token of each row of ``mask`` ``[batch, pos]``."""
     valid = mask.bool()
