@@ -9,15 +9,35 @@ from typing import Any
 import torch
 
 from .model import Model
+from .registry import Registry
 
+#: the built-in backends
 BACKENDS = ("torch", "nnsight", "transformer_lens")
+
+
+def _backend_class(module: str, cls: str):
+    def load():
+        import importlib
+        return getattr(importlib.import_module(module, __package__), cls)
+    load.__qualname__ = f"backend[{module}:{cls}]"
+    return load
+
+
+#: backend name -> zero-argument loader of its :class:`Model` subclass (entry-point group ``interp.backends``
+#: for third-party backends: a loader, or the class itself, taking ``(hf_model, tokenizer)``)
+BACKEND_REGISTRY: Registry = Registry("backend", "interp.backends", error=ValueError)
+BACKEND_REGISTRY.register(_backend_class(".backends.torch_hooks", "TorchModel"), "torch")
+BACKEND_REGISTRY.register(_backend_class(".backends.nnsight_backend", "NNsightModel"), "nnsight")
+BACKEND_REGISTRY.register(_backend_class(".backends.transformer_lens", "TLModel"), "transformer_lens")
 
 
 def _check_backend(backend: str) -> str:
     aliases = {"tl": "transformer_lens", "transformerlens": "transformer_lens", "hooks": "torch"}
-    backend = aliases.get(backend.lower(), backend.lower()) if isinstance(backend, str) else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, one of {', '.join(BACKEND_REGISTRY.available())}; got {backend!r}")
+    backend = aliases.get(backend.lower(), backend.lower())
+    if backend not in BACKEND_REGISTRY:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_REGISTRY.available())}")
     return backend
 
 
@@ -51,12 +71,13 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
         raise ValueError("this Hugging Face module was already wrapped with backend='transformer_lens', which "
                          "rewires it in place; load it again (or wrap copy.deepcopy(model) before bridging) to "
                          f"use it with backend={backend!r}")
-    if backend == "torch":
-        from .backends.torch_hooks import TorchModel
-        return TorchModel(model, tokenizer)
     if backend == "nnsight":
         from .backends.nnsight_backend import NNsightModel
         return NNsightModel(model, tokenizer, nn_model=nn_wrapper)
+    if backend != "transformer_lens":  # torch, or a plug-in backend: a Model class taking (hf_model, tokenizer)
+        found = BACKEND_REGISTRY.get(backend)
+        cls = found if isinstance(found, type) else found()
+        return cls(model, tokenizer)
     from .backends.transformer_lens import TLModel
     if getattr(model, "_interp_bridged", False):
         raise ValueError("this Hugging Face module is already bridged by TransformerLens (wrapped with "

@@ -11,37 +11,15 @@ process only (handy in notebooks and tests).
 """
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
+from ..registry import Registry
+
 GROUP = "interp.checks"
-_registered: dict[str, type] = {}
 
 
 class UnknownCheckError(ValueError):
     """A requested check name is not registered."""
-
-
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    eps = metadata.entry_points()
-    selected = eps.select(group=GROUP) if hasattr(eps, "select") else eps.get(GROUP, [])  # type: ignore[union-attr]
-    return {ep.name: ep for ep in selected}
-
-
-def available_checks() -> list[str]:
-    """Names of every check: entry points plus :func:`register_check` ones, sorted."""
-    return sorted(set(_entry_points()) | set(_registered))
-
-
-def register_check(cls: type, name: str | None = None) -> type:
-    """Register ``cls`` under ``name`` (default ``cls.name``) for this process; usable as a decorator."""
-    _validate(cls, name or getattr(cls, "name", ""))
-    _registered[name or cls.name] = cls
-    return cls
-
-
-def unregister_check(name: str) -> None:
-    _registered.pop(name, None)
 
 
 def _validate(cls: Any, name: str) -> None:
@@ -51,21 +29,32 @@ def _validate(cls: Any, name: str) -> None:
                         f"`render(result)` (missing: {', '.join(missing) or 'name'})")
 
 
+#: the audit checks (entry-point group ``interp.checks``), under the shared registry rules
+CHECKS: Registry[type] = Registry("audit check", GROUP, validate=_validate, error=UnknownCheckError)
+
+
+def available_checks() -> list[str]:
+    """Names of every check: entry points plus :func:`register_check` ones, sorted."""
+    return CHECKS.available()
+
+
+def register_check(cls: type, name: str | None = None, replace: bool = False) -> type:
+    """Register ``cls`` under ``name`` (default ``cls.name``) for this process; usable as a decorator."""
+    return CHECKS.register(cls, name, replace)
+
+
+def unregister_check(name: str) -> None:
+    CHECKS.unregister(name)
+
+
 def get_check(name: str) -> type:
     """The check class registered as ``name`` (loads its entry point)."""
-    if name in _registered:
-        return _registered[name]
-    eps = _entry_points()
-    if name not in eps:
-        known = available_checks()
-        raise UnknownCheckError(f"unknown check {name!r}; available checks: {', '.join(known) or '(none registered)'}"
-                                + ("" if known else " — is the project installed (pip install -e .)?"))
     try:
-        cls = eps[name].load()
-    except Exception as exc:  # noqa: BLE001 - a broken plug-in must say which one
-        raise ImportError(f"check {name!r} ({eps[name].value}) failed to load: {exc}") from exc
-    _validate(cls, name)
-    return cls
+        return CHECKS.get(name)
+    except UnknownCheckError as exc:
+        if not available_checks():
+            raise UnknownCheckError(f"{exc} — is the project installed (pip install -e .)?") from None
+        raise
 
 
 def parse_checks(spec: str | None) -> list[str]:
