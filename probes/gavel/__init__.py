@@ -8,3 +8,10 @@ from .rules import (ACTIONS, And, Or, Rule, RuleSet, RuleSyntaxError, Selector, 
 
 __all__ = ["ACTIONS", "And", "Or", "Rule", "RuleSet", "RuleSyntaxError", "Selector", "load_rules",
            "parse_condition", "parse_rule", "rule_from_json"]
+from .detector import (Calibration, CalibrationLabels, CEDetector, DetectorConfig, TrainingHistory, WindowGRU,
+                       calibrate, compute_triggers, labels_for_rule, make_windows, train_detector)
+from .features import FeatureSpec, conversation_features, encode_conversation, group_readout, text_features
+
+__all__ += ["Calibration", "CalibrationLabels", "CEDetector", "DetectorConfig", "TrainingHistory", "WindowGRU",
+            "calibrate", "compute_triggers", "labels_for_rule", "make_windows", "train_detector", "FeatureSpec",
+            "conversation_features", "encode_conversation", "group_readout", "text_features"]
