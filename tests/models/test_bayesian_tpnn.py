@@ -270,18 +270,23 @@ def test_prior_only_chain_catches_a_planted_error():
     assert tv_K > 0.06 or tv_S > 0.08, (tv_K, tv_S)
 
 
-def _geweke_exact_start(n_rep: int = 600, n_steps: int = 2, seed: int = 0, plant: str | None = None) -> dict:
+def _geweke_exact_start(n_rep: int = 600, n_steps: int = 2, seed: int = 0, plant: str | None = None,
+                        likelihood: str = "gaussian") -> dict:
     """Exact-start Geweke test of the full posterior kernel (likelihood included): draw ``(theta, y)`` from the
-    joint prior (K, node sets, thresholds, temperatures, beta, sigma^2, then y), run ``n_steps`` MCMC
-    iterations on ``y`` from the true ``theta``; the result must again follow the prior. Returns p-values of
-    K (chi-square), node orders (chi-square), first thresholds ~ U(0,1), beta ~ N(0, 1) and sigma^2 ~ IG (KS)."""
+    joint prior (K, node sets, thresholds, temperatures, beta, sigma^2 or the intercept, then y), run ``n_steps``
+    MCMC iterations on ``y`` from the true ``theta``; the result must again follow the prior. For the logistic
+    likelihood the Polya-Gamma weights start at their exact conditional ``omega ~ PG(1, f)``. Returns p-values of
+    K (chi-square), node orders (chi-square), first thresholds ~ U(0,1), beta ~ N(0, 1) and sigma^2 ~ IG or
+    beta_0 ~ N(0, 1) (KS)."""
     n, p = 15, 4
     rng0 = np.random.default_rng(seed)
     X = rng0.random((n, p))
+    logistic = likelihood == "logistic"
     cfg = BayesianTPNNConfig(n_iter=10, burn_in=0, c0=0.25, max_nodes=5, max_order=3, structure_moves_per_iter=5,
-                             order_weights=(0.5, 0.3, 0.2))
+                             order_weights=(0.5, 0.3, 0.2), likelihood=likelihood, intercept_prior_sd=1.0)
     model = BayesianTPNN(cfg)
-    model.prepare(X, rng0.standard_normal(n), input_weights=np.array([0.4, 0.3, 0.2, 0.1]), seed=seed)
+    y0 = (np.arange(n) % 2).astype(float) if logistic else rng0.standard_normal(n)
+    model.prepare(X, y0, input_weights=np.array([0.4, 0.3, 0.2, 0.1]), seed=seed)
     model.sig_a, model.sig_b = 3.0, 0.6                 # a data-free sigma^2 prior (the default is calibrated)
     if plant == "no_mixture":
         model.log_q_stepwise = lambda *a: -np.inf
@@ -296,39 +301,50 @@ def _geweke_exact_start(n_rep: int = 600, n_steps: int = 2, seed: int = 0, plant
         for _ in range(K):
             S = model._sample_S()
             nodes.append((S, rng.random(len(S)), np.exp(model._sample_u(len(S)))))
-        sigma2 = model.sig_b / rng.gamma(model.sig_a)
+        sigma2 = 1.0 if logistic else model.sig_b / rng.gamma(model.sig_a)
         st = model.state_from_nodes(nodes, sigma2)
         st.beta = rng.standard_normal(K) * math.sqrt(model.tau2)
-        y = st.Phi @ st.beta + math.sqrt(sigma2) * rng.standard_normal(n)
-        model.y, model.wz, model.yy = y, y, float(y @ y)
+        if logistic:
+            model.beta0 = float(rng.standard_normal())
+            f = model.beta0 + st.Phi @ st.beta
+            y = (rng.random(n) < 1 / (1 + np.exp(-f))).astype(float)
+            model.labels, model.kappa = y, y - 0.5
+            model.set_omega(sample_polya_gamma(f, rng))
+        else:
+            y = st.Phi @ st.beta + math.sqrt(sigma2) * rng.standard_normal(n)
+            model.y, model.wz, model.yy = y, y, float(y @ y)
         model.refresh_stats(st)
         for _ in range(n_steps):
             model.iterate(st, counts)
         Ks.append(st.K)
-        s2.append(st.sigma2)
+        s2.append(model.beta0 if logistic else st.sigma2)
         orders += [nd.order for nd in st.nodes]
         bs += [float(nd.b[0]) for nd in st.nodes]
         betas += list(st.beta)
     oprob = np.array(cfg.order_weights) / sum(cfg.order_weights)
+    last = stats.norm if logistic else stats.invgamma(model.sig_a, scale=model.sig_b)
     return {"K": stats.chisquare(np.bincount(Ks, minlength=len(pk)), pk * n_rep).pvalue,
             "order": stats.chisquare(np.bincount(orders, minlength=4)[1:], oprob * len(orders)).pvalue,
             "b": stats.kstest(bs, "uniform").pvalue, "beta": stats.kstest(betas, "norm").pvalue,
-            "sigma2": stats.kstest(s2, stats.invgamma(model.sig_a, scale=model.sig_b).cdf).pvalue,
+            "sigma2_or_beta0": stats.kstest(s2, last.cdf).pvalue,
             "stepwise_accept": counts["stepwise"][1] / max(counts["stepwise"][0], 1)}
 
 
-def test_exact_start_geweke_full_kernel():
-    """Correct code: every p-value > 0.1 (K 0.88, order 0.13, b 0.37, beta 0.92, sigma^2 0.38 at seed 0)."""
-    res = _geweke_exact_start()
+@pytest.mark.parametrize("likelihood", ["gaussian", "logistic"])
+def test_exact_start_geweke_full_kernel(likelihood):
+    """Correct code, Gaussian: every p-value > 0.1 (K 0.88, order 0.13, b 0.37, beta 0.92, sigma^2 0.38 at
+    seed 0). Logistic: the Polya-Gamma / intercept steps and the weighted moves and MALA keep the prior too."""
+    res = _geweke_exact_start(likelihood=likelihood)
     assert min(v for k, v in res.items() if k != "stepwise_accept") > 1e-3, res
     assert res["stepwise_accept"] > 0.005, res
 
 
 @pytest.mark.slow
-def test_exact_start_geweke_catches_a_planted_error():
+@pytest.mark.parametrize("likelihood", ["gaussian", "logistic"])
+def test_exact_start_geweke_catches_a_planted_error(likelihood):
     """Dropping the stepwise term from the creation density (so stepwise births and deaths use the wrong
-    reverse density) is detected (measured: order p = 5e-5, K p = 0.003)."""
-    res = _geweke_exact_start(plant="no_mixture")
+    reverse density) is detected (measured: Gaussian order p = 5e-5, K p = 0.003; logistic K p = 2e-10)."""
+    res = _geweke_exact_start(plant="no_mixture", likelihood=likelihood)
     assert min(v for k, v in res.items() if k != "stepwise_accept") < 1e-3, res
 
 
