@@ -186,6 +186,16 @@ class TLModel(Model):
             with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
+        except BaseException:
+            live[0] = False
+            # an interruption inside TransformerLens's own removal can leave our hooks registered: they are
+            # inert (live flag), and removed here from the points this run used (non-permanent hooks only)
+            points = self.tl.hook_dict
+            for p in wanted:
+                hp = points.get(p)
+                if hp is not None and getattr(hp, "fwd_hooks", None):
+                    hp.remove_hooks("fwd", including_permanent=False)
+            raise
         finally:
             live[0] = False
         return None if stop_at_layer is not None else out
