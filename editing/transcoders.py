@@ -1,0 +1,513 @@
+"""Transcoders: sparse replacements of one MLP, trained on activations harvested through ``interp``.
+
+A transcoder (TC) maps the MLP's input ``h̄ = blocks.{l}.ln2.hook_normalized`` to its output
+``blocks.{l}.hook_mlp_out`` through a wide, sparse ReLU code::
+
+    z      = ReLU(h̄ @ W_enc + b_enc)        W_enc [d_in, d_sae], z [..., d_sae]
+    TC(h̄)  = z @ W_dec + b_dec              W_dec [d_sae, d_out]
+
+Parameters have sae-lens's names and shapes, and :meth:`Transcoder.save` writes sae-lens's on-disk format
+(``cfg.json`` with ``architecture: "transcoder"`` and ``sae_weights.safetensors``), so
+``sae_lens.Transcoder.load_from_disk`` reads ours and :meth:`Transcoder.load` reads theirs.
+
+Training (:func:`train_transcoder`) minimises, per token,
+``||TC(h̄) - mlp_out||² + λ(t) Σ_a z_a ||W_dec[a]||`` (the squared error summed over ``d_out``, the
+decoder-norm-weighted L1 that sae-lens's standard SAE uses, so the sparsity penalty cannot be dodged by
+shrinking ``W_enc`` and growing ``W_dec``). Choices where the TCPE paper is silent (digest: "the TC
+training recipe" is UNCERTAIN):
+
+* **sparsity schedule**: ``λ(t)`` rises linearly from 0 to ``l1_coefficient`` over the first
+  ``l1_warmup_frac`` of the steps (sae-lens's ``l1_warm_up_steps``), then stays constant; the learning rate
+  is constant (Adam) with a linear decay to 0 over the last ``lr_decay_frac`` of the steps.
+* **dead features**: a feature that has not fired on any of the last ``dead_window`` training tokens is
+  dead. Every ``resample_every`` steps (and never in the last 20% of training) dead features are
+  re-initialised on the inputs of the current batch that the transcoder reconstructs worst (Anthropic's
+  "resampling"): the encoder column points along that input (scaled to 0.2 × the mean norm of the live
+  encoder columns), ``b_enc = 0``, the decoder row is the unit direction of the residual, and the Adam
+  moments of those entries are zeroed.
+* **data**: tokens of every real position (padding excluded; the first position kept), shuffled within a
+  streaming buffer of ``buffer_batches`` × ``batch_size`` tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from interp.io import output_dir
+from interp.progress import progress
+from interp.results import Result
+
+SAE_WEIGHTS = "sae_weights.safetensors"
+SAE_CFG = "cfg.json"
+
+
+def hook_in(layer: int) -> str:
+    """The transcoder's input hook (the MLP input, after the second norm)."""
+    return f"blocks.{layer}.ln2.hook_normalized"
+
+
+def hook_out(layer: int) -> str:
+    """The transcoder's output hook (the MLP output)."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+class Transcoder(nn.Module):
+    """``TC(h̄) = ReLU(h̄ W_enc + b_enc) W_dec + b_dec`` with sae-lens parameter names and shapes.
+
+    ``encode(x [..., d_in]) -> z [..., d_sae]``, ``decode(z) -> [..., d_out]``, ``forward = decode∘encode``.
+    ``hook_name``/``hook_name_out`` record the hooks it was trained on (metadata, kept in ``cfg.json``).
+    """
+
+    def __init__(self, d_in: int, d_sae: int, d_out: int | None = None, hook_name: str = "",
+                 hook_name_out: str = "", model_name: str = "", dtype: torch.dtype = torch.float32,
+                 seed: int | None = 0) -> None:
+        super().__init__()
+        for name, v in (("d_in", d_in), ("d_sae", d_sae), ("d_out", d_out if d_out is not None else d_in)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        d_out = d_in if d_out is None else d_out
+        self.d_in, self.d_sae, self.d_out = d_in, d_sae, d_out
+        self.hook_name, self.hook_name_out, self.model_name = hook_name, hook_name_out, model_name
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        w_dec = torch.randn(d_sae, d_out, generator=gen, dtype=torch.float32)
+        w_dec = w_dec / w_dec.norm(dim=1, keepdim=True) * 0.1
+        w_enc = torch.randn(d_in, d_sae, generator=gen, dtype=torch.float32) / math.sqrt(d_in)
+        self.W_enc = nn.Parameter(w_enc.to(dtype))
+        self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
+        self.W_dec = nn.Parameter(w_dec.to(dtype))
+        self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
+
+    # ---------------------------------------------------------------- forward
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations ``z [..., d_sae]`` of MLP inputs ``x [..., d_in]``."""
+        if x.shape[-1] != self.d_in:
+            raise ValueError(f"transcoder input has last dimension {x.shape[-1]}, expected d_in={self.d_in}")
+        return torch.relu(x.to(self.W_enc.dtype) @ self.W_enc + self.b_enc)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """MLP-output estimate ``[..., d_out]`` from features ``z [..., d_sae]``."""
+        return z @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    # ---------------------------------------------------------------- sae-lens format
+    def sae_lens_cfg(self) -> dict:
+        """The ``cfg.json`` dict sae-lens writes for a ``Transcoder`` of these sizes."""
+        return {
+            "architecture": "transcoder", "d_in": self.d_in, "d_sae": self.d_sae, "d_out": self.d_out,
+            "dtype": str(self.W_enc.dtype).removeprefix("torch."), "device": "cpu",
+            "apply_b_dec_to_input": False, "normalize_activations": "none", "reshape_activations": "none",
+            "metadata": {"hook_name": self.hook_name, "hook_name_out": self.hook_name_out,
+                         "model_name": self.model_name, "sae_lens_training_version": None},
+        }
+
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write ``cfg.json`` and ``sae_weights.safetensors`` (sae-lens's format) atomically into ``path``."""
+        from safetensors.torch import save_file
+        with output_dir(path, overwrite=overwrite, writer="interp.editing.Transcoder") as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(tmp / SAE_WEIGHTS))
+            (tmp / SAE_CFG).write_text(json.dumps(self.sae_lens_cfg(), indent=1))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Transcoder":
+        """Read a transcoder in sae-lens's format (ours or one saved by ``sae_lens.Transcoder.save_model``)."""
+        from safetensors.torch import load_file
+        path = Path(path)
+        if not (path / SAE_CFG).is_file() or not (path / SAE_WEIGHTS).is_file():
+            raise FileNotFoundError(f"{path} has no {SAE_CFG} and {SAE_WEIGHTS} (sae-lens format)")
+        cfg = json.loads((path / SAE_CFG).read_text())
+        if cfg.get("architecture", "transcoder") != "transcoder":
+            raise ValueError(f"{path}: architecture {cfg.get('architecture')!r} is not a plain ReLU 'transcoder'")
+        if cfg.get("normalize_activations", "none") not in ("none", None):
+            raise ValueError(f"{path}: normalize_activations={cfg['normalize_activations']!r} is not supported")
+        sd = load_file(str(path / SAE_WEIGHTS), device=str(device))
+        missing = {"W_enc", "b_enc", "W_dec", "b_dec"} - set(sd)
+        if missing:
+            raise ValueError(f"{path}: weights lack {sorted(missing)}")
+        meta = cfg.get("metadata") or {}
+        tc = cls(int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["d_out"]), hook_name=meta.get("hook_name") or "",
+                 hook_name_out=meta.get("hook_name_out") or "", model_name=meta.get("model_name") or "",
+                 dtype=sd["W_enc"].dtype, seed=None)
+        tc.load_state_dict({k: sd[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")})
+        return tc.to(device)
+
+    def to_sae_lens(self):
+        """This transcoder as a ``sae_lens.Transcoder`` (same weights)."""
+        from sae_lens.saes.sae import SAEMetadata
+        from sae_lens.saes.transcoder import Transcoder as SLTranscoder, TranscoderConfig
+        cfg = TranscoderConfig(d_in=self.d_in, d_sae=self.d_sae, d_out=self.d_out,
+                               dtype=str(self.W_enc.dtype).removeprefix("torch."), device="cpu",
+                               apply_b_dec_to_input=False, metadata=SAEMetadata(hook_name=self.hook_name, model_name=self.model_name))
+        sl = SLTranscoder(cfg)
+        sl.load_state_dict({k: v.detach().cpu() for k, v in self.state_dict().items()})
+        return sl
+
+    @classmethod
+    def from_sae_lens(cls, sl) -> "Transcoder":
+        """A plain ReLU ``sae_lens.Transcoder`` as ours (same weights)."""
+        if getattr(sl.cfg, "architecture", lambda: "")() != "transcoder":
+            raise ValueError(f"only plain ReLU sae-lens transcoders convert, got {sl.cfg.architecture()!r}")
+        meta = sl.cfg.metadata
+        tc = cls(sl.cfg.d_in, sl.cfg.d_sae, sl.cfg.d_out, hook_name=getattr(meta, "hook_name", "") or "",
+                 model_name=getattr(meta, "model_name", "") or "", dtype=sl.W_enc.dtype, seed=None)
+        tc.load_state_dict({k: getattr(sl, k).detach().cpu() for k in ("W_enc", "b_enc", "W_dec", "b_dec")})
+        return tc
+
+
+# ====================================================================== splicing
+class _AtOutput(nn.Module):
+    """Adapter so the capture layer's ``model.splice`` can run a transcoder at ``hook_mlp_out``.
+
+    ``model.splice`` calls ``encode(x)`` with the tensor of the hook it sits on (the MLP output); a
+    transcoder must read the MLP *input* of the same pass instead. An intervention on ``ln2.hook_normalized``
+    stores that input in ``self.stash`` (it fires earlier in the same forward), and ``encode`` ignores
+    ``x`` except to check the shapes line up. With ``use_error_term=True`` the splice then adds
+    ``mlp_out - TC(h̄)`` (the transcoder's own error), as sae-lens's transcoder splice does.
+    """
+
+    def __init__(self, tc: Transcoder) -> None:
+        super().__init__()
+        self.tc = tc
+        self.stash: torch.Tensor | None = None
+
+    def remember(self, t: torch.Tensor, ctx) -> None:
+        self.stash = t
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stash
+        if h is None or h.shape[:-1] != x.shape[:-1]:
+            raise RuntimeError("transcoder splice: the MLP input of this pass was not seen (ln2.hook_normalized "
+                               "did not fire before hook_mlp_out)")
+        return self.tc.encode(h)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.tc.decode(z)
+
+
+class Spliced:
+    """A transcoder spliced at one layer; a context manager, or open until :meth:`close` (a "permanent" swap).
+
+    While open, every forward (and every generation pass) of ``model`` uses ``TC(h̄)`` as the output of MLP
+    ``layer``; feature activations are the hook ``blocks.{l}.hook_mlp_out.hook_sae_acts_post``
+    (:attr:`features`), capturable, patchable and differentiable like any hook.
+    """
+
+    def __init__(self, model, layer: int, transcoder: Transcoder, use_error_term: bool = False) -> None:
+        import contextlib
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.cfg.n_layers:
+            raise ValueError(f"layer must be an integer in 0..{model.cfg.n_layers - 1}, got {layer!r}")
+        if transcoder.d_in != model.cfg.d_model or transcoder.d_out != model.cfg.d_model:
+            raise ValueError(f"transcoder maps {transcoder.d_in} -> {transcoder.d_out}, model has d_model="
+                             f"{model.cfg.d_model}")
+        self.model, self.layer, self.transcoder = model, layer, transcoder
+        self.at = hook_out(layer)
+        self.features = f"{self.at}.hook_sae_acts_post"
+        self._adapter = _AtOutput(transcoder)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(model.intervene({hook_in(layer): self._adapter.remember}))
+        self._stack.enter_context(model.splice(self._adapter, at=self.at, use_error_term=use_error_term))
+
+    def close(self) -> None:
+        """Undo the splice (idempotent)."""
+        self._stack.close()
+        self._adapter.stash = None
+
+    def __enter__(self) -> "Spliced":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def splice(model, layer: int, transcoder: Transcoder, use_error_term: bool = False) -> Spliced:
+    """Replace MLP ``layer``'s output by ``transcoder(ln2 input)``: ``with splice(model, l, tc) as s:`` or
+    ``s = splice(model, l, tc)`` ... ``s.close()``. Features: hook ``s.features``."""
+    return Spliced(model, layer, transcoder, use_error_term)
+
+
+# ====================================================================== harvesting and training
+def _texts_in_batches(texts: Sequence[str], batch: int) -> Iterator[list[str]]:
+    for i in range(0, len(texts), batch):
+        yield list(texts[i:i + batch])
+
+
+def harvest_pairs(model, layer: int, texts: Sequence[str], batch_size: int = 16,
+                  max_length: int | None = 128) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Stream ``(h̄ [n, d], mlp_out [n, d])`` of every real token of ``texts``, one text batch at a time
+    (runs the model only up to ``layer``)."""
+    names = [hook_in(layer), hook_out(layer)]
+    for chunk in _texts_in_batches(texts, batch_size):
+        batch = model.tokenize(chunk, max_length=max_length)
+        _, cache = model.run_with_cache(batch, names=names, stop_at_layer=layer + 1)
+        keep = batch["attention_mask"].bool().to(cache[names[0]].device)
+        yield cache[names[0]][keep].float(), cache[names[1]][keep].float()
+
+
+@dataclass
+class TranscoderTrainingConfig:
+    """Hyper-parameters of :func:`train_transcoder` (see the module docstring for the schedule)."""
+
+    d_sae: int = 1024
+    l1_coefficient: float = 1e-3
+    l1_warmup_frac: float = 0.05
+    lr: float = 1e-3
+    lr_decay_frac: float = 0.2
+    batch_size: int = 256
+    n_epochs: int = 1
+    text_batch_size: int = 16
+    max_length: int | None = 128
+    buffer_batches: int = 16
+    dead_window: int = 20_000
+    resample_every: int = 500
+    resample_dead: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("d_sae", "batch_size", "n_epochs", "text_batch_size", "buffer_batches", "dead_window",
+                     "resample_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not (isinstance(self.l1_coefficient, (int, float)) and self.l1_coefficient >= 0):
+            raise ValueError(f"l1_coefficient must be a number >= 0, got {self.l1_coefficient!r}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
+        for name in ("l1_warmup_frac", "lr_decay_frac"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v <= 1):
+                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length <= 0):
+            raise ValueError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+
+
+@dataclass
+class TranscoderTraining(Result):
+    """History of :func:`train_transcoder`: per-step ``loss``, ``mse``, ``l1``, ``l0`` and the resamplings."""
+
+    kind = "transcoder_training"
+    loss: list[float] = field(default_factory=list)
+    mse: list[float] = field(default_factory=list)
+    l0: list[float] = field(default_factory=list)
+    l1_coefficient: list[float] = field(default_factory=list)
+    resampled: list[int] = field(default_factory=list)
+    n_tokens: int = 0
+    config: dict = field(default_factory=dict)
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame({"step": range(len(self.loss)), "loss": self.loss, "mse": self.mse, "l0": self.l0,
+                             "l1_coefficient": self.l1_coefficient})
+
+    def figure(self):
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("MSE", "L0"))
+        fig.add_trace(go.Scatter(y=self.mse, name="mse"), row=1, col=1)
+        fig.add_trace(go.Scatter(y=self.l0, name="L0"), row=1, col=2)
+        fig.update_layout(title="transcoder training")
+        return fig
+
+
+def _steps_per_epoch(n_tokens: int, batch_size: int) -> int:
+    return max(1, n_tokens // batch_size)
+
+
+def train_transcoder(model, layer: int, texts: Sequence[str], config: TranscoderTrainingConfig | None = None,
+                     transcoder: Transcoder | None = None) -> tuple[Transcoder, TranscoderTraining]:
+    """Train a transcoder of MLP ``layer`` on the tokens of ``texts`` (activations harvested through the
+    capture layer in text batches, shuffled in a streaming buffer). Returns ``(transcoder, history)``."""
+    cfg = config or TranscoderTrainingConfig()
+    if not texts:
+        raise ValueError("texts is empty: pass the real text to train on")
+    d = model.cfg.d_model
+    torch.manual_seed(cfg.seed)
+    tc = transcoder or Transcoder(d, cfg.d_sae, d, hook_name=hook_in(layer), hook_name_out=hook_out(layer),
+                                  seed=cfg.seed)
+    # count tokens once (cheap: tokenizer only) to size the schedules
+    n_tok = sum(int(model.tokenize(c, max_length=cfg.max_length)["attention_mask"].sum())
+                for c in _texts_in_batches(texts, cfg.text_batch_size))
+    total = _steps_per_epoch(n_tok, cfg.batch_size) * cfg.n_epochs
+    warm = max(1, int(cfg.l1_warmup_frac * total))
+    decay_start = int((1 - cfg.lr_decay_frac) * total)
+    opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 1.0 if s < decay_start else max(0.0, (total - s) / max(1, total - decay_start)))
+    last_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # token counter at the last firing
+    hist = TranscoderTraining(config=dataclasses.asdict(cfg))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, seen, first = 0, 0, True
+    bar = progress(total=total, desc=f"transcoder L{layer}")
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(cfg.n_epochs):
+            buf_x, buf_y, size = [], [], 0
+            for x, y in harvest_pairs(model, layer, texts, cfg.text_batch_size, cfg.max_length):
+                buf_x.append(x), buf_y.append(y)
+                size += len(x)
+                if size >= cfg.buffer_batches * cfg.batch_size:
+                    yield from _drain(buf_x, buf_y, cfg.batch_size, gen, keep_tail=True)
+                    size = sum(len(t) for t in buf_x)
+            yield from _drain(buf_x, buf_y, cfg.batch_size, gen, keep_tail=False)
+
+    for x, y in batches():
+        if step >= total:
+            break
+        if first:  # b_dec starts at the mean output (geometric-median-like init of sae-lens, mean version)
+            with torch.no_grad():
+                tc.b_dec.copy_(y.mean(0).to(tc.b_dec.dtype))
+            first = False
+        lam = cfg.l1_coefficient * min(1.0, (step + 1) / warm)
+        z = tc.encode(x)
+        recon = tc.decode(z)
+        err = (recon - y).pow(2).sum(-1)
+        mse = err.mean()
+        l1 = (z * tc.W_dec.norm(dim=1)).sum(-1).mean()
+        loss = mse + lam * l1
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            fired = (z > 0).any(0)
+            seen += len(x)
+            last_fired[fired] = seen
+            hist.loss.append(float(loss)), hist.mse.append(float(mse))
+            hist.l0.append(float((z > 0).float().sum(-1).mean())), hist.l1_coefficient.append(lam)
+            if (cfg.resample_dead and step > 0 and step % cfg.resample_every == 0 and step < 0.8 * total
+                    and seen >= cfg.dead_window):
+                dead = (seen - last_fired >= cfg.dead_window).nonzero().flatten()
+                if len(dead):
+                    _resample(tc, opt, dead, x, y - recon.detach(), err.detach(), gen)
+                    last_fired[dead] = seen
+                hist.resampled.append(int(len(dead)))
+        step += 1
+        bar.update(1)
+    bar.close()
+    hist.n_tokens = seen
+    tc.eval()
+    return tc, hist
+
+
+def _drain(buf_x: list, buf_y: list, batch: int, gen: torch.Generator, keep_tail: bool):
+    x, y = torch.cat(buf_x), torch.cat(buf_y)
+    perm = torch.randperm(len(x), generator=gen)
+    x, y = x[perm], y[perm]
+    n_full = len(x) // batch if keep_tail else math.ceil(len(x) / batch)
+    # keep half the buffer for mixing with the next harvest when streaming
+    n_out = max(1, n_full // 2) if keep_tail else n_full
+    for i in range(n_out):
+        yield x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+    buf_x.clear(), buf_y.clear()
+    if keep_tail and n_out * batch < len(x):
+        buf_x.append(x[n_out * batch:]), buf_y.append(y[n_out * batch:])
+
+
+def _resample(tc: Transcoder, opt: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
+              resid: torch.Tensor, err: torch.Tensor, gen: torch.Generator) -> None:
+    """Re-initialise ``dead`` features on high-error inputs (probability ∝ squared error)."""
+    probs = (err / err.sum()).clamp_min(0)
+    idx = torch.multinomial(probs, len(dead), replacement=True, generator=gen)
+    alive = torch.ones(tc.d_sae, dtype=torch.bool)
+    alive[dead] = False
+    enc_norm = tc.W_enc[:, alive].norm(dim=0).mean() if alive.any() else torch.tensor(1.0)
+    xin = x[idx] / x[idx].norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    rdir = resid[idx] / resid[idx].norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    tc.W_enc[:, dead] = (xin * 0.2 * enc_norm).T.to(tc.W_enc.dtype)
+    tc.b_enc[dead] = 0
+    tc.W_dec[dead] = rdir.to(tc.W_dec.dtype)
+    for p, sl in ((tc.W_enc, (slice(None), dead)), (tc.b_enc, (dead,)), (tc.W_dec, (dead,))):
+        st = opt.state.get(p)
+        if st:
+            for k in ("exp_avg", "exp_avg_sq"):
+                st[k][sl] = 0
+
+
+# ====================================================================== evaluation
+@dataclass
+class TranscoderMetrics(Result):
+    """Quality of a transcoder on held-out text.
+
+    ``fve``: fraction of variance of ``mlp_out`` explained (1 - SSE / SS around the mean); ``l0``: mean
+    active features per token; ``dead_frac``: features that never fired on this text; ``ce_clean``,
+    ``ce_spliced``, ``ce_mlp_zero``: next-token loss of the model, with the transcoder replacing the MLP,
+    and with the MLP output zeroed; ``ce_recovered = (ce_zero - ce_spliced) / (ce_zero - ce_clean)``.
+    """
+
+    kind = "transcoder_metrics"
+    layer: int
+    n_tokens: int
+    fve: float
+    mse: float
+    l0: float
+    dead_frac: float
+    ce_clean: float
+    ce_spliced: float
+    ce_mlp_zero: float
+    ce_recovered: float
+    feature_density: torch.Tensor | None = None  # [d_sae] fraction of tokens on which each feature fires
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([{k: getattr(self, k) for k in ("layer", "n_tokens", "fve", "mse", "l0", "dead_frac",
+                                                            "ce_clean", "ce_spliced", "ce_mlp_zero", "ce_recovered")}])
+
+    def figure(self):
+        import plotly.graph_objects as go
+        dens = self.feature_density.clamp_min(1e-7).log10().numpy() if self.feature_density is not None else []
+        fig = go.Figure(go.Histogram(x=dens, nbinsx=50))
+        fig.update_layout(title=f"feature density (log10), L0={self.l0:.1f}, FVE={self.fve:.3f}",
+                          xaxis_title="log10 firing frequency")
+        return fig
+
+
+@torch.no_grad()
+def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequence[str], batch_size: int = 16,
+                        max_length: int | None = 128) -> TranscoderMetrics:
+    """FVE, L0, dead fraction and the spliced next-token loss of ``transcoder`` on ``texts``."""
+    from interp.model import next_token_loss
+    sse = ss = sq = s1 = 0.0
+    n = 0
+    l0 = 0.0
+    fired = torch.zeros(transcoder.d_sae)
+    for x, y in harvest_pairs(model, layer, texts, batch_size, max_length):
+        z = transcoder.encode(x)
+        sse += float((transcoder.decode(z) - y).pow(2).sum())
+        sq += float(y.pow(2).sum())
+        s1 = s1 + y.sum(0)
+        n += len(y)
+        l0 += float((z > 0).sum())
+        fired += (z > 0).float().sum(0)
+    ss = sq - float((s1 * s1).sum()) / max(n, 1)
+    losses = {"clean": [], "spliced": [], "zero": []}
+    weights = []
+    for chunk in _texts_in_batches(texts, batch_size):
+        batch = model.prepare(model.tokenize(chunk, max_length=max_length))
+        w = float(((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum()))
+        weights.append(w)
+        losses["clean"].append(float(next_token_loss(model(batch), batch)))
+        with splice(model, layer, transcoder):
+            losses["spliced"].append(float(next_token_loss(model(batch), batch)))
+        with model.intervene({hook_out(layer): lambda t, ctx: torch.zeros_like(t)}):
+            losses["zero"].append(float(next_token_loss(model(batch), batch)))
+    wts = np.asarray(weights) / max(sum(weights), 1)
+    ce = {k: float(np.dot(wts, v)) for k, v in losses.items()}
+    denom = ce["zero"] - ce["clean"]
+    return TranscoderMetrics(layer=layer, n_tokens=n, fve=1 - sse / max(ss, 1e-12), mse=sse / max(n, 1),
+                             l0=l0 / max(n, 1), dead_frac=float((fired == 0).float().mean()),
+                             ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_mlp_zero=ce["zero"],
+                             ce_recovered=(ce["zero"] - ce["spliced"]) / denom if abs(denom) > 1e-12 else float("nan"),
+                             feature_density=fired / max(n, 1))
+
+
+__all__ = ["Transcoder", "Spliced", "splice", "hook_in", "hook_out", "harvest_pairs", "TranscoderTrainingConfig",
+           "TranscoderTraining", "train_transcoder", "TranscoderMetrics", "evaluate_transcoder"]
