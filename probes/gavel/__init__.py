@@ -15,3 +15,12 @@ from .features import FeatureSpec, conversation_features, encode_conversation, g
 __all__ += ["Calibration", "CalibrationLabels", "CEDetector", "DetectorConfig", "TrainingHistory", "WindowGRU",
             "calibrate", "compute_triggers", "labels_for_rule", "make_windows", "train_detector", "FeatureSpec",
             "conversation_features", "encode_conversation", "group_readout", "text_features"]
+from .evaluation import (KeywordMatcher, MonolithicClassifier, RuleEvaluation, gavel_rule_outputs, rule_metrics,
+                         train_monolithic)
+from . import ce_world  # registers the zoo entry "gavel-ce-world"
+
+__all__ += ["KeywordMatcher", "MonolithicClassifier", "RuleEvaluation", "gavel_rule_outputs", "rule_metrics",
+            "train_monolithic", "ce_world"]
+from .monitor import Monitor, MonitorOutput, render_prompt
+
+__all__ += ["Monitor", "MonitorOutput", "render_prompt"]

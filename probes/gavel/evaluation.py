@@ -1,0 +1,126 @@
+"""Rule-level evaluation of GAVEL and its baselines in one harness.
+
+- GAVEL: calibrated CE triggers -> ``Rule.evaluate`` (decision) and ``Rule.score`` (continuous, for AUC).
+- Monolithic activation classifier (the paper's baseline): one window GRU trained directly on windows of
+  rule-positive conversations (label 1) against windows of negative conversations (label 0); a
+  conversation's score is its maximum window probability, its decision uses a threshold chosen by Youden's
+  J on calibration conversations. (Choice: the paper only says "activation classifier"; this reuses the
+  CE detector's architecture and windows so the two differ only in what they are trained to recognise.)
+- Keyword matcher: a CE fires when one of its keywords occurs as a whole word in the scored text; the rule
+  is evaluated on those CEs (score = decision).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from interp.results import Result
+
+from .detector import (CalibrationLabels, CEDetector, DetectorConfig, calibrate, make_windows, train_detector)
+from .rules import Rule
+
+__all__ = ["KeywordMatcher", "MonolithicClassifier", "train_monolithic", "rule_metrics", "RuleEvaluation",
+           "gavel_rule_outputs"]
+
+
+class KeywordMatcher:
+    """Flags a CE when any of its keywords occurs (case-insensitive, whole words) in the text."""
+
+    def __init__(self, keywords: Mapping[str, Sequence[str]]):
+        if not keywords:
+            raise ValueError("KeywordMatcher needs at least one CE with keywords")
+        self.keywords = {c: list(ws) for c, ws in keywords.items()}
+        self._re = {c: re.compile(r"\b(?:" + "|".join(re.escape(w) for w in ws) + r")\b", re.IGNORECASE)
+                    for c, ws in self.keywords.items() if ws}
+
+    def fired(self, text: str) -> set[str]:
+        return {c for c, rx in self._re.items() if rx.search(text)}
+
+    def evaluate(self, rule: Rule, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(decisions, scores)`` for each text (scores equal decisions: keywords have no confidence)."""
+        dec = np.array([rule.evaluate(self.fired(t) & set(rule.condition_ces)) for t in texts], dtype=bool)
+        return dec, dec.astype(float)
+
+
+class MonolithicClassifier:
+    """A single window GRU for one rule (the paper's monolithic activation-classifier baseline)."""
+
+    def __init__(self, detector: CEDetector):
+        self.detector = detector
+
+    def scores(self, feats: Sequence[torch.Tensor]) -> np.ndarray:
+        return np.array([float(p.max()) for p in self.detector.sequence_probs(feats)])
+
+    def evaluate(self, feats: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        probs = self.detector.sequence_probs(feats)
+        dec = np.array([bool(self.detector.fired(p)) for p in probs])
+        return dec, np.array([float(p.max()) for p in probs])
+
+
+def train_monolithic(pos: Sequence[torch.Tensor], neg: Sequence[torch.Tensor], config: DetectorConfig | None = None,
+                     cal_pos: Sequence[torch.Tensor] = (), cal_neg: Sequence[torch.Tensor] = ()) -> MonolithicClassifier:
+    """Train on windows of rule-positive (1) vs negative (0) conversations; calibrate θ on ``cal_*`` by
+    Youden's J (if given; otherwise θ = 0.5)."""
+    config = config or DetectorConfig()
+    if not pos or not neg:
+        raise ValueError("train_monolithic needs positive and negative conversations")
+    wp = [make_windows(f, config.window) for f in pos]
+    wn = [make_windows(f, config.window) for f in neg]
+    wp = torch.cat([w for w in wp if w.shape[1] == config.window])
+    wn = torch.cat([w for w in wn if w.shape[1] == config.window])
+    x = torch.cat([wp, wn])
+    y = torch.cat([torch.ones(len(wp), 1), torch.zeros(len(wn), 1)])
+    det, _ = train_detector(x, y, ["rule"], config)
+    if cal_pos and cal_neg:
+        probs = det.sequence_probs(list(cal_pos) + list(cal_neg))
+        labels = [CalibrationLabels(required={"rule"})] * len(cal_pos) + [CalibrationLabels()] * len(cal_neg)
+        calibrate(det, probs, labels)
+    return MonolithicClassifier(det)
+
+
+def gavel_rule_outputs(detector: CEDetector, rule: Rule, probs: Sequence[torch.Tensor]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``(decisions, scores)`` of ``rule`` on conversations given by their window probabilities."""
+    rule.check_ces(detector.ces)
+    out = [detector.evaluate(rule, p) for p in probs]
+    return np.array([d for d, _ in out], dtype=bool), np.array([s for _, s in out])
+
+
+def rule_metrics(y: np.ndarray, decisions: np.ndarray, scores: np.ndarray, group: Sequence[str] | None = None
+                 ) -> dict[str, float]:
+    """AUC (of ``scores``), balanced accuracy, TPR and FPR (of ``decisions``); FPR per negative ``group``."""
+    from sklearn.metrics import roc_auc_score
+    y, d = np.asarray(y, dtype=bool), np.asarray(decisions, dtype=bool)
+    if y.all() or not y.any():
+        raise ValueError("rule_metrics needs positive and negative conversations")
+    tpr, fpr = float(d[y].mean()), float(d[~y].mean())
+    out = {"auc": float(roc_auc_score(y, scores)), "balanced_accuracy": (tpr + 1 - fpr) / 2, "tpr": tpr, "fpr": fpr}
+    if group is not None:
+        g = np.asarray(group)
+        for name in sorted(set(g[~y])):
+            m = (~y) & (g == name)
+            out[f"fpr_{name}"] = float(d[m].mean())
+    return out
+
+
+@dataclass
+class RuleEvaluation(Result):
+    """Per rule and method: AUC, balanced accuracy, TPR, FPR (overall and per negative kind)."""
+
+    rows: list[dict]
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows)
+
+    def figure(self):
+        import plotly.express as px
+        df = self.to_frame()
+        cols = [c for c in df.columns if c.startswith("fpr") or c in ("auc", "balanced_accuracy")]
+        long = df.melt(id_vars=["rule", "method"], value_vars=cols, var_name="metric")
+        return px.bar(long, x="metric", y="value", color="method", barmode="group", facet_col="rule",
+                      title="GAVEL vs baselines per rule")

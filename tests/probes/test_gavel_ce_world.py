@@ -1,0 +1,53 @@
+"""GAVEL CE world (digest §2 CPU-scale validation): data generator checks (fast) and the full pass criteria (slow)."""
+import random
+
+import pytest
+import torch
+
+from interp.probes.gavel import ce_world
+from interp.probes.gavel.ce_world import FAMILIES, _window_labels, make_conversation
+
+
+def test_conversations_have_phrases_and_isolated_decoys():
+    rng = random.Random(0)
+    for _ in range(50):
+        ces = [c for c in FAMILIES if rng.random() < 0.5]
+        seq, owner, last = make_conversation(rng, ces, 40)
+        assert len(seq) == len(owner) == len(last) == 40
+        assert {o for o in owner if o} == set(ces)
+        for i, w in enumerate(seq):
+            if owner[i] is None and w[0] in "abcd":  # a decoy: no neighbour of its family
+                for j in (i - 1, i + 1):
+                    assert not (0 <= j < 40 and seq[j][0] == w[0])
+        for i in range(40):
+            if last[i]:  # phrase = 3 cyclically consecutive family words ending here
+                fam = seq[i][0]
+                ks = [int(seq[i - 2 + j][1]) for j in range(3)]
+                assert all(seq[i - 2 + j][0] == fam for j in range(3))
+                assert ks[1] == (ks[0] + 1) % 5 and ks[2] == (ks[1] + 1) % 5
+
+
+def test_window_labels():
+    owner = [None] * 12
+    last = [False] * 12
+    for i in (3, 4, 5):
+        owner[i] = "A"
+    last[5] = True
+    lab = _window_labels(owner, last, ["A", "B"], 5)  # windows 0-4, 5-9, 7-11
+    assert lab[:, 0].tolist() == [-1, 1, 0] and lab[:, 1].tolist() == [0, 0, 0]
+
+
+@pytest.mark.slow
+def test_ce_world_pass_criteria(tmp_path, monkeypatch):
+    """Digest pass criteria; measured 2026-12-01: window AUC A/B/C/D 0.9998/0.9986/0.9991/0.9997, GAVEL rule AUC
+    0.999, hard-negative FPR 0.00, monolithic hard FPR 0.92, keywords 0.65."""
+    import interp
+    torch.set_num_threads(1)
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path))
+    model = interp.load(f"zoo:{ce_world.ZOO_NAME}", backend="torch")
+    res = ce_world.run_ce_world(model)
+    assert all(res.passed.values()), (res.passed, res.window_auc, res.rules)
+    df = res.to_frame()
+    assert set(df.method) == {"gavel", "monolithic", "keywords"}
+    res.save(tmp_path / "res")
+    res.figure()
