@@ -106,6 +106,14 @@ class Model:
     def _weight(self, name: str) -> torch.Tensor:
         raise NotImplementedError
 
+    def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
+        """Edit the weights IN PLACE so that nothing writes ``direction`` (``[d_model]``) into the residual
+        stream: token and learned position embeddings, attention output and MLP output projections
+        (biases included) are projected off it. Equal to ablating the direction from every residual
+        write at the activation level. Returns the edited module paths. HF backends (torch, nnsight)."""
+        raise ValueError(f"editing weights is supported on the torch and nnsight backends, not {self.backend!r}: "
+                         "wrap the Hugging Face model with one of those, edit, then wrap it again")
+
     def can_write(self, name: str) -> bool:
         """Whether interventions may modify hook ``name`` on this backend (all names can be captured)."""
         self._resolve(name)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from .base import SteeringData, SteeringMethod, SteeringVector, register
 from .diff_in_means import fit_direction
@@ -65,94 +64,23 @@ def ablation_vector(direction: torch.Tensor, source_layer: int | None = None, po
 
 
 # ------------------------------------------------------------------------------------- weight editing
-def _orth_out(module: nn.Module, r_hat: torch.Tensor) -> None:
-    """Make the OUTPUT of a linear map orthogonal to ``r_hat`` (``nn.Linear``: ``W [out, in]``;
-    GPT-2 ``Conv1D``: ``W [in, out]``), bias included."""
-    w = module.weight
-    r = r_hat.to(w.device, torch.float32)
-    with torch.no_grad():
-        if type(module).__name__ == "Conv1D":  # y = x W + b, W [in, out]
-            wf = w.float()
-            w.copy_((wf - (wf @ r)[:, None] * r[None, :]).to(w.dtype))
-        elif isinstance(module, nn.Linear):
-            wf = w.float()
-            w.copy_((wf - r[:, None] * (r @ wf)[None, :]).to(w.dtype))
-        else:
-            raise TypeError(f"cannot orthogonalise a {type(module).__name__} (expected nn.Linear or Conv1D)")
-        b = getattr(module, "bias", None)
-        if b is not None:
-            bf = b.float()
-            b.copy_((bf - (bf @ r) * r).to(b.dtype))
-
-
-def _orth_embedding(emb: nn.Embedding, r_hat: torch.Tensor) -> None:
-    with torch.no_grad():
-        w = emb.weight
-        r = r_hat.to(w.device, torch.float32)
-        wf = w.float()
-        w.copy_((wf - (wf @ r)[:, None] * r[None, :]).to(w.dtype))
-
-
 def orthogonalize_weights(model, direction: torch.Tensor | SteeringVector) -> list[str]:
-    """Bake directional ablation of ``direction`` into the weights of ``model.hf_model`` (IN PLACE).
+    """Bake directional ablation of ``direction`` into the model's weights (IN PLACE).
 
-    Edits every module that writes into the residual stream, ``W <- W - r_hat r_hat^T W`` on its output side:
+    Every weight that writes into the residual stream (token and learned position embeddings, each
+    block's attention output and MLP output projections, biases included) is projected off ``r_hat``,
+    ``W <- W - r_hat r_hat^T W``, through the capture layer's
+    :meth:`interp.Model.project_out_of_residual_writers` (a tied unembedding is untied first and keeps its
+    weights, because the final norm's gain can rotate an ``r_hat``-free residual back onto ``r_hat``). The
+    result equals :class:`DirectionalAblation`'s activation-level ablation (tested on a tiny Llama, tied
+    and untied, and GPT-2). Architectures that normalise or rescale a sub-layer's output before the
+    residual add (Gemma-2/3 post-norms, DINOv2 layer scale, post-norm BERT), and the TransformerLens
+    backend, raise ``ValueError``.
 
-    * the token embedding (``model.spec.embed``) and any learned absolute position embedding of width
-      ``d_model`` outside the blocks (GPT-2's ``wpe``);
-    * each block's attention output projection (``model.spec.o``) and MLP down projection
-      (``model.spec.mlp_out``), biases included.
-
-    A tied output embedding is untied first (the unembedding keeps its original weights), because the final
-    norm's gain can rotate an ``r_hat``-free residual back onto ``r_hat``, so the unembedding must not change.
-    The result equals :class:`DirectionalAblation`'s activation-level ablation (tested on a tiny Llama).
-
-    Needs an HF backend (``torch`` or ``nnsight``): ``model.hf_model`` and ``model.spec``. Architectures that
-    normalise a sub-layer's output before adding it to the stream (Gemma-2/3 post-norms, DINOv2 layer scale)
-    or post-norm models (BERT) cannot be edited this way and raise ``ValueError``.
-
-    Returns the module paths that were edited.
+    Returns the edited weights' module paths.
     """
     if isinstance(direction, SteeringVector):
         if direction.direction.dim() != 1:
             raise ValueError("orthogonalize_weights needs a single direction [d]")
         direction = direction.direction
-    spec = getattr(model, "spec", None)
-    hf = getattr(model, "hf_model", None)
-    if spec is None or hf is None:
-        raise ValueError(f"orthogonalize_weights edits Hugging Face weights: load the model with backend='torch' "
-                         f"or 'nnsight' (got backend={getattr(model, 'backend', '?')!r})")
-    if spec.attn_out_norm or spec.mlp_out_norm or spec.resid_mid_from:
-        raise ValueError(f"{spec.family!r} normalises or rescales sub-layer outputs before the residual add "
-                         "(post-norms / layer scale), so weight orthogonalisation is not equivalent to "
-                         "directional ablation there; use the activation-level DirectionalAblation vector")
-    r = torch.as_tensor(direction, dtype=torch.float32).detach().cpu()
-    if r.shape != (spec.d_model,):
-        raise ValueError(f"direction has shape {tuple(r.shape)}, expected [{spec.d_model}]")
-    if r.norm() == 0 or not torch.isfinite(r).all():
-        raise ValueError("direction must be finite and non-zero")
-    r_hat = r / r.norm()
-
-    edited: list[str] = []
-    out_emb = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
-    if out_emb is not None and spec.embed is not None:
-        in_emb = hf.get_submodule(spec.embed)
-        if getattr(out_emb, "weight", None) is not None and out_emb.weight is getattr(in_emb, "weight", None):
-            out_emb.weight = nn.Parameter(out_emb.weight.detach().clone(), requires_grad=out_emb.weight.requires_grad)
-            for cfg in {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: None)())
-                        if c is not None}.values():
-                if hasattr(cfg, "tie_word_embeddings"):
-                    cfg.tie_word_embeddings = False
-            edited.append("(untied output embedding)")
-    blocks_prefix = spec.blocks + "."
-    for path, module in hf.named_modules():
-        if isinstance(module, nn.Embedding) and module.embedding_dim == spec.d_model \
-                and not path.startswith(blocks_prefix) and module is not out_emb:
-            _orth_embedding(module, r_hat)
-            edited.append(path)
-    for layer in range(spec.n_layers):
-        for sub in (spec.o, spec.mlp_out):
-            path = f"{spec.blocks}.{layer}.{sub}"
-            _orth_out(hf.get_submodule(path), r_hat)
-            edited.append(path)
-    return edited
+    return model.project_out_of_residual_writers(direction)

@@ -43,6 +43,47 @@ class HFModel(Model):
         from ..weights import hf_weight
         return hf_weight(self, name)
 
+    @torch.no_grad()
+    def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
+        """See :meth:`interp.Model.project_out_of_residual_writers`."""
+        spec, hf = self.spec, self.hf_model
+        if spec.attn_out_norm or spec.mlp_out_norm or spec.resid_mid_from:
+            raise ValueError(f"{spec.family!r} normalises or rescales sub-layer outputs before the residual add "
+                             "(post-norms / layer scale), so editing the weights is not equivalent to ablating "
+                             "the direction from the residual stream; ablate activations instead")
+        r = torch.as_tensor(direction, dtype=torch.float32).detach().cpu()
+        if r.shape != (spec.d_model,):
+            raise ValueError(f"direction has shape {tuple(r.shape)}, expected [{spec.d_model}]")
+        if r.norm() == 0 or not bool(torch.isfinite(r).all()):
+            raise ValueError("direction must be finite and non-zero")
+        r_hat = r / r.norm()
+        edited: list[str] = []
+        out_emb = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+        if out_emb is not None and spec.embed is not None:
+            in_emb = hf.get_submodule(spec.embed)
+            if getattr(out_emb, "weight", None) is not None and out_emb.weight is getattr(in_emb, "weight", None):
+                # the final norm's gain can rotate an r_hat-free residual back onto r_hat: keep W_U as it is
+                out_emb.weight = nn.Parameter(out_emb.weight.detach().clone(), requires_grad=out_emb.weight.requires_grad)
+                for c in {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: None)())
+                          if c is not None}.values():
+                    if hasattr(c, "tie_word_embeddings"):
+                        c.tie_word_embeddings = False
+                edited.append("(untied output embedding)")
+        prefix = spec.blocks + "."
+        for path, module in hf.named_modules():
+            if isinstance(module, nn.Embedding) and module.embedding_dim == spec.d_model \
+                    and not path.startswith(prefix) and module is not out_emb:
+                w = module.weight
+                wf, rr = w.float(), r_hat.to(w.device)
+                w.copy_((wf - (wf @ rr)[:, None] * rr[None, :]).to(w.dtype))
+                edited.append(path)
+        for layer in range(spec.n_layers):
+            for sub in (spec.o, spec.mlp_out):
+                path = f"{spec.blocks}.{layer}.{sub}"
+                _project_output_off(hf.get_submodule(path), r_hat)
+                edited.append(path)
+        return edited
+
     def can_write(self, name: str) -> bool:
         return all(self.sites[n].lens.writable if n in self.sites else True for n in self._resolve(name))
 
@@ -162,6 +203,24 @@ class HFModel(Model):
             for d in (m._forward_hooks, m._forward_pre_hooks):
                 for k in [k for k, fn in d.items() if id(fn) in ids]:
                     d.pop(k, None)
+
+
+def _project_output_off(module: nn.Module, r_hat: torch.Tensor) -> None:
+    """Make the OUTPUT of a linear map orthogonal to ``r_hat`` (``nn.Linear``: ``W [out, in]``; GPT-2
+    ``Conv1D``: ``W [in, out]``), bias included."""
+    w = module.weight
+    r = r_hat.to(w.device, torch.float32)
+    wf = w.float()
+    if type(module).__name__ == "Conv1D":  # y = x W + b
+        w.copy_((wf - (wf @ r)[:, None] * r[None, :]).to(w.dtype))
+    elif isinstance(module, nn.Linear):
+        w.copy_((wf - r[:, None] * (r @ wf)[None, :]).to(w.dtype))
+    else:
+        raise TypeError(f"cannot project the output of a {type(module).__name__} (expected nn.Linear or Conv1D)")
+    b = getattr(module, "bias", None)
+    if b is not None:
+        bf = b.float()
+        b.copy_((bf - (bf @ r) * r).to(b.dtype))
 
 
 class _EagerSwitch:
