@@ -24,3 +24,6 @@ __all__ += ["KeywordMatcher", "MonolithicClassifier", "RuleEvaluation", "gavel_r
 from .monitor import Monitor, MonitorOutput, render_prompt
 
 __all__ += ["Monitor", "MonitorOutput", "render_prompt"]
+from .ce import CE, ERI_TEMPLATE, CELibrary, elicit
+
+__all__ += ["CE", "ERI_TEMPLATE", "CELibrary", "elicit"]
