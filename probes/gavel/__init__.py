@@ -27,3 +27,6 @@ __all__ += ["Monitor", "MonitorOutput", "render_prompt"]
 from .ce import CE, ERI_TEMPLATE, CELibrary, elicit
 
 __all__ += ["CE", "ERI_TEMPLATE", "CELibrary", "elicit"]
+from .propose import RuleProposal, propose_rule
+
+__all__ += ["RuleProposal", "propose_rule"]
