@@ -594,7 +594,7 @@ def helsinki_graph(landuse: bool = True, largest_component: bool = True):
             joined = joined[~joined.index.duplicated(keep="first")]
             for node, value in zip(joined["node"], joined["landuse"]):
                 G.nodes[node]["landuse"] = value
-    for n in G.nodes():  # drop shapely geometries: not needed, and keeps the graph picklable-free/light
+    for n in G.nodes():  # drop the shapely geometries (not used; keeps the graph light)
         G.nodes[n].pop("geometry", None)
     for _, _, d in G.edges(data=True):
         d.pop("geometry", None)

@@ -13,11 +13,9 @@ saved atomically and reused on a rerun (a killed run resumes where it stopped).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from interp.results import Result

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from interp.models.city_networks import (CityGNN, CityGraph, CityValidationResult, InfluenceResult, SweepSpec,
+from interp.models.city_networks import (CityGNN, CityValidationResult, InfluenceResult, SweepSpec,
                                          TrainConfig, ValidationConfig, build_city_dataset, coalesce_undirected,
                                          decay_rate, depth_sweep, grid_city, induced_subgraphs, influence_curve,
                                          linear_gcn_influence, local_eccentricity, measure_influence, pair_influence,
-                                         partition_labels, random_split, receptive_field, small_world_control,
+                                         partition_labels, random_split, receptive_field,
                                          standardize, synthetic_validation, total_influence, train_model)
 from interp.models.city_networks.influence import gcn_norm_dense
 
