@@ -49,6 +49,16 @@ class HeadsConfig:
         check_choice("heads.convention", self.convention, THRESHOLD_CONVENTIONS)
         check_choice("heads.padded_queries", self.padded_queries, PADDED_QUERIES)
         check_choice("heads.ablation_method", self.ablation_method, ("zero", "mean"))
+        for field, low in (("batch_size", 1), ("max_length", 1), ("n_random", 0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"heads.{field} must be an integer >= {low}, got {value!r}")
+        try:  # unknown score names fail here, before any model is loaded
+            if self.scores is not None:
+                resolve_scores(self.scores)
+            resolve_scores(self.ablation_score)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"heads.scores / heads.ablation_score: {exc}") from None
 
 
 @dataclass

@@ -63,3 +63,15 @@ def test_tokenizer_less_llama_on_the_transformer_lens_backend():
     assert (model(ids) - want).abs().max() < 1e-5
     with pytest.raises(ValueError, match="no tokenizer"):
         model("text")
+
+
+@pytest.mark.parametrize("setting, match", [
+    ("heads.fraction=-5", "fraction"), ("heads.batch_size=0", "batch_size"),
+    ("heads.scores=NOPE", "scores"), ("heads.n_random=-1", "n_random"),
+])
+def test_bad_audit_settings_fail_before_any_model_loads(setting, match, tmp_path):
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["audit", "zoo:does-not-matter", "--checks", "heads", "--set", setting,
+                                   "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and match in res.output and "loading" not in res.output
+    assert not (tmp_path / "r").exists() and time.perf_counter() - t0 < 30
