@@ -43,15 +43,12 @@ def _builder(out: Path, params: Mapping[str, Any]):
     return build_plm(out, params)
 
 
-def _register() -> None:
+def entries() -> list[ZooEntry]:
+    """The zoo entries of the protein family (full and toy); the ``interp.zoo`` entry point of this package."""
+    out = []
     for toy in (False, True):
         for name, cfg in family_configs(toy).items():
-            try:
-                get_entry(name)
-                continue  # already registered (module reloaded)
-            except KeyError:
-                pass
-            register(ZooEntry(
+            out.append(ZooEntry(
                 name=name,
                 description=(f"{'toy ' if toy else ''}ESM-2-style protein masked LM (EsmForMaskedLM, width {cfg.width}, "
                              f"{cfg.n_layers} layer(s), rotary, ESM-2 alphabet) trained from scratch on the training "
@@ -65,6 +62,16 @@ def _register() -> None:
                 packages=("pyhmmer",),
                 slow=not toy,
             ))
+    return out
+
+
+def _register() -> None:
+    for entry in entries():
+        try:
+            get_entry(entry.name)
+            continue  # already registered (module reloaded, or found through the entry point)
+        except KeyError:
+            register(entry)
 
 
 _register()
