@@ -216,3 +216,286 @@ def register_myopic_attention(name: str = "myopic") -> str:
     AttentionInterface.register(name, myopic_attention)
     AttentionMaskInterface.register(name, eager_mask)
     return name
+
+
+# ----------------------------------------------------------------------------------------- feature influence
+@dataclasses.dataclass
+class FeatureInfluence(Result):
+    """Cumulative influence of each gradient component on each tracked feature over one re-run of training.
+
+    ``influence[optimizer][component]`` is ``[n_probes]``: ``Σ_t Δ_c(t) · ∇R(θ_t)`` (positive = the component
+    moves the feature toward its final form); ``probes`` lists ``(feature, site, position)`` in the same order;
+    ``curves[optimizer][component]`` is ``[n_steps, n_probes]`` (the running sum)."""
+
+    probes: list[tuple[str, str, int]]
+    influence: dict[str, dict[str, torch.Tensor]]
+    curves: dict[str, dict[str, torch.Tensor]]
+    risk: torch.Tensor          # [n_steps, n_probes]
+
+    kind = "feature_influence"
+
+    def to_frame(self):
+        import pandas as pd
+        rows = [{"optimizer": o, "component": c, "feature": f, "site": s, "position": p, "influence": float(v[k])}
+                for o, comps in self.influence.items() for c, v in comps.items()
+                for k, (f, s, p) in enumerate(self.probes)]
+        return pd.DataFrame(rows)
+
+    def figure(self, optimizer: str = "adam"):
+        import plotly.express as px
+        df = self.to_frame()
+        df = df[df.optimizer == optimizer]
+        df["probe"] = df.feature + "@" + df.position.astype(str)
+        return px.bar(df, x="probe", y="influence", color="component", barmode="group",
+                      title=f"Cumulative feature influence ({optimizer})")
+
+
+def _flat(gs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in gs.values()])
+
+
+def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, probes: list[tuple[str, str, int, torch.Tensor, torch.Tensor]],
+                         lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                         ) -> FeatureInfluence:
+    """Re-run Adam training on ``batches`` and accumulate the feature-mismatch influence of each component.
+
+    ``probes``: ``(feature_name, site, position, w, r_star)`` with ``w`` ``[d]`` a probe direction fitted on the
+    final model θ* and ``r_star`` the callable-free target: ``[n_batches, batch]`` values ``⟨w, r_{θ*}⟩`` for
+    each batch (precomputed with θ*). At each step, for each probe: ``R(θ) = mean_b ½(⟨w, r_θ⟩ − ⟨w, r_θ*⟩)²``,
+    ``∇_θ R`` by one backward, and the step each component alone would cause: SGD ``lr·g_c``; Adam a separate
+    first moment per component with the *shared* second moment of the full gradient and the usual bias
+    correction (the official code's ``compute_adam_param_delta``). Influence ``+= Δ_c · ∇R``. The model is
+    then updated by Adam on the full gradient (``θ ← θ − Δ``). ``batches``: iterable of ``[batch, seq]`` ids.
+    """
+    if lr <= 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    names, tensors = list(params), list(params.values())
+    opt = torch.optim.Adam(tensors, lr=lr, betas=betas, eps=eps)
+    comps = ("direct", "precached", "shared")
+    n_p = sum(t.numel() for t in tensors)
+    moments = {(s, p): {c: torch.zeros(n_p) for c in comps} for _, s, p, _, _ in probes}
+    v = torch.zeros(n_p)
+    b1, b2 = betas
+    curves = {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")}
+    risks = []
+    totals = {o: {c: torch.zeros(len(probes)) for c in comps + ("full",)} for o in ("sgd", "adam")}
+    from interp.progress import progress
+    for step, ids in enumerate(progress(batches, desc="influence")):
+        decs = {}
+        for _, s, p, _, _ in probes:
+            if (s, p) not in decs:
+                decs[(s, p)] = decompose_gradient(model, ids, s, p, params=params)
+        full = _flat(next(iter(decs.values())).full)
+        v_new = b2 * v + (1 - b2) * full * full
+        denom = (v_new / (1 - b2 ** (step + 1))).sqrt() + eps
+        # ∇R for every probe (one forward keeping the graph, the sites' activations kept by hooks)
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(t, ctx):
+            kept[ctx.name] = t
+            return t
+        with _require_grad(params), model.intervene({s: keep for s in {s for _, s, _, _, _ in probes}}):
+            model.forward_with_grad(ids)
+            r_row, r_grads = [], []
+            for k, (_, s, p, w, target) in enumerate(probes):
+                pred = kept[s][:, p].to(w.dtype) @ w
+                R = 0.5 * ((pred - target[step]) ** 2).mean()
+                g = torch.autograd.grad(R, tensors, retain_graph=True, allow_unused=True)
+                r_grads.append(torch.cat([(torch.zeros_like(t) if x is None else x).reshape(-1) for t, x in zip(tensors, g)]))
+                r_row.append(float(R.detach()))
+        risks.append(r_row)
+        for k, (_, s, p, _, _) in enumerate(probes):
+            gc = {c: _flat(decs[(s, p)][c]) for c in comps}
+            for c in comps:
+                m = moments[(s, p)][c]
+                if k == [i for i, pr in enumerate(probes) if (pr[1], pr[2]) == (s, p)][0]:
+                    m.mul_(b1).add_((1 - b1) * gc[c])       # update once per (site, position)
+                deltas = {"sgd": lr * gc[c], "adam": lr * (m / (1 - b1 ** (step + 1))) / denom}
+                for o, d in deltas.items():
+                    totals[o][c][k] += float(d @ r_grads[k])
+        for o in totals:
+            totals[o]["full"] = sum(totals[o][c] for c in comps)
+            for c in totals[o]:
+                curves[o][c].append(totals[o][c].clone())
+        v = v_new
+        opt.zero_grad(set_to_none=False)
+        for t, g in zip(tensors, next(iter(decs.values())).full.values()):
+            t.grad = g.clone()
+        opt.step()
+    return FeatureInfluence(probes=[(f, s, p) for f, s, p, _, _ in probes],
+                            influence={o: {c: t.clone() for c, t in d.items()} for o, d in totals.items()},
+                            curves={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves.items()},
+                            risk=torch.tensor(risks))
+
+
+# ----------------------------------------------------------------------------------------- the Majority experiment
+@dataclasses.dataclass
+class MajorityConfig:
+    """The Majority validation at CPU scale (the paper: 2 layers, d=128, 4 heads, Adam 1e-3, batch 256,
+    3000 steps, 10 seeds). ``probe_layer`` follows the code's convention (0 = embeddings, k = output of block
+    k−1); ``influence_positions`` are sequence positions *with* our BOS (input tokens sit at 1..n_in)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    steps: int = 600
+    batch: int = 64
+    lr: float = 1e-3
+    variant: str = "standard"           # "standard" | "myopic"
+    probe_layer: int = 2
+    probe_positions: tuple[int, ...] = (6, 7, 8, 9, 10)     # the digest's input positions 5-9, shifted by BOS
+    influence_layer: int = 1    # pre-cached influence is structurally zero at the last layer (no attention after)
+    influence_positions: tuple[int, ...] = (8, 15)          # one input, one output position
+    influence_steps: int = 200
+    n_probe: int = 2048
+    seed: int = 0
+
+    def __post_init__(self):
+        for f in ("n_layers", "d_model", "n_heads", "steps", "batch", "n_probe", "influence_steps"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"MajorityConfig.{f} must be a positive integer, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"MajorityConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.variant not in ("standard", "myopic"):
+            raise ValueError(f"MajorityConfig.variant must be 'standard' or 'myopic', got {self.variant!r}")
+        for f in ("probe_layer", "influence_layer"):
+            if not 1 <= getattr(self, f) <= self.n_layers:
+                raise ValueError(f"MajorityConfig.{f} must be in 1..{self.n_layers}, got {getattr(self, f)}")
+        if not (self.lr > 0):
+            raise ValueError(f"MajorityConfig.lr must be positive, got {self.lr}")
+        for p in tuple(self.probe_positions) + tuple(self.influence_positions):
+            if not 1 <= p <= 19:
+                raise ValueError(f"MajorityConfig positions must be in 1..19 (sequence of 21 with BOS), got {p}")
+
+
+@dataclasses.dataclass
+class MajorityResult(Result):
+    """Probe accuracy of ``is_majority_*`` per position on θ*, final loss, and the influence re-run."""
+
+    config: dict
+    probe_accuracy: dict[int, float]
+    final_loss: float
+    output_accuracy: float
+    influence: FeatureInfluence | None
+
+    kind = "majority"
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([{"position": p, "probe_accuracy": a} for p, a in self.probe_accuracy.items()])
+
+    def figure(self):
+        import plotly.express as px
+        return px.line(self.to_frame(), x="position", y="probe_accuracy", markers=True,
+                       title=f"is_majority probe accuracy ({self.config['variant']})")
+
+
+def _gpt2(cfg: MajorityConfig, vocab: int):
+    import transformers as T
+    torch.manual_seed(cfg.seed)
+    c = T.GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, vocab_size=vocab, n_positions=32,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    hf = T.GPT2LMHeadModel(c)
+    hf.set_attn_implementation(register_myopic_attention() if cfg.variant == "myopic" else "eager")
+    return hf.train()
+
+
+def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityResult:
+    """Train on Majority, fit ``is_majority`` probes on θ* at ``probe_layer`` (held-out accuracy, sklearn
+    logistic regression per feature, averaged over features), then (optionally) re-run training from the
+    same init and data order accumulating the influence of each gradient component on those probes."""
+    import copy
+
+    import interp
+    from sklearn.linear_model import LogisticRegression
+
+    from interp.progress import progress
+    from .tasks import majority
+    data = majority(cfg.steps * cfg.batch, seed=cfg.seed)
+    hf = _gpt2(cfg, data.vocab_size)
+    init = copy.deepcopy(hf.state_dict())
+    opt = torch.optim.Adam(hf.parameters(), lr=cfg.lr)
+    batches = data.tokens.view(cfg.steps, cfg.batch, -1)
+    for ids in progress(batches, desc="majority train"):
+        logits = hf(ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hf.eval()
+    model = interp.wrap(hf, backend="torch")
+    site = f"blocks.{cfg.probe_layer - 1}.hook_resid_post"
+    isite = f"blocks.{cfg.influence_layer - 1}.hook_resid_post"
+    held = majority(2 * cfg.n_probe, seed=cfg.seed + 10_000)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(held.tokens, names=[site, isite])
+    out_pos = list(held.output_positions)
+    pred = logits[:, [p - 1 for p in out_pos]].argmax(-1)
+    legal = held.features[:, [p - 1 for p in out_pos]].gather(-1, pred[..., None]).squeeze(-1)
+    n_tr = cfg.n_probe
+
+    def fit(s: str, p: int, features) -> tuple[float, torch.Tensor | None]:
+        X = cache[s][:, p].numpy()
+        scores, w = [], None
+        for f in features:
+            y = held.features[:, p, f].numpy()
+            if len(set(y[:n_tr])) < 2:
+                scores.append(float((y[n_tr:] == y[0]).mean()))
+                continue
+            clf = LogisticRegression(max_iter=2000).fit(X[:n_tr], y[:n_tr])
+            scores.append(float(clf.score(X[n_tr:], y[n_tr:])))
+            w = torch.tensor(clf.coef_[0], dtype=torch.float32) if f == 0 else w
+        return float(sum(scores) / len(scores)), w
+    acc = {p: fit(site, p, range(held.features.shape[-1]))[0] for p in cfg.probe_positions}
+    ws = {p: fit(isite, p, [0])[1] for p in cfg.influence_positions} if track_influence else {}
+    influence = None
+    if track_influence:
+        steps = min(cfg.influence_steps, cfg.steps)
+        with torch.no_grad():
+            targets = {}
+            for p in cfg.influence_positions:
+                _, c2 = model.run_with_cache(batches[:steps].reshape(-1, batches.shape[-1]), names=isite)
+                targets[p] = (c2[isite][:, p] @ ws[p]).view(steps, cfg.batch)
+        hf.load_state_dict(init)
+        hf.train()
+        probes = [("is_majority_0", isite, p, ws[p], targets[p]) for p in cfg.influence_positions]
+        influence = train_with_influence(model, dict(hf.named_parameters()), batches[:steps], probes, lr=cfg.lr)
+    return MajorityResult(config=dataclasses.asdict(cfg), probe_accuracy=acc, final_loss=float(loss.detach()),
+                          output_accuracy=float(legal.float().mean()), influence=influence)
+
+
+def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: percentile bootstrap CI of the mean over seeds (vectorised resampling)."""
+    x = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    if x.numel() < 2:
+        raise ValueError("bootstrap_ci needs at least two values")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    idx = torch.randint(0, x.numel(), (n_boot, x.numel()), generator=torch.Generator().manual_seed(seed))
+    means = x[idx].mean(1)
+    a = (1 - level) / 2
+    return float(x.mean()), float(means.quantile(a)), float(means.quantile(1 - a))
+
+
+def majority_validation(seeds=range(10), **overrides) -> "pandas.DataFrame":  # noqa: F821
+    """The digest's Majority criteria over seeds: probe accuracy (standard vs myopic) at the input positions
+    and cumulative Adam influence per component at the tracked positions with bootstrap CIs.
+    Returns a tidy frame ``quantity, mean, lo, hi``."""
+    import pandas as pd
+    rows, acc, infl = [], {"standard": [], "myopic": []}, []
+    for s in seeds:
+        for variant in ("standard", "myopic"):
+            r = run_majority(MajorityConfig(variant=variant, seed=s, **overrides), track_influence=variant == "standard")
+            acc[variant].append(sum(r.probe_accuracy.values()) / len(r.probe_accuracy))
+            if r.influence is not None:
+                infl.append(r.influence.to_frame().query("optimizer == 'adam'").assign(seed=s))
+    for variant, a in acc.items():
+        rows.append(("probe_acc_" + variant, *bootstrap_ci(a)))
+    df = pd.concat(infl)
+    for (c, p), g in df.groupby(["component", "position"]):
+        rows.append((f"influence_{c}@{p}", *bootstrap_ci(g.influence.values)))
+    both = df[df.component.isin(["precached", "shared"])].groupby(["position", "seed"]).influence.sum()
+    for p in sorted(set(df.position)):
+        rows.append((f"influence_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
+    return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])

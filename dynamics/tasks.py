@@ -1,0 +1,85 @@
+"""Synthetic data generators for the training-dynamics papers (vectorised, seeded, no Python loop per example).
+
+* :func:`majority` — Rofin et al.'s Majority task: ``n_in`` uniform tokens from a vocabulary of ``n_vocab``,
+  then ``n_out`` tokens each drawn uniformly among the *current* majority tokens (counts include the outputs
+  generated so far). Features ``is_majority_v`` at every position. At input positions they are useless for
+  the next token (the next input is uniform), yet a model must compute them later.
+* :func:`addition` — POLCA's 3-digit addition: ``a+b=`` then the 4 result digits most-significant first, with
+  per-output-token digit-position and carry labels.
+
+Token ids: every sequence starts with a BOS token so that the first real token also has a prediction
+(choice of ours; the official code has no BOS in its Majority sampler).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class TaskBatch:
+    """``tokens`` ``[n, seq]``; ``features`` ``[n, seq, n_features]`` (0/1) or ``labels`` dict of ``[n, seq]``."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor | None = None
+    feature_names: tuple[str, ...] = ()
+    labels: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    vocab_size: int = 0
+    output_positions: tuple[int, ...] = ()
+
+
+def majority(n: int, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
+    """Majority task. ``tokens`` ``[n, 1 + n_in + n_out]`` (BOS = ``n_vocab``), ``features[b, p, v]`` = token ``v``
+    is a (possibly tied) majority of the tokens up to and including position ``p`` (0 at BOS)."""
+    for name, v, lo in (("n", n, 1), ("n_vocab", n_vocab, 2), ("n_in", n_in, 1), ("n_out", n_out, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.empty(n, n_in + n_out, dtype=torch.long)
+    seq[:, :n_in] = torch.randint(0, n_vocab, (n, n_in), generator=g)
+    counts = torch.nn.functional.one_hot(seq[:, :n_in], n_vocab).sum(1)                 # [n, V]
+    for t in range(n_out):  # sequential by definition (each output changes the counts); vectorised over n
+        is_max = counts == counts.max(-1, keepdim=True).values
+        choice = torch.multinomial(is_max.float(), 1, generator=g).squeeze(-1)
+        seq[:, n_in + t] = choice
+        counts = counts + torch.nn.functional.one_hot(choice, n_vocab)
+    running = torch.nn.functional.one_hot(seq, n_vocab).cumsum(1)                      # [n, S, V]
+    feats = (running == running.max(-1, keepdim=True).values).long()
+    tokens = torch.cat([torch.full((n, 1), n_vocab, dtype=torch.long), seq], 1)
+    feats = torch.cat([torch.zeros(n, 1, n_vocab, dtype=torch.long), feats], 1)
+    return TaskBatch(tokens=tokens, features=feats, feature_names=tuple(f"is_majority_{v}" for v in range(n_vocab)),
+                     vocab_size=n_vocab + 1, output_positions=tuple(range(1 + n_in, 1 + n_in + n_out)))
+
+
+PLUS, EQ, BOS_ADD = 10, 11, 12
+
+
+def addition(n: int, n_digits: int = 3, seed: int = 0) -> TaskBatch:
+    """3-digit addition ``BOS a + b = c`` with ``c`` as ``n_digits + 1`` digits, most significant first
+    (zero-padded). Tokens: digits 0-9, ``+`` = 10, ``=`` = 11, BOS = 12. Labels ``[n, seq]`` at each answer
+    digit (−1 elsewhere): ``digit`` (0 = the most significant answer digit ... n_digits = the units) and
+    ``carry`` (1 if a carry flows *into* that digit's column, i.e. the digit differs from the carry-free sum)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 6:
+        raise ValueError(f"n_digits must be an integer in 1..6, got {n_digits!r}")
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 10 ** n_digits, (n,), generator=g)
+    b = torch.randint(0, 10 ** n_digits, (n,), generator=g)
+    pw = 10 ** torch.arange(n_digits, -1, -1)                                      # most significant first
+    dig = lambda x, k: (x[:, None] // pw[-k:]) % 10                                 # noqa: E731
+    c = a + b
+    tokens = torch.cat([torch.full((n, 1), BOS_ADD), dig(a, n_digits), torch.full((n, 1), PLUS), dig(b, n_digits),
+                        torch.full((n, 1), EQ), dig(c, n_digits + 1)], 1)
+    # carry into column k (10^k): carry-free digit sum differs from the true digit
+    carry_free = (dig(a, n_digits + 1) + dig(b, n_digits + 1)) % 10
+    carry = (carry_free != dig(c, n_digits + 1)).long()
+    S = tokens.shape[1]
+    start = S - (n_digits + 1)
+    digit_lab = torch.full((n, S), -1, dtype=torch.long)
+    carry_lab = torch.full((n, S), -1, dtype=torch.long)
+    digit_lab[:, start:] = torch.arange(n_digits + 1)
+    carry_lab[:, start:] = carry
+    return TaskBatch(tokens=tokens, labels={"digit": digit_lab, "carry": carry_lab}, vocab_size=13,
+                     output_positions=tuple(range(start, S)))

@@ -1,0 +1,151 @@
+"""POLCA (Kangaslahti et al.): identities, exactness of the second-order term, Lanczos, clustering helpers."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from interp.dynamics.polca import (CheckpointRecorder, ParamSpace, analyse, breakthrough_step, build_basis,
+                                   cluster_direction, exact_losses, first_order, homogeneity, hvp_fn, lanczos_top,
+                                   load_checkpoints, plateau_step, polca_trajectories, second_order)
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def _data(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def loss_fn(model, ex):
+    x, y = ex
+    return nn.functional.cross_entropy(model(x), y, reduction="none")
+
+
+def test_complete_basis_first_order_identity():
+    """Σ_b POLCA₁(x, b) = ⟨∇L(x), Δθ⟩ for a random complete orthonormal basis (rel. err < 1e-5)."""
+    model = _mlp()
+    space = ParamSpace(model)
+    ex = _data()
+    theta = space.flatten()
+    theta2 = theta + 0.01 * torch.randn(space.numel, generator=torch.Generator().manual_seed(1))
+    basis, _ = torch.linalg.qr(torch.randn(space.numel, space.numel, generator=torch.Generator().manual_seed(2)))
+    p1 = first_order(model, loss_fn, ex, basis, theta, theta2)
+    assert p1.shape == (16, space.numel)
+    grads = torch.func.jacrev(space.losses(loss_fn, ex))(theta)            # [n, P] per-example gradients
+    want = grads @ (theta2 - theta)
+    rel = (p1.sum(1) - want).abs().max() / want.abs().max()
+    assert rel < 1e-5
+    # a single basis vector is a rank-one projection, not the whole change
+    assert (p1[:, 0] - want).abs().max() > 1e-4
+
+
+def test_second_order_is_exact_per_example_curvature():
+    model = _mlp()
+    space = ParamSpace(model)
+    ex = _data(6)
+    theta = space.flatten()
+    B, _ = torch.linalg.qr(torch.randn(space.numel, 3, generator=torch.Generator().manual_seed(3)))
+    theta2 = theta + B @ torch.tensor([0.02, -0.01, 0.03])
+    p1, h = second_order(space, loss_fn, ex, B, theta, theta2)
+    f = space.losses(loss_fn, ex)
+    for i in range(6):
+        H = torch.func.hessian(lambda th: f(th)[i])(theta)
+        for j in range(3):
+            b = B[:, j]
+            s = float(b @ (theta2 - theta))
+            torch.testing.assert_close(h[i, j], 0.5 * (b @ H @ b) * s * s, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(p1, first_order(space, loss_fn, ex, B, theta, theta2))
+    # the step lies in span(B): first + second order predict the exact change to third order
+    change = f(theta2) - f(theta)
+    assert (p1.sum(1) + h.sum(1) - change).abs().max() < 0.05 * change.abs().max() + 1e-6
+
+
+def test_lanczos_matches_dense_eigenvectors_and_projection():
+    model = _mlp()
+    space = ParamSpace(model)
+    ex = _data(32)
+    theta = space.flatten()
+    H = torch.func.hessian(lambda th: space.losses(loss_fn, ex)(th).mean())(theta).double()
+    evals, evecs = torch.linalg.eigh(H)
+    hvp = hvp_fn(space, loss_fn, ex, theta)
+    lam, vec = lanczos_top(hvp, space.numel, k=2, n_iter=space.numel)
+    torch.testing.assert_close(lam, evals.flip(0)[:2], rtol=1e-4, atol=1e-6)
+    assert abs(float(vec[:, 0] @ evecs[:, -1].double())) > 0.999
+    # projected away from the top eigenvector, the next one is the second
+    lam2, vec2 = lanczos_top(hvp, space.numel, k=1, n_iter=space.numel, project=evecs[:, -1:])
+    torch.testing.assert_close(lam2[0], evals[-2], rtol=1e-4, atol=1e-6)
+    assert abs(float(vec2[:, 0] @ evecs[:, -1])) < 1e-8
+    # Algorithm 1 over two checkpoints gives an orthonormal basis
+    B = build_basis(space, loss_fn, ex, torch.stack([theta, theta]), at=[0, 1], k=2, n_iter=space.numel)
+    torch.testing.assert_close(B.T @ B, torch.eye(4), atol=1e-5, rtol=0)
+
+
+def test_trajectories_track_loss_change_small_lr(tmp_path):
+    """Learned Hessian subspace + second order tracks the per-example loss change (R² ≥ 0.8) at small lr."""
+    model = _mlp()
+    ex = _data(64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rec = CheckpointRecorder(model, tmp_path / "ckpt", every=5)
+    for step in range(61):
+        rec(step)
+        loss = loss_fn(model, ex).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps, thetas = load_checkpoints(tmp_path / "ckpt")
+    assert steps == list(range(0, 61, 5)) and thetas.shape[0] == 13
+    space = ParamSpace(model)
+    B = build_basis(space, loss_fn, ex, thetas, at=range(0, 13, 2), k=2, n_iter=20)
+    traj = polca_trajectories(space, loss_fn, ex, B, thetas)
+    exact = exact_losses(space, loss_fn, ex, thetas)
+    pred, true = traj[:, :, -1].sum(1), exact[:, -1] - exact[:, 0]
+    r2 = 1 - ((pred - true) ** 2).sum() / ((true - true.mean()) ** 2).sum()
+    assert r2 >= 0.8, float(r2)
+    # a random subspace of the same size tracks it far worse
+    R, _ = torch.linalg.qr(torch.randn(space.numel, B.shape[1], generator=torch.Generator().manual_seed(0)))
+    rnd = polca_trajectories(space, loss_fn, ex, R, thetas)[:, :, -1].sum(1)
+    assert 1 - ((rnd - true) ** 2).sum() / ((true - true.mean()) ** 2).sum() < r2 - 0.2
+
+
+def test_breakthrough_plateau_homogeneity_and_clusters():
+    steps = list(range(0, 200, 10))
+    t = torch.tensor(steps, dtype=torch.float)
+    late = 1 - torch.sigmoid((t - 150) / 3)           # drops at 150
+    early = 1 - torch.sigmoid((t - 40) / 3)           # drops at 40
+    f = torch.stack([late, early])
+    brk = breakthrough_step(f, steps, delta=20)
+    assert abs(int(brk[0]) - 140) <= 10 and abs(int(brk[1]) - 30) <= 10
+    assert plateau_step(early, steps) == 50      # loss 0.034 <= 5 % of the drop from step 50 on, 0.5 at 40
+    assert homogeneity(np.array([0, 0, 0, 1, 1, -1]), np.array([1, 1, 0, 0, 0, 1])) == {0: 2 / 3, 1: 1.0}
+    g = torch.Generator().manual_seed(0)
+    traj = torch.cat([late.expand(40, -1) + 0.01 * torch.randn(40, 20, generator=g),
+                      early.expand(40, -1) + 0.01 * torch.randn(40, 20, generator=g),
+                      -early.expand(10, -1)])   # 10 rising examples: dropped
+    lab = cluster_direction(traj - traj[:, :1])
+    assert (lab[-10:] == -2).all()
+    assert len(set(lab[:40])) == 1 and len(set(lab[40:80])) == 1 and lab[0] != lab[40] and lab[0] >= 0
+    res = analyse(torch.stack([traj - traj[:, :1]], 1), traj.abs() + 2, steps,
+                  {"kind": np.array([0] * 40 + [1] * 50)}, delta=20, tau=100)
+    df = res.to_frame()
+    polca = df[df.source == "polca:0"]
+    assert set(polca.hom_kind) == {1.0} and polca.hidden.sum() == 1
+    assert res.figure().data and res.summary("kind")["polca_max_kind_homogeneity"] == 1.0
+
+
+def test_bad_inputs(tmp_path):
+    model = _mlp()
+    space = ParamSpace(model)
+    theta = space.flatten()
+    with pytest.raises(ValueError, match="basis"):
+        first_order(model, loss_fn, _data(), torch.zeros(3, 2), theta, theta)
+    with pytest.raises(ValueError, match="theta_next"):
+        first_order(model, loss_fn, _data(), torch.zeros(space.numel, 2), theta, theta[:-1])
+    with pytest.raises(ValueError, match="every"):
+        CheckpointRecorder(model, tmp_path, every=0)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoints(tmp_path / "none")
+    with pytest.raises(ValueError, match="per-example"):
+        first_order(model, lambda m, e: loss_fn(m, e).mean(), _data(), torch.zeros(space.numel, 1), theta, theta)
