@@ -404,17 +404,35 @@ def test_lr_transfer_across_width_completep_stays_sp_drifts(corpus):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced with the reference's gradient clipping (#22): CompleteP's grid argmin moves from 2^-8 at depth 2 "
+    "to 2^-6 at depth 8 (+2 points; depth-8 losses 2.341 / 2.339 / 2.336 at 2^-8 / 2^-7 / 2^-6, a 0.005-nat valley, "
+    "seed 0). Without clipping (before #22) it stayed at 2^-8 (2.342 vs 2.381 at 2^-7): clipping removes the "
+    "high-LR instability at depth 8 and flattens the valley, so the argmin is decided by noise"))
 def test_lr_transfer_across_depth_completep_stays(corpus):
+    """Recipe criterion: under CompleteP the LR argmin moves <= 1 grid point from depth 2 to 8."""
     cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-10, -5)), transfer_widths=(64,),
-                          transfer_depths=(2, 8), stages=("lr",))
+                          transfer_depths=(2, 8), parameterizations=("completep",), stages=("lr",))
     from interp.models.completep import lr_transfer
 
     s = lr_transfer(cfg, corpus, store={}).summary["lr"]
     assert abs(s["shift_depth"]["completep"]) <= 1, s["argmin"]
-    # SP's optimum moves further with depth than CompleteP's (measured: 1 grid point, not the recipe's 2; see docs)
-    sp = s["refined_log2_lr"]["sp/w64/d8"] - s["refined_log2_lr"]["sp/w64/d2"]
-    cp = s["refined_log2_lr"]["completep/w64/d8"] - s["refined_log2_lr"]["completep/w64/d2"]
-    assert sp < cp < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced: SP's grid argmin stays at 2^-8 from depth 2 to 8 (shift 0; refined -7.64 -> -7.58 octaves, "
+    "seed 0) with the reference's gradient clipping (#22); before #22 (no clipping) it moved 1 point (2^-8 -> 2^-9). "
+    "With QK-norm, pre-norm, GPT-2's 1/sqrt(2L) output init and clipping, this SP is depth-robust at depth <= 8 "
+    "and 200 steps"))
+def test_lr_transfer_across_depth_sp_drifts(corpus):
+    """Recipe criterion: under the standard parameterization the LR argmin drifts >= 2 grid points from depth 2 to 8."""
+    cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -5)), transfer_widths=(64,),
+                          transfer_depths=(2, 8), parameterizations=("sp",), stages=("lr",))
+    from interp.models.completep import lr_transfer
+
+    s = lr_transfer(cfg, corpus, store={}).summary["lr"]
+    assert abs(s["shift_depth"]["sp"]) >= 2, s["argmin"]
 
 
 @pytest.mark.slow
@@ -440,10 +458,13 @@ def test_per_module_multipliers_transfer_better_than_global(corpus):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced with the reference's gradient clipping (#22): refined optimum 2^-8.10 at 200 steps -> 2^-9.27 at "
+    "400 steps (mean of 2 seeds), a log2 shift of -1.17 per doubling against the SDE rule's -0.5 (band [-0.75, -0.25]); "
+    "before #22 (no clipping) it was -0.67 and one seed alone -0.82: the criterion sits at the noise level of the "
+    "flat, rough loss valley at this scale (see docs)"))
 def test_doubling_the_steps_lowers_the_optimal_lr_about_sqrt2(corpus):
-    """SDE duration rule: at fixed batch, twice the steps -> optimal LR / sqrt(2) (log2 shift -0.5).
-    Measured with the benchmark's two seeds: -0.67 (within the [-0.75, -0.25] band); one seed alone gave -0.82,
-    so this criterion is close to the noise of the loss landscape at this scale (see docs)."""
+    """SDE duration rule: at fixed batch, twice the steps -> optimal LR / sqrt(2) (log2 shift -0.5)."""
     cfg = CompletePConfig(stages=("duration",))
     from interp.models.completep import duration_transfer
 
