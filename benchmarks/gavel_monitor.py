@@ -19,6 +19,7 @@ Writes ``benchmarks/results/gavel_monitor.json`` and ``gavel_monitor.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -97,7 +98,7 @@ def main() -> dict:
            "ratio": med["generate_monitor"] / med["generate"],
            "detector_ms_per_window": med["detector_window"] * 1e3,
            "detector_ms_per_token": med["detector_window"] * 1e3 / cfg.window,
-           "all_s": times}
+           "all_s": times, "load_average_1min": os.getloadavg()[0]}
     outp = Path(args.out)
     outp.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(outp.with_suffix(".json"), res)
@@ -111,7 +112,8 @@ def main() -> dict:
           f"| overhead | {res['monitor_overhead_ms_per_token']:.2f} |",
           f"| detector alone (per token) | {res['detector_ms_per_token']:.3f} |", "",
           f"Ratio monitored / plain: **{res['ratio']:.3f}** (goal ≤ 1.10). "
-          "Generated tokens are identical with and without the monitor (checked).", ""]
+          "Generated tokens are identical with and without the monitor (checked). "
+          f"Machine load average at the end: {res['load_average_1min']:.1f} (on {os.cpu_count()} cores).", ""]
     atomic_write_text(outp.with_suffix(".md"), "\n".join(md))
     print("\n".join(md))
     return res

@@ -238,26 +238,13 @@ def _window_labels(owner: list[str | None], last: list[bool], ces: list[str], wi
     return lab
 
 
-def run_ce_world(model=None, n_train: int = 150, n_cal: int = 50, n_test: int = 200, seed: int = 0,
-                 detector_config: DetectorConfig | None = None) -> CEWorldResult:
-    """Run the digest's CE-world validation end to end (builds the zoo model if needed)."""
-    import interp
-    from sklearn.metrics import roc_auc_score
-
-    if model is None:
-        model = interp.load(f"zoo:{ZOO_NAME}", backend="torch")
+def _features_of(model, spec, seqs):
     tok = model.tokenizer
-    ces = list(FAMILIES)
-    cfg = detector_config or DetectorConfig(hidden=64, rnn_layers=2, lr=3e-3, max_epochs=25, seed=seed)
-    spec = FeatureSpec.range(0, model.cfg.n_layers)
-    rng = random.Random(f"gavel-ce-world/experiment/{seed}")
-    L = 40
+    inputs = [(_ids(tok, s), torch.tensor([False] + [True] * len(s))) for s in seqs]  # <bos> not scored
+    return conversation_features(model, inputs, spec, batch_size=64)
 
-    def convs(sets: list[list[str]]):
-        out = [make_conversation(rng, s, L) for s in sets]
-        inputs = [(_ids(tok, s), torch.tensor([False] + [True] * len(s))) for s, _, _ in out]  # <bos> not scored
-        return out, conversation_features(model, inputs, spec, batch_size=64)
 
+def _train_and_calibrate(model, convs, ces, cfg, spec, n_train, n_cal):
     # CE data given as ready texts: single-CE conversations plus CE-free ones (decoys only)
     train_sets = [[c] for c in ces for _ in range(n_train)] + [[] for _ in range(n_train)]
     tr, tr_f = convs(train_sets)
@@ -275,6 +262,43 @@ def run_ce_world(model=None, n_train: int = 150, n_cal: int = 50, n_test: int = 
     cal, cal_f = convs(cal_sets)
     cal_probs = det.sequence_probs(cal_f)
     calibrate(det, cal_probs, [CalibrationLabels(required=set(s)) for s in cal_sets], patience=(1, 2))
+    return det, hist, int(sum(len(x) for x in xw)), len(cal_sets)
+
+
+def ce_world_detector(model, n_train: int = 150, n_cal: int = 50, seed: int = 0,
+                      detector_config: DetectorConfig | None = None):
+    """Train and calibrate the CE-world detector (the first half of :func:`run_ce_world`)."""
+    cfg = detector_config or DetectorConfig(hidden=64, rnn_layers=2, lr=3e-3, max_epochs=25, seed=seed)
+    spec = FeatureSpec.range(0, model.cfg.n_layers)
+    rng = random.Random(f"gavel-ce-world/detector/{seed}")
+
+    def convs(sets):
+        out = [make_conversation(rng, s, 40) for s in sets]
+        return out, _features_of(model, spec, [s for s, _, _ in out])
+    return _train_and_calibrate(model, convs, list(FAMILIES), cfg, spec, n_train, n_cal)[0]
+
+
+def run_ce_world(model=None, n_train: int = 150, n_cal: int = 50, n_test: int = 200, seed: int = 0,
+                 detector_config: DetectorConfig | None = None) -> CEWorldResult:
+    """Run the digest's CE-world validation end to end (builds the zoo model if needed)."""
+    import interp
+    from sklearn.metrics import roc_auc_score
+
+    if model is None:
+        model = interp.load(f"zoo:{ZOO_NAME}", backend="torch")
+    tok = model.tokenizer
+    ces = list(FAMILIES)
+    cfg = detector_config or DetectorConfig(hidden=64, rnn_layers=2, lr=3e-3, max_epochs=25, seed=seed)
+    spec = FeatureSpec.range(0, model.cfg.n_layers)
+    rng = random.Random(f"gavel-ce-world/experiment/{seed}")
+    L = 40
+
+    def convs(sets: list[list[str]]):  # noqa: E306
+        out = [make_conversation(rng, s, L) for s in sets]
+        inputs = [(_ids(tok, s), torch.tensor([False] + [True] * len(s))) for s, _, _ in out]  # <bos> not scored
+        return out, conversation_features(model, inputs, spec, batch_size=64)
+
+    det, hist, n_windows, n_cal_dialogues = _train_and_calibrate(model, convs, ces, cfg, spec, n_train, n_cal)
     rule = parse_rule(RULE, ces, name="R")
     # test set
     pos_sets = [["A", rng.choice(["B", "C", "BC"])] for _ in range(n_test)]
@@ -317,5 +341,5 @@ def run_ce_world(model=None, n_train: int = 150, n_cal: int = 50, n_test: int = 
               "monolithic_hard_fpr_clearly_higher": m["fpr_hard"] >= g["fpr_hard"] + 0.10}
     return CEWorldResult(window_auc, rows, dict(zip(ces, det.thresholds.tolist())),
                          dict(zip(ces, det.patience.tolist())), passed,
-                         {"train_windows": int(sum(len(x) for x in xw)), "calibration": len(cal_sets),
+                         {"train_windows": n_windows, "calibration": n_cal_dialogues,
                           "test": len(all_sets), "detector_best_epoch": hist.best_epoch})

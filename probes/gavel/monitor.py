@@ -164,6 +164,11 @@ class Monitor:
             feats = torch.cat([self._parts[lay] for lay in self.detector.spec.layers], -1)  # [pos, F]
             self._parts = {}
             self._consume(feats, prompt=ctx.pass_index == 0)
+            if ctx.pass_index == 0 and self._buffer:  # prompt tail: a window ending at the last prompt token
+                w = self.detector.window
+                tail = feats[-w:]
+                self._buffer = []
+                self._score(tail, prompt=True)
         return tensor
 
     def _consume(self, feats: torch.Tensor, prompt: bool) -> None:
