@@ -211,13 +211,21 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiment", choices=["dinov2", "digits"])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="training steps per unit (stage-1 block, stage 2)")
+    ap.add_argument("--batch-size", type=int, default=None, help="dinov2: Raptor batch size")
+    ap.add_argument("--n-train", type=int, default=None, help="dinov2: training images")
+    ap.add_argument("--n-test", type=int, default=None, help="dinov2: held-out images")
+    ap.add_argument("--epochs", type=int, default=None, help="digits: teacher epochs")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("experiment", "out")}
     if args.experiment == "dinov2":
-        res = dinov2_experiment(args.out, **({"steps": args.steps} if args.steps else {}))
+        given.pop("epochs", None)
+        res = dinov2_experiment(args.out, **given)
     else:
-        res = digits_recipe(args.out, **({"steps": args.steps} if args.steps else {}))
+        for k in ("batch_size", "n_train", "n_test"):
+            given.pop(k, None)
+        res = digits_recipe(args.out, **given)
     print(json.dumps(res, indent=1, default=str)[:20000])
 
 
