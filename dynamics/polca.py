@@ -354,3 +354,85 @@ def analyse(traj: torch.Tensor, exact: torch.Tensor, steps: Sequence[int], label
     ex = exact - exact[:, :1]
     add("exact", exact, cluster_direction(ex, min_cluster_size))
     return PolcaResult(steps=steps, tau=int(tau), kept=kept, traj=traj, exact=exact, clusters=rows)
+
+
+# ----------------------------------------------------------------------------------------- 3-digit addition recipe
+@dataclasses.dataclass
+class AdditionConfig:
+    """The digest's CPU-scale POLCA recipe (the paper: 3 layers, d=512, 10k steps, 1250 problems, a basis vector
+    every 200 steps, POLCA every 20)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    steps: int = 3000
+    batch: int = 64
+    lr: float = 1e-3
+    every: int = 20             # checkpoint (and POLCA step) interval
+    basis_every: int = 200      # one Lanczos batch of k vectors every this many steps
+    k: int = 1
+    lanczos_iter: int = 20
+    n_hessian: int = 256        # problems for the Hessian estimate
+    n_eval: int = 256           # analysed problems (4 output tokens each)
+    delta: int = 100            # breakthrough window Δ in steps
+    seed: int = 0
+
+    def __post_init__(self):
+        for f in ("n_layers", "d_model", "n_heads", "steps", "batch", "every", "basis_every", "k", "lanczos_iter",
+                  "n_hessian", "n_eval", "delta"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"AdditionConfig.{f} must be a positive integer, got {v!r}")
+        if self.basis_every % self.every or self.steps % self.every:
+            raise ValueError("AdditionConfig.basis_every and steps must be multiples of every")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"AdditionConfig.d_model must be divisible by n_heads, got {self.d_model}/{self.n_heads}")
+        if not self.lr > 0:
+            raise ValueError(f"AdditionConfig.lr must be positive, got {self.lr}")
+
+
+def addition_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-output-token NLL ``[n·(n_digits+1)]`` of an HF causal LM on :func:`~interp.dynamics.tasks.addition`
+    sequences (the answer digits are the last ``n_digits+1`` tokens)."""
+    logits = model(tokens).logits
+    n_ans = 4 if tokens.shape[1] == 13 else (tokens.shape[1] - 3) // 3 + 1
+    pred = logits[:, -n_ans - 1:-1]
+    return nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), tokens[:, -n_ans:].reshape(-1), reduction="none")
+
+
+def run_addition(cfg: AdditionConfig, folder: str | Path) -> PolcaResult:
+    """Train a small GPT-2 on 3-digit addition writing checkpoints to ``folder`` (resumes if present), build the
+    basis (``k`` vectors every ``basis_every`` steps), compute POLCA trajectories on ``n_eval`` held-out problems
+    and cluster them against carry / digit labels."""
+    import transformers as T
+
+    from .tasks import addition
+    folder = Path(folder)
+    torch.manual_seed(cfg.seed)
+    conf = T.GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, vocab_size=13, n_positions=16,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=12, eos_token_id=12)
+    model = T.GPT2LMHeadModel(conf)
+    model.set_attn_implementation("eager")
+    rec = CheckpointRecorder(model, folder / "checkpoints", every=cfg.every)
+    data = addition(cfg.steps * cfg.batch, seed=cfg.seed).tokens.view(cfg.steps, cfg.batch, -1)
+    done = sorted(folder.glob("checkpoints/step_*.safetensors"))
+    if len(done) < cfg.steps // cfg.every + 1:
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        for step in progress(range(cfg.steps + 1), desc="addition train"):
+            rec(step)
+            if step == cfg.steps:
+                break
+            loss = addition_token_loss(model, data[step]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    steps, thetas = load_checkpoints(folder / "checkpoints")
+    space = ParamSpace(model)
+    hess = addition(cfg.n_hessian, seed=cfg.seed + 1).tokens
+    ev = addition(cfg.n_eval, seed=cfg.seed + 2)
+    at = [i for i, s in enumerate(steps) if s % cfg.basis_every == 0 and s < steps[-1]]
+    B = build_basis(space, addition_token_loss, hess, thetas, at, k=cfg.k, n_iter=cfg.lanczos_iter, seed=cfg.seed)
+    traj = polca_trajectories(space, addition_token_loss, ev.tokens, B, thetas)
+    exact = exact_losses(space, addition_token_loss, ev.tokens, thetas)
+    labels = {k: v[:, -4:].reshape(-1).numpy() for k, v in ev.labels.items()}
+    return analyse(traj, exact, steps, labels, delta=cfg.delta)
