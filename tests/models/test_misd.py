@@ -1,0 +1,121 @@
+"""Tests for models.misd (confidence recalibration for misclassification detection)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from interp.models.misd import (
+    LMN, LMNConfig, MisDTable, MisDToyResult, ToyMisDConfig, aurc, auroc, evaluate, fit_lmn, fit_temperature,
+    fpr_at_tpr_errors, misd_metrics, psi, surrogate_loss, toy_experiment, train_toy_classifier,
+)
+
+
+def test_psi_unit_values_and_limits():
+    s = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    assert torch.allclose(psi(s), s, atol=1e-12)
+    grid = torch.linspace(0, 1, 101, dtype=torch.float64)
+    assert torch.allclose(psi(grid, lam=100.0), grid, atol=1e-5)      # λ → ∞: the diagonal
+    step = psi(grid, lam=1e-3)
+    assert (step[grid < 0.45] < 1e-6).all() and (step[grid > 0.55] > 1 - 1e-6).all()  # λ → 0: a step
+    # hand value: λ = 0.05, s = 0.6 -> (σ(2) − σ(−10)) / (σ(10) − σ(−10))
+    sig = lambda x: 1 / (1 + np.exp(-x))
+    assert float(psi(0.6)) == pytest.approx((sig(2) - sig(-10)) / (sig(10) - sig(-10)), rel=1e-10)
+    assert (psi(grid)[grid > 0.5] >= grid[grid > 0.5]).all()          # sharper than the diagonal above 0.5
+    with pytest.raises(ValueError, match="lam"):
+        psi(0.3, lam=0)
+
+
+def test_metrics_against_hand_and_sklearn():
+    conf = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    correct = np.array([1, 1, 0, 1, 0, 0], dtype=bool)
+    assert auroc(conf, correct) == pytest.approx(roc_auc_score(correct, conf))
+    assert auroc(conf, correct) == pytest.approx(8 / 9)
+    # errors at conf 0.7, 0.5, 0.4: flagging 90 % of 3 needs all 3 -> threshold 0.7 flags correct 0.6: 1/3
+    assert fpr_at_tpr_errors(conf, correct) == pytest.approx(1 / 3)
+    # risks at coverage 1..6: 0, 0, 1/3, 1/4, 2/5, 3/6
+    assert aurc(conf, correct) == pytest.approx(np.mean([0, 0, 1 / 3, 1 / 4, 2 / 5, 3 / 6]))
+    with pytest.raises(ValueError, match="both correct and wrong"):
+        auroc(conf, np.ones(6, bool))
+
+
+def _toy_outputs(n=200, C=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, C, generator=g) * 3
+    labels = torch.where(torch.rand(n, generator=g) < 0.7, logits.argmax(-1), torch.randint(0, C, (n,), generator=g))
+    return logits, torch.randn(n, 7, generator=g), torch.randn(C, 6, generator=g), labels
+
+
+def test_lmn_keeps_argmax_and_starts_at_unit_temperature():
+    logits, emb, text, labels = _toy_outputs()
+    net = LMN(5, 7, 6)
+    assert torch.allclose(net.temperature(logits, emb, text), torch.ones(len(logits)), atol=2e-3)
+    trained = fit_lmn(logits, emb, text, labels, LMNConfig(steps=50))
+    with torch.no_grad():
+        z = trained(logits, emb, text)
+        tau = trained.temperature(logits, emb, text)
+    assert (tau > 0).all() and tau.std() > 0                          # instance-wise, positive
+    assert torch.equal(z.argmax(-1), logits.argmax(-1))               # argmax unchanged on 100 %
+    with pytest.raises(ValueError, match="one text row per class"):
+        net(logits, emb, text[:3])
+
+
+def test_surrogate_loss_pushes_the_right_way():
+    # a confident wrong sample: the loss decreases when its logits are flattened (τ smaller)
+    z = torch.tensor([[4.0, 0.0, 0.0]])
+    wrong, right = torch.tensor([1]), torch.tensor([0])
+    assert surrogate_loss(0.5 * z, wrong) < surrogate_loss(z, wrong)
+    # a low-confidence correct sample: the loss decreases when sharpened
+    z = torch.tensor([[0.5, 0.0, 0.0]])
+    assert surrogate_loss(3 * z, right) < surrogate_loss(z, right)
+    # hand value, φ = sum, β = 0.6, one correct and one wrong sample
+    z = torch.tensor([[1.0, 0.0], [2.0, 0.0]])
+    y = torch.tensor([0, 1])
+    p = z.softmax(-1)
+    s = p.max(-1).values
+    ce = -p[0, 0].log()
+    kl = -np.log(2) - p[1].log().mean()
+    want = 0.6 * (1 - psi(s[0])) * ce + 0.4 * psi(s[1]) * kl
+    assert float(surrogate_loss(z, y)) == pytest.approx(float(want), rel=1e-6)
+    assert float(surrogate_loss(z, y, fusion="product")) == pytest.approx(float((1 - psi(s[0])) * ce * psi(s[1]) * kl), rel=1e-6)
+
+
+def test_temperature_scaling_recovers_a_known_temperature():
+    g = torch.Generator().manual_seed(1)
+    true = torch.randn(4000, 4, generator=g) * 2
+    labels = torch.distributions.Categorical(logits=true).sample()
+    T = fit_temperature(true * 3.0, labels)     # logits 3x too sharp -> T ≈ 3
+    assert T == pytest.approx(3.0, rel=0.1)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="beta"):
+        LMNConfig(beta=1.5)
+    with pytest.raises(ValueError, match="fusion"):
+        LMNConfig(fusion="max")
+    with pytest.raises(ValueError, match="shots"):
+        ToyMisDConfig(shots=0)
+
+
+def test_toy_pipeline_one_seed(tmp_path):
+    cfg = ToyMisDConfig(seeds=(0,), lmn=LMNConfig(steps=100))
+    clf = train_toy_classifier(cfg, 0)
+    assert len(clf.cal[2]) == 160 and torch.bincount(clf.cal[2]).eq(16).all()
+    table = evaluate(clf.cal, clf.test, clf.text_emb, cfg.lmn)
+    assert isinstance(table, MisDTable) and table.argmax_unchanged == 1.0
+    accs = {m["accuracy"] for m in table.metrics.values()}
+    assert len(accs) == 1 and 0.7 < accs.pop() < 0.95                # under-trained, accuracy unchanged
+    assert set(table.to_frame()["method"]) == {"msp", "temperature", "lmn_ce", "lmn"}
+    table.figure()
+    table.save(tmp_path / "t")
+
+
+@pytest.mark.slow
+def test_toy_criteria_five_seeds():
+    r = toy_experiment()
+    assert isinstance(r, MisDToyResult) and all(u == 1.0 for u in r.argmax_unchanged)
+    g_msp, g_t = r.gain(), r.gain(over="temperature")
+    assert (g_msp > 0).sum() >= 4 and (g_t > 0).sum() >= 4
+    assert g_msp.mean() >= 0.02 and g_t.mean() >= 0.02
+    assert r.gain("fpr90").mean() < 0
