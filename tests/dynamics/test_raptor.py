@@ -266,3 +266,36 @@ def test_teacher_activations_and_evaluation_on_a_vit(planted):
     assert fit.r2.shape == (8,)
     assert 0.0 <= fit.probe_acc_teacher <= 1.0
     assert set(fit.to_frame().columns) == {"name", "layer", "r2"}
+
+
+# ------------------------------------------------------------------------------ paper-scale validation (slow)
+@pytest.mark.slow
+def test_digits_recipe_pass_criteria(tmp_path):
+    """The digest's CPU-scale recipe: three digit ViT teachers (stochastic depth 0 / 0.2 / 0.4, L = 8, d = 64,
+    4 heads, 2x2 patches), max-cut phases, Raptor Stage 1 TF->AR then Stage 2; its pass criteria."""
+    from interp.dynamics.raptor.experiments import digits_recipe
+    res = digits_recipe(tmp_path, steps=300, epochs=60)
+    for p in (0.0, 0.2, 0.4):
+        r = res[p]
+        assert r["test_acc"] >= 0.95, (p, r["test_acc"])
+        assert r["runs"]["kL"]["mean_r2"] >= 0.98, (p, r["runs"]["kL"]["mean_r2"])
+        k2 = r["runs"]["k2"]
+        assert k2["probe_acc_raptor"] >= 0.9 * k2["probe_acc_teacher"], (p, k2)
+        assert k2["mean_r2"] >= 0.8, (p, k2["mean_r2"])
+        assert r["runs"]["k2 TF only"]["probe_acc_raptor"] <= r["runs"]["k2 TF->AR stage 1 only"]["probe_acc_raptor"] - 0.10
+        assert k2["mean_r2"] > r["random_mean_r2"], (p, k2["mean_r2"], r["random_r2"])
+    assert res["spearman_similarity"] > 0 and res["spearman_r2"] > 0, res
+
+
+def test_audit_check_on_a_tiny_vit(planted):
+    from interp.audit import AuditData
+    from interp.dynamics.raptor.audit_check import RaptorCheck, RaptorCheckConfig
+    with pytest.raises(ValueError, match="raptor.n_images"):
+        RaptorCheckConfig(n_images=0)
+    check = RaptorCheck(RaptorCheckConfig(n_images=12, image_size=32))
+    res = check.run(planted, AuditData.builtin())
+    assert res.distances.cosine.shape == (8, 8)
+    assert "dp/k=2" in res.phases and res.fit is None
+    rendered = check.render(res)
+    assert len(rendered.figures) == 2 and "speed jumps" in rendered.html.lower()
+    assert check.to_json(res)["schema"] == "interp.checks.raptor/1"
