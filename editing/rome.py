@@ -1,0 +1,531 @@
+"""ROME on an MLP, TCPE on a transcoder, and constrained fine-tuning: rank-one / masked knowledge edits.
+
+All three edit one *site*: a linear map ``out = k @ W + b`` from a key space to the residual stream.
+
+========  ==========================================  ===============================  =====================
+site      key ``k`` (hook)                            output (where ``δ`` is added)    ``W`` (TL shape)
+========  ==========================================  ===============================  =====================
+MLP       ``blocks.{l}.mlp.hook_post`` [.., d_mlp]     ``blocks.{l}.hook_mlp_out``      ``W_out[l]`` [d_mlp, d]
+TC        transcoder features ``z`` [.., d_sae]        the spliced transcoder output    ``W_dec`` [d_sae, d]
+========  ==========================================  ===============================  =====================
+
+ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
+
+1. **Context templates**: ``"{}"`` plus ``n_templates`` prefixes sampled from the model (``template_length``
+   new tokens after each of ROME's seed words ``The, Therefore, Because, I, You``), each as ``"<prefix>. {}"``.
+   (TCPE's ``context_template_length_params=[[10, 1]]`` is UNCERTAIN in the digest; we use 5 samples of 10
+   tokens, one per seed word, ROME's own scheme.)
+2. **Key** ``k*``: the mean over templates of the key at the subject's last token of
+   ``template.format(prompt.format(subject))``.
+3. **Left vector** ``u = (C + εI)⁻¹ k*`` with ``C = E[k kᵀ]`` over every real token of real text
+   (:func:`second_moment`, cached per (model, key hook, transcoder, text) in memory).
+4. **Right vector**: ROME's ``compute_v``. ``δ`` is added to the site's output at the subject's last token
+   of every rewriting prompt ``template.format(prompt) + target[:-1]``; minimise
+   ``NLL(target) + kl_factor · KL(p₀ ‖ p_δ)`` (on ``kl_prompts``, "{} is a", at the subject's last token)
+   ``+ v_weight_decay · ‖δ‖² / ‖v₀‖²`` with Adam (``v_lr``, ``v_num_grad_steps``, early stop at NLL < 0.05),
+   clamping ``‖δ‖ ≤ clamp_norm_factor · ‖v₀‖`` after each step. ``v₀`` is the site output at the subject's
+   last token of the plain prompt; ``v* = v₀ + δ``. Defaults: ``kl_factor = 0.0625`` and
+   ``v_weight_decay = 1e-3`` (TCPE's ``run_tcpe.py``), ``v_lr = 0.5``, ``v_num_grad_steps = 25``,
+   ``clamp_norm_factor = 4`` (ROME's GPT-2 hyper-parameters; TCPE's are UNCERTAIN).
+5. **Rank-one update** ``ΔW = u rᵀ`` with ``r = (v* − (k* W + b)) / (uᵀ k*)``, so that ``k* W' + b = v*``.
+   (ROME's code evaluates ``r`` at the plain prompt's key; the digest's formula, used here, at ``k*``.)
+6. **TCPE mask**: ``S = {a : k*_a > 0 and k*_a ≥ τ}`` (the code keeps non-zero entries ``≥ lim``; ``τ < 0``
+   keeps every feature: unmasked ROME on the transcoder). Rows of ``ΔW`` outside ``S`` are zeroed
+   (``ablate=True`` zeroes the rows inside ``S`` instead, the paper's ablation).
+
+Weights: transcoder edits write the transcoder's own ``W_dec``. MLP edits need the model's live ``W_out``
+parameter; the capture layer offers reads only (``model.weight``), so :func:`_live_parameter` finds the one
+parameter of ``model.parameters()`` equal to ``model.weight("W_out")[l]`` (or its transpose) and edits it in
+place. Nothing else of the model is touched.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from interp.progress import progress
+from interp.results import Result
+
+from .transcoders import Transcoder, splice as tc_splice
+
+SEED_WORDS = ("The", "Therefore", "Because", "I", "You")
+
+
+# ====================================================================== request and config
+@dataclass(frozen=True)
+class EditRequest:
+    """``prompt`` with one ``{}`` slot for ``subject``; ``target`` is the new continuation (with its leading
+    space, e.g. ``EditRequest("The capital of {} is", "Italy", " Rome")``)."""
+
+    prompt: str
+    subject: str
+    target: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str) or self.prompt.count("{}") != 1:
+            raise ValueError(f"prompt must contain exactly one '{{}}' slot for the subject, got {self.prompt!r}")
+        if not isinstance(self.subject, str) or not self.subject:
+            raise ValueError("subject must be a non-empty string")
+        if not isinstance(self.target, str) or not self.target:
+            raise ValueError("target must be a non-empty string")
+
+    @property
+    def text(self) -> str:
+        return self.prompt.format(self.subject)
+
+
+@dataclass
+class EditConfig:
+    """Hyper-parameters of ROME / TCPE (module docstring: where each default comes from)."""
+
+    n_templates: int = 5
+    template_length: int = 10
+    template_seed: int = 0
+    v_num_grad_steps: int = 25
+    v_lr: float = 0.5
+    v_weight_decay: float = 1e-3
+    kl_factor: float = 0.0625
+    clamp_norm_factor: float = 4.0
+    kl_prompts: tuple[str, ...] = ("{} is a",)
+    mom2_eps: float = 0.0
+    nll_stop: float = 5e-2
+
+    def __post_init__(self) -> None:
+        for name in ("n_templates", "template_length", "v_num_grad_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "n_templates" else 1):
+                raise ValueError(f"{name} must be an integer >= {0 if name == 'n_templates' else 1}, got {v!r}")
+        for name in ("v_lr", "clamp_norm_factor"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+        for name in ("v_weight_decay", "kl_factor", "mom2_eps", "nll_stop"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+        if any(not isinstance(p, str) or p.count("{}") != 1 for p in self.kl_prompts):
+            raise ValueError(f"kl_prompts must be strings with one '{{}}' slot, got {self.kl_prompts!r}")
+
+
+# ====================================================================== sites
+class _Site:
+    """Where an edit acts: the key hook, how to add ``δ`` to the output, and ``W``/``b``."""
+
+    kind = ""
+
+    def __init__(self, model, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.cfg.n_layers:
+            raise ValueError(f"layer must be an integer in 0..{model.cfg.n_layers - 1}, got {layer!r}")
+        self.model, self.layer = model, layer
+
+    def open(self):  # context for every forward of the edit
+        import contextlib
+        return contextlib.nullcontext()
+
+
+class MLPSite(_Site):
+    kind = "mlp"
+
+    def __init__(self, model, layer: int) -> None:
+        super().__init__(model, layer)
+        self.key = f"blocks.{layer}.mlp.hook_post"
+        self.out = f"blocks.{layer}.hook_mlp_out"
+
+    def W(self) -> torch.Tensor:
+        return self.model.weight("W_out")[self.layer].float()
+
+    def b(self) -> torch.Tensor:
+        return self.model.weight("b_out")[self.layer].float()
+
+
+class TranscoderSite(_Site):
+    kind = "transcoder"
+
+    def __init__(self, model, layer: int, transcoder: Transcoder) -> None:
+        super().__init__(model, layer)
+        self.tc = transcoder
+        self.key = f"blocks.{layer}.hook_mlp_out.hook_sae_acts_post"
+        self.out = f"blocks.{layer}.hook_mlp_out.hook_sae_output"
+
+    def open(self):
+        return tc_splice(self.model, self.layer, self.tc)
+
+    def W(self) -> torch.Tensor:
+        return self.tc.W_dec.detach().float()
+
+    def b(self) -> torch.Tensor:
+        return self.tc.b_dec.detach().float()
+
+
+# ====================================================================== tokens and positions
+def _ids(model, text: str, special: bool = True) -> list[int]:
+    return model.tokenize([text], add_special_tokens=special)["input_ids"][0].tolist()
+
+
+def _subject_last(model, template: str, req: EditRequest) -> int:
+    """Index of the subject's last token in ``template.format(req.text)``."""
+    return len(_ids(model, template.format(req.prompt.split("{}")[0] + req.subject))) - 1
+
+
+def _pad(model, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` for token-id lists."""
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def context_templates(model, config: EditConfig | None = None) -> list[str]:
+    """``["{}"] + ["<sampled prefix>. {}", ...]``: ROME's context templates, sampled from ``model``."""
+    cfg = config or EditConfig()
+    out = ["{}"]
+    if cfg.n_templates:
+        seeds = [SEED_WORDS[i % len(SEED_WORDS)] for i in range(cfg.n_templates)]
+        gen = model.generate(seeds, max_new_tokens=cfg.template_length, do_sample=True, seed=cfg.template_seed)
+        for w, g in zip(seeds, gen):
+            txt = (w + g).replace("{", " ").replace("}", " ").strip()
+            out.append(txt + ". {}")
+    return out
+
+
+# ====================================================================== key, second moment, v
+@torch.no_grad()
+def compute_key(site: _Site, req: EditRequest, templates: Sequence[str]) -> torch.Tensor:
+    """``k* [d_key]``: mean over ``templates`` of the key at the subject's last token."""
+    model = site.model
+    seqs = [_ids(model, t.format(req.text)) for t in templates]
+    idx = torch.tensor([_subject_last(model, t, req) for t in templates])
+    with site.open():
+        _, cache = model.run_with_cache(_pad(model, seqs), names=[site.key])
+    keys = cache[site.key].float()[torch.arange(len(seqs)), idx.to(cache[site.key].device)]
+    return keys.mean(0).cpu()
+
+
+_MOM2: dict[tuple, torch.Tensor] = {}
+
+
+@torch.no_grad()
+def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
+                  max_length: int | None = 128) -> torch.Tensor:
+    """``C = E[k kᵀ] [d_key, d_key]`` over the real tokens of ``texts`` (at most ``n_tokens``); cached in
+    memory per (model, key hook, transcoder, texts, n_tokens)."""
+    if not texts:
+        raise ValueError("texts is empty: C is estimated from real text")
+    h = hashlib.sha1("\x00".join(texts).encode()).hexdigest()
+    key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)
+    if key in _MOM2:
+        return _MOM2[key]
+    model, acc, n = site.model, None, 0
+    bar = progress(total=n_tokens, desc=f"second moment {site.key}")
+    with site.open():
+        for i in range(0, len(texts), batch_size):
+            batch = model.tokenize(list(texts[i:i + batch_size]), max_length=max_length)
+            _, cache = model.run_with_cache(batch, names=[site.key], stop_at_layer=site.layer + 1)
+            k = cache[site.key][batch["attention_mask"].bool().to(cache[site.key].device)].double().cpu()
+            k = k[: n_tokens - n]
+            acc = k.T @ k if acc is None else acc + k.T @ k
+            n += len(k)
+            bar.update(len(k))
+            if n >= n_tokens:
+                break
+    bar.close()
+    C = (acc / n).float()
+    _MOM2[key] = C
+    return C
+
+
+def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts: Sequence[str]):
+    """Token ids of the rewriting prompts (``template(prompt) + target[:-1]``) and KL prompts, the subject's
+    last index in each, and the target positions/ids of the rewriting prompts."""
+    tgt = _ids(model, req.target, special=False)
+    if not tgt:
+        raise ValueError(f"target {req.target!r} tokenizes to nothing")
+    seqs, idx, tpos = [], [], []
+    for t in templates:
+        p = _ids(model, t.format(req.text))
+        seqs.append(p + tgt[:-1])
+        idx.append(_subject_last(model, t, req))
+        tpos.append(list(range(len(p) - 1, len(p) - 1 + len(tgt))))
+    for kp in kl_prompts:
+        kreq = EditRequest(kp, req.subject, req.target)
+        seqs.append(_ids(model, kreq.text))
+        idx.append(_subject_last(model, "{}", kreq))
+    return _pad(model, seqs), torch.tensor(idx), torch.tensor(tpos), torch.tensor(tgt)
+
+
+def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: EditConfig | None = None
+              ) -> tuple[torch.Tensor, dict]:
+    """ROME's ``compute_v``: ``v* [d_model]`` and a log (``nll`` per step, ``delta_norm``, ``v0``)."""
+    cfg = config or EditConfig()
+    model = site.model
+    batch, idx, tpos, tgt = _rewrite_batch(model, req, templates, cfg.kl_prompts)
+    n_rw = len(templates)
+    rows = torch.arange(len(idx))
+    d = model.cfg.d_model
+    delta = torch.zeros(d, requires_grad=True)
+    state: dict = {}
+
+    def add_delta(t: torch.Tensor, ctx) -> torch.Tensor:
+        state["v0"] = t[0, idx[0]].detach().float().clone()
+        onehot = torch.zeros(t.shape[:2], dtype=t.dtype, device=t.device)
+        onehot[rows.to(t.device), idx.to(t.device)] = 1
+        return t + onehot[..., None] * delta.to(t.dtype).to(t.device)
+
+    with site.open():
+        with torch.no_grad():
+            base = model(batch).float()
+        p0 = base[rows[n_rw:], idx[n_rw:]].log_softmax(-1)
+        opt = torch.optim.Adam([delta], lr=cfg.v_lr)
+        log = {"nll": []}
+        with model.intervene({site.out: add_delta}):
+            for _ in range(cfg.v_num_grad_steps):
+                logits = model.forward_with_grad(batch).float()
+                lp = logits[:n_rw].log_softmax(-1)
+                tok_lp = lp[torch.arange(n_rw)[:, None], tpos, :].gather(-1, tgt.expand(n_rw, -1)[..., None])[..., 0]
+                nll = -tok_lp.mean(1).mean()
+                kl = torch.nn.functional.kl_div(logits[rows[n_rw:], idx[n_rw:]].log_softmax(-1), p0,
+                                                log_target=True, reduction="batchmean") if len(idx) > n_rw else 0.0
+                v0n = state["v0"].norm().clamp_min(1e-8)
+                wd = cfg.v_weight_decay * delta.norm() ** 2 / v0n ** 2
+                loss = nll + cfg.kl_factor * kl + wd
+                log["nll"].append(float(nll.detach()))
+                if float(nll.detach()) < cfg.nll_stop:
+                    break
+                (g,) = torch.autograd.grad(loss, [delta])
+                delta.grad = g
+                opt.step()
+                with torch.no_grad():
+                    mx = cfg.clamp_norm_factor * v0n
+                    if delta.norm() > mx:
+                        delta.mul_(mx / delta.norm())
+    v0 = state["v0"].cpu()
+    log.update(delta_norm=float(delta.detach().norm()), v0_norm=float(v0.norm()))
+    return (v0 + delta.detach()).cpu(), log
+
+
+# ====================================================================== the edit
+@dataclass
+class Edit(Result):
+    """One weight edit: ``W ← W + delta`` on a site (``"mlp"``: ``W_out[layer]``; ``"transcoder"``: its
+    ``W_dec``). ``delta [d_key, d_model]`` (TL orientation, rows = keys/features); ``rows``: the rows it
+    changes; ``k_star``, ``v_star``, ``u``; ``residual = ‖k* W' + b − v*‖ / ‖v*‖`` after the edit."""
+
+    kind = "edit"
+    method: str
+    site: str
+    layer: int
+    request: dict
+    delta: torch.Tensor
+    rows: torch.Tensor
+    k_star: torch.Tensor
+    v_star: torch.Tensor
+    u: torch.Tensor
+    residual: float
+    tau: float | None = None
+    n_active: int = 0
+    d_key: int = 0
+    log: dict = field(default_factory=dict)
+    applied: bool = False
+
+    @property
+    def n_changed(self) -> int:
+        """Number of changed rows (decoder columns in the paper's ``[d_model, d_tc]`` orientation)."""
+        return int(len(self.rows))
+
+    def _target(self, model, transcoder: Transcoder | None) -> tuple[torch.Tensor, bool]:
+        if self.site == "transcoder":
+            if transcoder is None:
+                raise ValueError("this edit changes a transcoder's W_dec: pass transcoder=")
+            if tuple(transcoder.W_dec.shape) != tuple(self.delta.shape):
+                raise ValueError(f"transcoder W_dec {tuple(transcoder.W_dec.shape)} does not match the edit "
+                                 f"{tuple(self.delta.shape)}")
+            return transcoder.W_dec, False
+        return _live_parameter(model, self.layer)
+
+    @torch.no_grad()
+    def apply(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
+        """Add ``delta`` to the weight (in place)."""
+        if self.applied:
+            raise RuntimeError("edit already applied; revert it first")
+        p, transposed = self._target(model, transcoder)
+        p.add_((self.delta.T if transposed else self.delta).to(p.dtype).to(p.device))
+        self.applied = True
+        return self
+
+    @torch.no_grad()
+    def revert(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
+        """Subtract ``delta`` again."""
+        if not self.applied:
+            raise RuntimeError("edit is not applied")
+        p, transposed = self._target(model, transcoder)
+        p.sub_((self.delta.T if transposed else self.delta).to(p.dtype).to(p.device))
+        self.applied = False
+        return self
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([{"method": self.method, "site": self.site, "layer": self.layer, "tau": self.tau,
+                              "n_changed": self.n_changed, "d_key": self.d_key,
+                              "frac_changed": self.n_changed / max(self.d_key, 1),
+                              "delta_norm": float(self.delta.norm()), "residual": self.residual,
+                              **{f"request_{k}": v for k, v in self.request.items()}}])
+
+    def figure(self):
+        import plotly.graph_objects as go
+        norms = self.delta.norm(dim=1)
+        fig = go.Figure(go.Bar(x=self.rows.tolist(), y=norms[self.rows].tolist()))
+        fig.update_layout(title=f"{self.method}: {self.n_changed} rows changed", xaxis_title="row (feature/neuron)",
+                          yaxis_title="‖ΔW row‖")
+        return fig
+
+
+def _live_parameter(model, layer: int) -> tuple[torch.nn.Parameter, bool]:
+    """``(parameter, transposed)``: the model parameter holding ``W_out[layer]`` (``[d_mlp, d_model]``, or its
+    transpose for ``nn.Linear``), found by value among ``model.parameters()`` (the read through
+    ``model.weight`` always reflects the live parameter); refuses unless exactly one matches."""
+    W = model.weight("W_out")[layer]
+    hits = []
+    for p in model.parameters():
+        if tuple(p.shape) == tuple(W.shape) and torch.equal(p.detach(), W.to(p.dtype)):
+            hits.append((p, False))
+        elif tuple(p.shape) == tuple(W.T.shape) and torch.equal(p.detach(), W.T.to(p.dtype)):
+            hits.append((p, True))
+    if len(hits) != 1:
+        raise RuntimeError(f"could not identify the live W_out[{layer}] parameter ({len(hits)} candidates)")
+    return hits[0]
+
+
+def _mask_rows(k_star: torch.Tensor, tau: float | None, ablate: bool) -> torch.Tensor:
+    if tau is None or tau < 0:
+        keep = torch.ones_like(k_star, dtype=torch.bool)
+    else:
+        keep = (k_star > 0) & (k_star >= tau)
+    if ablate:
+        keep = ~keep
+    return keep
+
+
+def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig | None = None,
+             tau: float | None = None, ablate: bool = False, method: str = "rome",
+             templates: Sequence[str] | None = None) -> Edit:
+    """The ROME / TCPE computation on ``site`` (module docstring); does not apply the edit."""
+    cfg = config or EditConfig()
+    templates = list(templates) if templates is not None else context_templates(site.model, cfg)
+    k = compute_key(site, req, templates)
+    if C.shape != (k.numel(), k.numel()):
+        raise ValueError(f"C has shape {tuple(C.shape)}, expected ({k.numel()}, {k.numel()}) for {site.key}")
+    v_star, log = compute_v(site, req, templates, cfg)
+    W, b = site.W(), site.b()
+    A = C.double() + cfg.mom2_eps * torch.eye(len(C), dtype=torch.float64)
+    u = torch.linalg.lstsq(A, k.double()[:, None]).solution[:, 0]  # C may be singular (dead keys): min-norm
+    u = (u / u.norm()).float()
+    denom = float(u @ k)
+    if abs(denom) < 1e-12:
+        raise RuntimeError("uᵀk* = 0: the key is orthogonal to C⁻¹k*; cannot build a rank-one update")
+    r = (v_star - (k @ W + b)) / denom
+    delta = u[:, None] * r[None, :]
+    keep = _mask_rows(k, tau, ablate)
+    delta = delta * keep[:, None].float()
+    rows = keep.nonzero().flatten()
+    out = k @ (W + delta) + b
+    return Edit(method=method, site=site.kind, layer=site.layer,
+                request={"prompt": req.prompt, "subject": req.subject, "target": req.target},
+                delta=delta, rows=rows, k_star=k, v_star=v_star, u=u,
+                residual=float((out - v_star).norm() / v_star.norm().clamp_min(1e-12)),
+                tau=tau, n_active=int((k > 0).sum()), d_key=len(k), log=log)
+
+
+def rome(model, request: EditRequest, layer: int, C: torch.Tensor | None = None, texts: Sequence[str] = (),
+         config: EditConfig | None = None, templates: Sequence[str] | None = None, apply: bool = True) -> Edit:
+    """ROME on MLP ``layer`` (key: ``mlp.hook_post``; ``C`` from ``texts`` when not given). Applied unless
+    ``apply=False``."""
+    site = MLPSite(model, layer)
+    C = C if C is not None else second_moment(site, texts)
+    edit = rank_one(site, request, C, config, tau=None, method="rome", templates=templates)
+    return edit.apply(model) if apply else edit
+
+
+def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder, tau: float = 0.1,
+         C: torch.Tensor | None = None, texts: Sequence[str] = (), config: EditConfig | None = None,
+         templates: Sequence[str] | None = None, ablate: bool = False, apply: bool = True) -> Edit:
+    """TCPE: the rank-one update of ``transcoder.W_dec`` restricted to features with ``k*_a ≥ tau``
+    (``tau < 0``: unmasked ROME on the transcoder; ``ablate``: only the other features). The transcoder
+    must be spliced (:func:`interp.editing.splice`) whenever the edited model is used."""
+    site = TranscoderSite(model, layer, transcoder)
+    C = C if C is not None else second_moment(site, texts)
+    method = "rome_tc" if tau is not None and tau < 0 else ("tcpe_ablate" if ablate else "tcpe")
+    edit = rank_one(site, request, C, config, tau=tau, ablate=ablate, method=method, templates=templates)
+    return edit.apply(transcoder=transcoder) if apply else edit
+
+
+# ====================================================================== constrained fine-tuning baseline
+@dataclass
+class FineTuneConfig:
+    """FT-L (ROME paper's constrained fine-tuning baseline): Adam on ``ΔW`` of ``W_out[l]`` minimising the
+    target NLL on the rewriting prompts, with ``‖ΔW‖∞ ≤ norm_constraint`` enforced after every step."""
+
+    steps: int = 25
+    lr: float = 5e-3
+    norm_constraint: float = 5e-3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+        for name in ("lr", "norm_constraint"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+
+
+def fine_tune(model, request: EditRequest, layer: int, config: FineTuneConfig | None = None,
+              templates: Sequence[str] | None = None, apply: bool = True) -> Edit:
+    """Constrained fine-tuning of MLP ``layer``'s output weights; the candidate weight change acts through an
+    intervention (``out += mlp.hook_post @ ΔW``) during optimisation, then becomes an :class:`Edit`."""
+    cfg = config or FineTuneConfig()
+    site = MLPSite(model, layer)
+    templates = list(templates) if templates is not None else ["{}"]
+    batch, idx, tpos, tgt = _rewrite_batch(model, request, templates, ())
+    n = len(templates)
+    W = site.W()
+    dW = torch.zeros_like(W, requires_grad=True)
+    stash: dict = {}
+    opt = torch.optim.Adam([dW], lr=cfg.lr)
+    hooks = {site.key: lambda t, ctx: stash.__setitem__("h", t) or None,
+             site.out: lambda t, ctx: t + (stash["h"].float() @ dW).to(t.dtype)}
+    log = {"nll": []}
+    with model.intervene(hooks):
+        for _ in range(cfg.steps):
+            lp = model.forward_with_grad(batch).float().log_softmax(-1)
+            nll = -lp[torch.arange(n)[:, None], tpos, :].gather(-1, tgt.expand(n, -1)[..., None]).mean()
+            log["nll"].append(float(nll))
+            (g,) = torch.autograd.grad(nll, [dW])
+            dW.grad = g
+            opt.step()
+            with torch.no_grad():
+                dW.clamp_(-cfg.norm_constraint, cfg.norm_constraint)
+    delta = dW.detach()
+    k = compute_key(site, request, ["{}"])
+    rows = (delta != 0).any(1).nonzero().flatten()
+    edit = Edit(method="ft", site="mlp", layer=layer,
+                request={"prompt": request.prompt, "subject": request.subject, "target": request.target},
+                delta=delta, rows=rows, k_star=k, v_star=k @ (W + delta) + site.b(), u=torch.zeros(len(k)),
+                residual=0.0, n_active=int((k > 0).sum()), d_key=len(k), log=log)
+    return edit.apply(model) if apply else edit
+
+
+def edit_batch(fn, requests: Sequence[EditRequest], *args, **kwargs) -> list[Edit]:
+    """Edit ``requests`` one after another with ``fn`` (``rome``/``tcpe``/``fine_tune``), each applied
+    before the next is computed (sequential editing)."""
+    return [fn(args[0], r, *args[1:], **kwargs) for r in requests]
+
+
+__all__ = ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
+           "compute_key", "second_moment", "compute_v", "rank_one", "rome", "tcpe", "fine_tune", "edit_batch"]

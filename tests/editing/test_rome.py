@@ -1,0 +1,143 @@
+"""ROME / TCPE / FT edits: the algebra (hand computations), masks, apply/revert, save, and config errors."""
+import pytest
+import torch
+
+import interp
+from interp.editing import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, Transcoder, TranscoderSite,
+                            compute_key, fine_tune, rank_one, rome, second_moment, splice, tcpe)
+from interp.editing.rome import _mask_rows
+from interp.testing import tiny_model
+
+interp.set_progress(False)
+TEXTS = [f"Note {i}: a person named Ann {i % 7} lives near the river {i * 3 % 11}." for i in range(24)]
+REQ = EditRequest("Fact: {} lives in", "Bob", " Xy")
+CFG = EditConfig(n_templates=0, v_num_grad_steps=5)
+TEMPLATES = ["{}", "Some context here. {}"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    hf, tok = tiny_model("gpt2", n_layers=3, perturb_norms=True)
+    with torch.no_grad():  # a random init has near-uniform logits; sharpen the (tied) unembedding so edits can act
+        hf.get_input_embeddings().weight.mul_(30)
+    return interp.wrap(hf, tok, backend="torch")
+
+
+@pytest.fixture(scope="module")
+def tc():
+    t = Transcoder(64, 192, 64, seed=2)
+    with torch.no_grad():
+        t.b_enc.fill_(0.03)
+    return t
+
+
+def test_request_and_config_validation():
+    with pytest.raises(ValueError, match="exactly one"):
+        EditRequest("no slot", "a", " b")
+    with pytest.raises(ValueError, match="target"):
+        EditRequest("{} is", "a", "")
+    with pytest.raises(ValueError, match="v_lr"):
+        EditConfig(v_lr=0)
+    with pytest.raises(ValueError, match="kl_prompts"):
+        EditConfig(kl_prompts=("no slot",))
+    with pytest.raises(ValueError, match="norm_constraint"):
+        FineTuneConfig(norm_constraint=-1)
+
+
+def test_key_is_template_mean_at_subject_last(model):
+    site = MLPSite(model, 1)
+    k = compute_key(site, REQ, TEMPLATES)
+    # by hand: subject-last position of each text, from its own tokenisation
+    keys = []
+    for t in TEMPLATES:
+        text = t.format(REQ.text)
+        idx = len(model.to_tokens(t.format("Fact: Bob"))[0]) - 1
+        _, c = model.run_with_cache(text, names=["blocks.1.mlp.hook_post"])
+        keys.append(c["blocks.1.mlp.hook_post"][0, idx])
+    assert torch.allclose(k, torch.stack(keys).mean(0), atol=1e-5)
+
+
+def test_second_moment_by_hand(model):
+    site = MLPSite(model, 2)
+    C = second_moment(site, TEXTS[:5], n_tokens=10_000)
+    _, c = model.run_with_cache(model.tokenize(TEXTS[:5]), names=["blocks.2.mlp.hook_post"])
+    mask = model.tokenize(TEXTS[:5])["attention_mask"].bool()
+    k = c["blocks.2.mlp.hook_post"][mask].double()
+    assert torch.allclose(C.double(), k.T @ k / len(k), atol=1e-6)
+    assert second_moment(site, TEXTS[:5], n_tokens=10_000) is C  # cached
+
+
+def test_rome_rank_one_exact_apply_revert_save(model, tmp_path):
+    W0 = model.weight("W_out").clone()
+    C = second_moment(MLPSite(model, 1), TEXTS)
+    e = rome(model, REQ, 1, C=C, config=CFG, templates=TEMPLATES)
+    assert e.applied and e.residual < 1e-3
+    assert torch.linalg.matrix_rank(e.delta.double(), rtol=1e-5) == 1
+    W1 = model.weight("W_out")
+    assert torch.allclose(W1[1] - W0[1], e.delta, atol=1e-6)       # the live weight changed, layer 1 only
+    assert torch.equal(W1[0], W0[0]) and torch.equal(W1[2], W0[2])
+    v = e.k_star @ W1[1] + model.weight("b_out")[1]
+    assert torch.allclose(v, e.v_star, rtol=1e-3, atol=1e-4)        # W' k* + b = v*
+    # the left vector is C^-1 k* up to scale
+    ck = torch.linalg.lstsq(C.double(), e.k_star.double()[:, None]).solution[:, 0].float()
+    assert torch.allclose(e.u, ck / ck.norm(), atol=1e-4)
+    # the model's own MLP output at the subject, plain prompt, now moves by (k·u) r
+    e.revert(model)
+    assert torch.allclose(model.weight("W_out"), W0, atol=1e-6)
+    e.save(tmp_path / "edit")
+    back = Edit.load(tmp_path / "edit")
+    assert torch.equal(back.delta, e.delta) and back.method == "rome"
+    with pytest.raises(RuntimeError, match="not applied"):
+        e.revert(model)
+
+
+def test_tcpe_mask_and_limits(model, tc):
+    C = second_moment(TranscoderSite(model, 1, tc), TEXTS)
+    full = tcpe(model, REQ, 1, tc, tau=-1, C=C, config=CFG, templates=TEMPLATES, apply=False)
+    assert full.residual < 1e-3 and full.n_changed == tc.d_sae
+    k = full.k_star
+    tau = float(k[k > 0].median())
+    masked = tcpe(model, REQ, 1, tc, tau=tau, C=C, config=CFG, templates=TEMPLATES, apply=False)
+    S = ((k > 0) & (k >= tau)).nonzero().flatten()
+    assert torch.equal(masked.rows, S) and masked.n_changed == len(S) < full.n_changed
+    assert torch.count_nonzero(masked.delta.abs().sum(1)) <= len(S)
+    assert torch.allclose(masked.delta[S], full.delta[S]) and masked.delta[~torch.isin(torch.arange(len(k)), S)].abs().max() == 0
+    # tau = 0 keeps the support of k*, which is all that W' k* sees: exact again
+    zero = tcpe(model, REQ, 1, tc, tau=0.0, C=C, config=CFG, templates=TEMPLATES, apply=False)
+    assert zero.residual < 1e-3 and zero.n_changed == int((k > 0).sum())
+    abl = tcpe(model, REQ, 1, tc, tau=tau, C=C, config=CFG, templates=TEMPLATES, ablate=True, apply=False)
+    assert abl.n_changed == tc.d_sae - len(S)
+    # apply / revert on the transcoder, visible through the splice
+    W0 = tc.W_dec.detach().clone()
+    masked.apply(transcoder=tc)
+    assert torch.allclose(tc.W_dec - W0, masked.delta)
+    masked.revert(transcoder=tc)
+    assert torch.allclose(tc.W_dec, W0)
+    with pytest.raises(ValueError, match="transcoder="):
+        masked.apply(model)
+    assert torch.equal(_mask_rows(torch.tensor([0.0, 0.2, 0.05, -0.1]), 0.1, False), torch.tensor([False, True, False, False]))
+
+
+def test_compute_v_moves_target_and_edit_changes_prediction(model, tc):
+    # subject at the end of the prompt: in a random model only the predicting position's own MLP output
+    # reliably moves its logits (attention from far positions is diffuse)
+    req = EditRequest("Fact: {}", "Bob", " X")
+    cfg = EditConfig(n_templates=0, v_num_grad_steps=40, v_lr=0.5, clamp_norm_factor=50)
+    e = rome(model, req, 1, texts=TEXTS, config=cfg, templates=TEMPLATES, apply=False)
+    assert e.log["nll"][-1] < e.log["nll"][0] - 0.1
+    tgt = model.to_tokens(req.target, prepend_bos=False)[0, 0]
+    before = model(req.text)[0, -1].log_softmax(-1)[tgt]
+    e.apply(model)
+    after = model(req.text)[0, -1].log_softmax(-1)[tgt]
+    e.revert(model)
+    assert after > before + 0.1
+
+
+def test_fine_tune_respects_constraint(model):
+    W0 = model.weight("W_out").clone()
+    e = fine_tune(model, REQ, 1, FineTuneConfig(steps=3, norm_constraint=1e-3))
+    assert e.delta.abs().max() <= 1e-3 + 1e-9 and e.log["nll"][-1] <= e.log["nll"][0]
+    assert torch.allclose(model.weight("W_out")[1] - W0[1], e.delta, atol=1e-6)
+    e.revert(model)
+    assert torch.allclose(model.weight("W_out"), W0, atol=1e-6)
