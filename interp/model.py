@@ -518,7 +518,7 @@ class Model:
             return probe
 
         batch = self.prepare(inputs, attention_mask)
-        with _graph_params(self):
+        with _graph_params(self), torch.enable_grad():  # also when the caller disabled grad mode
             out = self._run(batch, {n: [make(n)] for n in wanted}, grad=True, prepared=True)
             value = (loss_fn or next_token_loss)(out, batch)
             if not isinstance(value, torch.Tensor) or value.dim() != 0:

@@ -6,6 +6,7 @@ classic hook names with their classic shapes.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from functools import partial
 from typing import Any
@@ -188,13 +189,10 @@ class TLModel(Model):
                 out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
         except BaseException:
             live[0] = False
-            # an interruption inside TransformerLens's own removal can leave our hooks registered: they are
-            # inert (live flag), and removed here from the points this run used (non-permanent hooks only)
-            points = self.tl.hook_dict
-            for p in wanted:
-                hp = points.get(p)
-                if hp is not None and getattr(hp, "fwd_hooks", None):
-                    hp.remove_hooks("fwd", including_permanent=False)
+            # an interruption inside TransformerLens's own hook handling can leave hooks registered (ours are
+            # inert by the live flag): remove every non-permanent hook, TransformerLens's own reset
+            with contextlib.suppress(Exception):
+                self.tl.reset_hooks(including_permanent=False)
             raise
         finally:
             live[0] = False
