@@ -251,7 +251,7 @@ def cluster_direction(traj_b: torch.Tensor, min_cluster_size: int | None = None)
     if keep.sum() < 3:
         return labels
     mcs = min_cluster_size or max(5, int(0.02 * keep.sum()))
-    labels[keep] = HDBSCAN(min_cluster_size=min(mcs, int(keep.sum()))).fit_predict(x[keep])
+    labels[keep] = HDBSCAN(min_cluster_size=min(mcs, int(keep.sum())), copy=True).fit_predict(x[keep])
     return labels
 
 
