@@ -12,3 +12,6 @@ __all__ += ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "T
 from .facts import FactsComparison, FactsTask, compare_methods, fact_predictions, train_facts_model
 
 __all__ += ["FactsTask", "train_facts_model", "fact_predictions", "FactsComparison", "compare_methods"]
+from .kecode import KECodeScores, cluster_errors, kecode_scores
+
+__all__ += ["KECodeScores", "kecode_scores", "cluster_errors"]
