@@ -1,7 +1,16 @@
 """GAVEL (Rozenfeld et al., ICLR 2026): cognitive-element (CE) detectors on attention readouts, a rule
 language over CEs, and real-time rule enforcement during generation.
 
-- :mod:`.rules`: ``parse_rule``, ``Rule`` (``evaluate``/``score``/``ces``), ``RuleSyntaxError``, rule files.
+- :mod:`.rules`: ``parse_rule``, ``Rule`` (``evaluate``/``score``/``ces``), ``RuleSyntaxError``, rule files;
+- :mod:`.features`: ``FeatureSpec``, ``conversation_features`` (``attn.hook_z``, GQA-grouped, assistant tokens);
+- :mod:`.detector`: ``train_detector`` (windowed bidirectional GRU), ``compute_triggers``, ``calibrate`` (Youden's J);
+- :mod:`.ce`: ``CE`` folders, ``CELibrary``, ``elicit`` (ERI);
+- :mod:`.evaluation`: the harness with the monolithic-classifier and keyword baselines;
+- :mod:`.monitor`: ``Monitor`` (real-time enforcement inside ``model.generate``);
+- :mod:`.propose`: ``propose_rule`` (automated rule creation);
+- :mod:`.audit`: the ``gavel`` audit check; :mod:`.ce_world`, :mod:`.library`, :mod:`.validation`: validations.
+
+See docs/gavel.md.
 """
 from .rules import (ACTIONS, And, Or, Rule, RuleSet, RuleSyntaxError, Selector, load_rules, parse_condition,
                     parse_rule, rule_from_json)
