@@ -15,3 +15,6 @@ __all__ += ["FactsTask", "train_facts_model", "fact_predictions", "FactsComparis
 from .kecode import KECodeScores, cluster_errors, kecode_scores
 
 __all__ += ["KECodeScores", "kecode_scores", "cluster_errors"]
+from .interpret import FeatureTokens, feature_top_tokens
+
+__all__ += ["FeatureTokens", "feature_top_tokens"]

@@ -95,3 +95,23 @@ def test_train_and_metrics(model):
         TranscoderTrainingConfig(d_sae=0)
     with pytest.raises(ValueError, match="l1_warmup_frac"):
         TranscoderTrainingConfig(l1_warmup_frac=2)
+
+
+def test_feature_top_tokens_by_hand(model, tmp_path):
+    from interp.editing import feature_top_tokens
+    tc = Transcoder(64, 32, 64, seed=4)
+    feats = [3, 7, 11]
+    texts = TEXTS[:6]
+    ft = feature_top_tokens(model, 1, tc, feats, texts, k=4, batch_size=4)
+    batch = model.tokenize(texts)
+    _, c = model.run_with_cache(batch, names=["blocks.1.ln2.hook_normalized"])
+    z = tc.encode(c["blocks.1.ln2.hook_normalized"])[..., feats]
+    z = z.masked_fill(~batch["attention_mask"].bool()[..., None], -1)
+    for i, f in enumerate(feats):
+        want = z[..., i].flatten().topk(4).values
+        want = want[want > 0]
+        got = torch.tensor([a for a, _, _ in ft.examples[str(f)]])
+        assert torch.allclose(got, want, atol=1e-5)
+    assert "<table>" in ft.to_html() and len(ft.to_frame()) == sum(len(v) for v in ft.examples.values())
+    with pytest.raises(ValueError, match="feature ids"):
+        feature_top_tokens(model, 1, tc, [99], texts)
