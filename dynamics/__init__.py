@@ -5,9 +5,10 @@ ViT block-recurrence (Raptor), POLCA loss decomposition and gradient-component i
 
 from .influence import (GradientDecomposition, decompose_gradient, myopic_attention,  # noqa: F401
                         register_myopic_attention, stop_gradient_at)
-from .influence import (FeatureInfluence, MajorityConfig, MajorityResult, bootstrap_ci,  # noqa: F401
-                        majority_validation, run_majority, train_with_influence)
-from .polca import (CheckpointRecorder, ParamSpace, PolcaResult, analyse, breakthrough_step,  # noqa: F401
-                    build_basis, cluster_direction, exact_losses, first_order, homogeneity, lanczos_top,
-                    load_checkpoints, plateau_step, polca_trajectories, second_order)
+from .influence import (FeatureInfluence, MajorityConfig, MajorityResult, QProxy, bootstrap_ci,  # noqa: F401
+                        majority_validation, q_proxy, run_majority, train_with_influence)
+from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_token_loss,  # noqa: F401
+                    analyse, breakthrough_step, build_basis, cluster_direction, exact_losses, first_order,
+                    homogeneity, lanczos_top, load_checkpoints, plateau_step, polca_trajectories, run_addition,
+                    second_order)
 from .tasks import TaskBatch, addition, majority  # noqa: F401

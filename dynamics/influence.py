@@ -499,3 +499,65 @@ def majority_validation(seeds=range(10), **overrides) -> "pandas.DataFrame":  # 
     for p in sorted(set(df.position)):
         rows.append((f"influence_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
     return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])
+
+
+# ----------------------------------------------------------------------------------------- Q(w) proxy
+@dataclasses.dataclass
+class QProxy(Result):
+    """``Q(w)`` per direction: ``Σ_{j>i} KL_j / KL_i`` after projecting ``w`` out of ``r_i^k`` (estimates
+    pre-cached relative to direct influence in a finished model). ``kl`` ``[n_dirs, seq]`` (batch mean)."""
+
+    site: str
+    position: int
+    q: torch.Tensor        # [n_dirs]
+    kl: torch.Tensor       # [n_dirs, seq]
+
+    kind = "q_proxy"
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame({"direction": range(len(self.q)), "Q": self.q.numpy(),
+                             "kl_immediate": self.kl[:, self.position].numpy(),
+                             "kl_later": self.kl[:, self.position + 1:].sum(-1).numpy()})
+
+    def figure(self):
+        import plotly.express as px
+        return px.histogram(self.to_frame(), x="Q", nbins=40, title=f"Q(w) at {self.site}, position {self.position}")
+
+
+def q_proxy(model, tokens: torch.Tensor, site: str, position: int, directions: torch.Tensor,
+            attention_mask: torch.Tensor | None = None, eps: float = 1e-12) -> QProxy:
+    """``Q(w)`` of the paper for each row of ``directions`` ``[n_dirs, d]`` (e.g. SAE decoder rows).
+
+    Choices (the digest marks them UNCERTAIN): the ablation projects ``w`` out of ``r_i^k`` (``interp.ProjectOut``
+    at the absolute ``position`` only); the *immediate* term is the distribution at position ``i`` itself (it
+    predicts token ``i+1``), the later terms are positions ``j > i``; ``KL(p_orig || p_ablated)`` per position,
+    averaged over the batch (real tokens only). One forward per direction, batched over ``tokens``."""
+    import interp
+    if directions.dim() == 1:
+        directions = directions[None]
+    names = model.hook_names(site)
+    if len(names) != 1:
+        raise ValueError(f"site must name exactly one hook, {site!r} matches {len(names)}")
+    if not 0 <= position < tokens.shape[1]:
+        raise ValueError(f"position must be in 0..{tokens.shape[1] - 1}, got {position}")
+    mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+    if not bool(mask[:, position].all()):
+        raise ValueError(f"every row needs a real token at position {position}")
+    w = mask.to(torch.float64)
+    with torch.no_grad():
+        base = model.run_with_cache(tokens, names=[], attention_mask=mask)[0].double().log_softmax(-1)
+        kls = []
+        for d in progress_iter(directions):
+            with model.intervene({names[0]: interp.ProjectOut(d, positions=[position])}):
+                abl = model.run_with_cache(tokens, names=[], attention_mask=mask)[0].double().log_softmax(-1)
+            kl = (base.exp() * (base - abl)).sum(-1)                     # [batch, seq]
+            kls.append((kl * w).sum(0) / w.sum(0).clamp_min(1))
+    kl = torch.stack(kls).float()
+    q = kl[:, position + 1:].sum(-1) / (kl[:, position] + eps)
+    return QProxy(site=names[0], position=position, q=q, kl=kl)
+
+
+def progress_iter(x):
+    from interp.progress import progress
+    return progress(x, desc="Q(w)")

@@ -124,3 +124,20 @@ def test_last_loss_position_has_no_precached(gpt2):
     dec = decompose_gradient(model, _ids(model.cfg.d_vocab), "blocks.0.hook_resid_post", 7,
                              params=dict(hf.named_parameters()))
     assert dec.norm("precached") < 1e-12 and dec.norm("direct") > 0
+
+
+def test_q_proxy(gpt2):
+    from interp.dynamics import q_proxy
+    hf, tok = gpt2
+    model = interp.wrap(hf.float(), tok)
+    ids = _ids(model.cfg.d_vocab, (3, 8))
+    dirs = torch.randn(3, model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    r = q_proxy(model, ids, "blocks.0.hook_resid_post", 3, dirs)
+    assert r.kl.shape == (3, 8) and (r.kl[:, :3] == 0).all()           # earlier positions cannot see the edit
+    assert (r.kl[:, 3:] > 0).all()
+    torch.testing.assert_close(r.q, r.kl[:, 4:].sum(-1) / r.kl[:, 3])
+    # after the last attention layer nothing reaches later positions: Q = 0
+    late = q_proxy(model, ids, "blocks.2.hook_resid_mid", 3, dirs)
+    assert late.q.abs().max() < 1e-6 and (late.kl[:, 3] > 0).all()
+    assert len(r.to_frame()) == 3 and r.figure().data
+    hf.double()
