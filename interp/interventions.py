@@ -84,7 +84,7 @@ class HookContext:
         return (hit & ~neg[None, :, None]).any(1) | ((hit & neg[None, :, None]).any(1) & real)
 
 
-def _check_positions(positions, what: str = "positions") -> tuple[int, ...] | None:
+def check_positions(positions, what: str = "positions") -> tuple[int, ...] | None:
     """Validate ``positions``/``heads``: ``None`` or a list/tuple/range of ints (bools refused)."""
     if positions is None:
         return None
@@ -106,7 +106,7 @@ def _check_positions(positions, what: str = "positions") -> tuple[int, ...] | No
     return tuple(out)
 
 
-def _check_tensor(value, what: str) -> torch.Tensor:
+def check_tensor(value, what: str) -> torch.Tensor:
     """A real, finite floating tensor (refuses complex, bool/int-free NaN/inf input with a clear message)."""
     t = torch.as_tensor(value)
     if t.is_complex():
@@ -119,7 +119,7 @@ def _check_tensor(value, what: str) -> torch.Tensor:
     return t
 
 
-def _check_number(value, what: str) -> float:
+def check_number(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not (isinstance(value, torch.Tensor) and value.dim() == 0):
         raise TypeError(f"{what} must be a real number, got {type(value).__name__}: {value!r}")
     v = float(value)
@@ -216,12 +216,12 @@ class Add(Intervention):
 
     def __init__(self, vector: torch.Tensor, scale: float = 1.0, positions: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None):
-        self.vector = _check_tensor(vector, "Add vector")
+        self.vector = check_tensor(vector, "Add vector")
         if self.vector.dim() == 0:
             raise ValueError("Add vector must have at least one axis (the activation's last axis); "
                              "use Scale for a scalar factor")
-        self.scale = _check_number(scale, "Add scale")
-        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
+        self.scale = check_number(scale, "Add scale")
+        self.positions, self.heads = check_positions(positions), check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         def add(t):
@@ -235,10 +235,10 @@ class Scale(Intervention):
     def __init__(self, factor: float | torch.Tensor, positions: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None):
         if isinstance(factor, torch.Tensor) and factor.dim() > 0:
-            self.factor: float | torch.Tensor = _check_tensor(factor, "Scale factor")
+            self.factor: float | torch.Tensor = check_tensor(factor, "Scale factor")
         else:
-            self.factor = _check_number(factor, "Scale factor")
-        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
+            self.factor = check_number(factor, "Scale factor")
+        self.positions, self.heads = check_positions(positions), check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         def scale(t):
@@ -261,9 +261,9 @@ class Ablate(Intervention):
         if method == "mean" and mean_from is None:
             raise ValueError("Ablate('mean') needs mean_from=<Cache or tensor>")
         if isinstance(mean_from, torch.Tensor):
-            mean_from = _check_tensor(mean_from, "Ablate mean")
+            mean_from = check_tensor(mean_from, "Ablate mean")
         self.method, self.mean_from, self.mask = method, mean_from, mask
-        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
+        self.positions, self.heads = check_positions(positions), check_positions(heads, "heads")
 
     def _mean(self, ctx: HookContext) -> torch.Tensor:
         src = self.mean_from
@@ -295,7 +295,7 @@ class ProjectOut(Intervention):
 
     def __init__(self, directions: torch.Tensor, positions: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None, rtol: float = 1e-5):
-        d = _check_tensor(directions, "ProjectOut directions").to(torch.float64)
+        d = check_tensor(directions, "ProjectOut directions").to(torch.float64)
         if d.dim() == 1:
             d = d[None]
         if d.dim() != 2 or d.shape[1] == 0:
@@ -308,7 +308,7 @@ class ProjectOut(Intervention):
         keep = sv > rtol * sv.max()
         self.basis = u[:, keep].to(torch.float32)  # [d, rank]
         self.rank = int(keep.sum())
-        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
+        self.positions, self.heads = check_positions(positions), check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         if tensor.shape[-1] != self.basis.shape[0]:
@@ -333,11 +333,11 @@ class Patch(Intervention):
 
     def __init__(self, cache, positions: Sequence[int] | None = None, heads: Sequence[int] | None = None):
         if isinstance(cache, torch.Tensor):
-            cache = _check_tensor(cache, "Patch source")
+            cache = check_tensor(cache, "Patch source")
         elif not isinstance(cache, Mapping):
             raise TypeError(f"Patch source must be a Cache or a tensor, got {type(cache).__name__}")
         self.cache = cache
-        self.positions, self.heads = _check_positions(positions), _check_positions(heads, "heads")
+        self.positions, self.heads = check_positions(positions), check_positions(heads, "heads")
 
     def __call__(self, tensor, ctx):
         src = self.cache if isinstance(self.cache, torch.Tensor) else self.cache[ctx.name]

@@ -27,7 +27,8 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
-from interp.interventions import Add, HookContext, Intervention, ProjectOut
+from interp.interventions import (Add, HookContext, Intervention, ProjectOut, check_number, check_positions,
+                                  check_tensor)
 from interp.io import output_dir
 
 #: Entry-point group through which other packages add steering methods.
@@ -195,26 +196,28 @@ class SteeringVector:
         if self.operation not in OPERATIONS:
             raise ValueError(f"unknown operation {self.operation!r}; expected one of {', '.join(OPERATIONS)}")
         if isinstance(self.hooks, str):
-            self.hooks = (self.hooks,)
+            self.hooks = (self.hooks,)  # one name, never split into characters
         self.hooks = tuple(self.hooks)
         if not self.hooks:
             raise ValueError("a SteeringVector needs at least one hook name")
-        self.direction = torch.as_tensor(self.direction).detach().float().cpu()
+        bad = [h for h in self.hooks if not isinstance(h, str) or not h]
+        if bad:
+            raise TypeError(f"hook names must be non-empty strings, got {bad[0]!r}")
+        self.direction = check_tensor(self.direction, "steering direction").detach().float().cpu()
         want = (1, 2) if self.operation == "project_out" else (1,)
         if self.direction.dim() not in want:
             raise ValueError(f"operation {self.operation!r} needs a direction of shape "
                              f"{'[d] or [k, d]' if len(want) == 2 else '[d]'}, got {tuple(self.direction.shape)}")
         if not torch.isfinite(self.direction).all():
             raise ValueError("steering direction has non-finite entries")
-        if self.positions is not None:
-            self.positions = tuple(int(p) for p in self.positions)
+        self.positions = check_positions(self.positions)
         if self.reference is not None:
-            self.reference = torch.as_tensor(self.reference).detach().float().cpu()
+            self.reference = check_tensor(self.reference, "steering reference").detach().float().cpu()
             if self.reference.shape != self.direction.shape[-1:]:
                 raise ValueError(f"reference has shape {tuple(self.reference.shape)}, expected "
                                  f"{tuple(self.direction.shape[-1:])}")
         self.tensors = {k: torch.as_tensor(v).detach().cpu() for k, v in self.tensors.items()}
-        self.scale = float(self.scale)
+        self.scale = check_number(self.scale, "steering scale")
 
     # ------------------------------------------------------------------ views
     @property

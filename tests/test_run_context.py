@@ -293,3 +293,14 @@ def test_forward_with_grad_differentiates_through_an_intervention():
     (g,) = torch.autograd.grad(kept["feats"][0, -1].sum(), kept["resid"])
     assert g.shape == kept["resid"].shape and g[0, -1].abs().sum() > 0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_steering_vector_fields_are_validated_where_built():
+    from interp.steering import SteeringVector
+    v = SteeringVector("x", "affine", "blocks.1.hook_resid_pre", torch.randn(64))
+    assert v.hooks == ("blocks.1.hook_resid_pre",)  # one name, not split into characters
+    for kwargs, err in ((dict(positions=[1.5]), TypeError), (dict(scale=float("nan")), ValueError)):
+        with pytest.raises(err):
+            SteeringVector("x", "affine", ("blocks.1.hook_resid_pre",), torch.randn(64), **kwargs)
+    with pytest.raises(TypeError, match="real"):
+        SteeringVector("x", "affine", ("blocks.1.hook_resid_pre",), torch.randn(64, dtype=torch.complex64))
