@@ -55,27 +55,39 @@ def test_ce_world_pass_criteria(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_ce_world_monitor_stops_mid_generation_and_not_on_harmless():
-    """Prefilled conversation with an A phrase and the start of a B phrase: the model completes the B phrase
-    itself, the monitor sees it in the first generated window and blocks; harmless prompts never fire."""
+    """A prefilled A phrase; the model is steered (last-layer residual pushed along two unembedding columns) to
+    start a B phrase, completes it itself, and the monitor blocks mid-generation; harmless prompts never fire.
+
+    (Without steering the model's own phrase completion right after the prompt puts the phrase's last word at the
+    start of the first generated window, where this detector does not see it: B probability 0.006 online and
+    offline alike.)"""
     import interp
     from interp.probes.gavel import Monitor, parse_rule
     torch.set_num_threads(1)
     model = interp.load(f"zoo:{ce_world.ZOO_NAME}", backend="torch")
     det = ce_world.ce_world_detector(model, n_train=80, n_cal=30)
     rule = parse_rule(ce_world.RULE, list(FAMILIES), name="R", action="block")
-    mon = Monitor(model, det, [rule], score_prompt=True)
-    prompt = "<bos> w1 w7 w3 a2 a3 a4 w9 w12 w5 w30 w2 w8 w17 b0 b1"
-    out = mon.generate(prompt, max_new_tokens=20, stop_at_eos=False)
-    assert out.stopped and out.action == "block"
-    assert out.token_ids[0] == model.tokenizer.convert_tokens_to_ids("b2")  # the model completed the B phrase
-    assert len(out.token_ids) == 5  # stopped at the first generated window, mid-way through 20 tokens
+    tok = model.tokenizer
+    W_U = model.weight("W_U")  # [d_model, vocab]
+    plan = {1: tok.convert_tokens_to_ids("b0"), 2: tok.convert_tokens_to_ids("b1")}  # pass k emits token k+1
+
+    def steer(t, ctx):
+        if ctx.pass_index in plan:
+            t = t.clone()
+            t[:, -1] += 100 * W_U[:, plan[ctx.pass_index]] / W_U[:, plan[ctx.pass_index]].norm()
+        return t
+    prompt = "<bos> w1 w7 w3 a2 a3 a4 w9 w12 w5 w30 w2 w8 w17 w4"
+    with model.intervene({f"blocks.{model.cfg.n_layers - 1}.hook_resid_post": steer}):
+        out = Monitor(model, det, [rule], score_prompt=True).generate(prompt, max_new_tokens=20, stop_at_eos=False)
+    words = tok.convert_ids_to_tokens(out.token_ids)
+    assert words[1:4] == ["b0", "b1", "b2"], words  # steered b0 b1, then the model's own b2
+    assert out.stopped and out.action == "block" and len(out.token_ids) == 5  # mid-way through 20 tokens
     (ev,) = out.events
     assert {"A", "B"} <= set(ev["fired"]) and ev["causes"]["B"][0]["span"] == [0, 5]
     rng = random.Random(1)
     fired = 0
     for _ in range(40):
         seq, _, _ = make_conversation(rng, [], 40)  # random negative: decoys only
-        mon.reset()
         o = Monitor(model, det, [rule], score_prompt=True).generate("<bos> " + " ".join(seq), max_new_tokens=10,
                                                                    stop_at_eos=False)
         fired += bool(o.events)
