@@ -340,6 +340,47 @@ class Model:
         batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp_min(0)
         return batch
 
+    def batches(self, inputs: Inputs, batch_size: int | None = None, padding_side: str | None = None,
+                max_length: int | None = None, add_special_tokens: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+        """Forward-ready batches of any input kind, ``batch_size`` rows each (``None``: one batch).
+
+        Texts (a string or a list) are tokenized per batch (so each batch pads only to its own longest
+        prompt; ``padding_side``, ``max_length`` and ``add_special_tokens`` as in :meth:`tokenize`); token
+        ids ``[n, pos]``, dicts with ``input_ids``/``attention_mask`` (or ``pixel_values``) and images
+        ``[n, c, h, w]`` are sliced along the first axis. The one batching helper of the analyzers."""
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if isinstance(inputs, (list, tuple)):
+            if not inputs:
+                raise ValueError("inputs is an empty list; pass at least one prompt")
+            if not all(isinstance(t, str) for t in inputs):
+                raise TypeError("a list of inputs must hold strings (pass token ids as a [batch, pos] tensor)")
+            size = batch_size or len(inputs)
+            for i in range(0, len(inputs), size):
+                yield self.tokenize(list(inputs[i:i + size]), padding_side=padding_side, max_length=max_length,
+                                    add_special_tokens=add_special_tokens)
+            return
+        if isinstance(inputs, Mapping):
+            key = "input_ids" if "input_ids" in inputs else "pixel_values"
+            if key not in inputs:
+                raise ValueError(f"input dict needs 'input_ids' or 'pixel_values', got keys {sorted(inputs)}")
+            n = inputs[key].shape[0]
+            size = batch_size or n
+            for i in range(0, n, size):
+                yield {k: v[i:i + size] for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            return
+        if isinstance(inputs, torch.Tensor):
+            t = inputs[None] if (inputs.dim() == 1 and not inputs.is_floating_point()) else inputs
+            key = "pixel_values" if t.is_floating_point() else "input_ids"
+            size = batch_size or t.shape[0]
+            for i in range(0, t.shape[0], size):
+                yield {key: t[i:i + size]}
+            return
+        raise TypeError(f"unsupported inputs of type {type(inputs).__name__}: pass a string, a list of strings, "
+                        "token ids [batch, pos], a dict with input_ids/attention_mask, or images [batch, c, h, w]")
+
     def _max_positions(self) -> int | None:
         """The longest sequence the model takes (``None``: no fixed limit, e.g. rotary embeddings)."""
         return None

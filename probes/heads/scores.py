@@ -338,30 +338,8 @@ def scores_from_statistics(stats: Mapping[str, torch.Tensor], names: Sequence[st
 
 def _batches(model: Model, inputs: Any, batch_size: int | None, max_length: int | None,
              padding_side: str | None) -> list[dict[str, torch.Tensor]]:
-    """Split inputs into forward-ready batches (texts are tokenized per batch)."""
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, str) for t in inputs):
-        size = batch_size or len(inputs)
-        return [model.tokenize(list(inputs[i:i + size]), padding_side=padding_side, max_length=max_length)
-                for i in range(0, len(inputs), size)]
-    if isinstance(inputs, (list, tuple)) and not inputs:
-        raise ValueError("score_heads needs at least one input")
-    if isinstance(inputs, Mapping):
-        key = "input_ids" if "input_ids" in inputs else "pixel_values"
-        if key not in inputs:
-            raise ValueError(f"input dict needs 'input_ids' or 'pixel_values', got keys {sorted(inputs)}")
-        n = inputs[key].shape[0]
-        size = batch_size or n
-        return [{k: v[i:i + size] for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-                for i in range(0, n, size)]
-    if isinstance(inputs, torch.Tensor):
-        t = inputs[None] if (inputs.dim() == 1 and not inputs.is_floating_point()) else inputs
-        size = batch_size or t.shape[0]
-        key = "pixel_values" if t.is_floating_point() else "input_ids"
-        return [{key: t[i:i + size]} for i in range(0, t.shape[0], size)]
-    raise TypeError(f"unsupported inputs of type {type(inputs).__name__}: pass a string, a list of strings, "
-                    "token ids [batch, pos], a dict with input_ids/attention_mask, or images [batch, c, h, w]")
+    """Forward-ready batches (texts tokenized per batch), from the capture layer's :meth:`Model.batches`."""
+    return list(model.batches(inputs, batch_size, padding_side=padding_side, max_length=max_length))
 
 
 def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = None,
