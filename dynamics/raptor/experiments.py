@@ -67,7 +67,9 @@ def _run(out: Path, name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig,
     hist = train_raptor(raptor, acts_tr, tcfg)
     secs = time.time() - t0
     fit = evaluate_raptor(raptor, acts_tr, y_tr, acts_te, y_te, final_norm=final_norm, name=name)
+    raptor.save(out / f"{name}.model", overwrite=True)
     row = dict(name=name, thresholds=rcfg.thresholds, r2=fit.r2.tolist(), mean_r2=fit.mean_r2,
+               r2_pooled=fit.r2_pooled.tolist(), mean_r2_pooled=float(fit.r2_pooled.mean()),
                probe_acc_teacher=fit.probe_acc_teacher, probe_acc_raptor=fit.probe_acc_raptor,
                relative_acc=fit.relative_acc, train_seconds=secs,
                final_loss={k: v[-1] for k, v in hist.losses.items() if v}, raptor_config=asdict(rcfg),

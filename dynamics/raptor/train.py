@@ -243,10 +243,14 @@ def train_raptor(raptor: Raptor, acts: torch.Tensor, cfg: RaptorTrainConfig | No
 
 
 @torch.no_grad()
-def layer_r2(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_r2(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64,
+             average: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-layer R² of the rollout from ``a_0`` against the teacher, ``[L]``, and the rollout's last layer
-    ``[N, tokens, d]``. R² as the official code: per feature over all (image, token) samples, averaged over the
-    d features (``sklearn.metrics.r2_score`` with uniform averaging)."""
+    ``[N, tokens, d]``. ``average="uniform"`` is the official code's R²: per feature over all (image, token)
+    samples, averaged over the d features (``sklearn.metrics.r2_score``); ``"variance_weighted"`` pools the
+    features (``1 - SSE / SST``), which low-variance features cannot drive to large negative values."""
+    if average not in ("uniform", "variance_weighted"):
+        raise ValueError(f"average must be 'uniform' or 'variance_weighted', got {average!r}")
     L = raptor.cfg.n_layers
     raptor.eval()
     sse = torch.zeros(L, acts.shape[-1], dtype=torch.float64)
@@ -257,6 +261,8 @@ def layer_r2(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64) -> tuple[
         last.append(roll[-1])
     y = acts[1:].double().flatten(1, 2)                                         # [L, N*T, d]
     sst = ((y - y.mean(1, keepdim=True)) ** 2).sum(1).clamp_min(1e-12)
+    if average == "variance_weighted":
+        return (1 - sse.sum(-1) / sst.sum(-1)).float(), torch.cat(last)
     return (1 - sse / sst).mean(-1).float(), torch.cat(last)
 
 
@@ -285,6 +291,7 @@ class RaptorFit(Result):
     r2: torch.Tensor
     probe_acc_teacher: float | None = None
     probe_acc_raptor: float | None = None
+    r2_pooled: torch.Tensor | None = None      #: variance-weighted R² per layer
     kind = "raptor.fit"
 
     @property
@@ -316,8 +323,9 @@ def evaluate_raptor(raptor: Raptor, train_acts: torch.Tensor, train_y, test_acts
     the test split) of the teacher's last layer vs the Raptor rollout, both through ``final_norm``
     (e.g. ``model.apply_ln_final``)."""
     r2, test_last = layer_r2(raptor, test_acts)
+    r2_pooled, _ = layer_r2(raptor, test_acts, average="variance_weighted")
     _, train_last = layer_r2(raptor, train_acts)
     f = lambda x: probe_features(x, final_norm, n_registers).numpy()  # noqa: E731
     acc_t = linear_probe_accuracy(f(train_acts[-1]), train_y, f(test_acts[-1]), test_y)
     acc_r = linear_probe_accuracy(f(train_last), train_y, f(test_last), test_y)
-    return RaptorFit(name=name, r2=r2, probe_acc_teacher=acc_t, probe_acc_raptor=acc_r)
+    return RaptorFit(name=name, r2=r2, probe_acc_teacher=acc_t, probe_acc_raptor=acc_r, r2_pooled=r2_pooled)
