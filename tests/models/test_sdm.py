@@ -1,0 +1,154 @@
+"""Tests for models.sdm (submodular distribution matching with sparse features)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from interp.models.sdm import (
+    SAEConfig, SDMConfig, SDMResult, apricot_select, brute_force_check, concave_value, encode, experiment,
+    greedy_select, kl_to_target, make_digits_pool, monotonicity_loss, quality_bins, quality_scores, sdm_objective,
+    target_distribution, top_quality_select, train_sae,
+)
+
+
+def _codes(n=12, d=10, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.zeros(n, d, dtype=torch.float64)
+    idx = torch.stack([torch.randperm(d, generator=g)[:k] for _ in range(n)])
+    z.scatter_(1, idx, torch.rand(n, k, generator=g, dtype=torch.float64) * 2)
+    return z
+
+
+def test_objective_hand_value_and_kl():
+    z = torch.tensor([[1.0, 0.0], [0.0, 3.0], [2.0, 1.0]], dtype=torch.float64)
+    p = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    bins = torch.tensor([2, 0, 2])
+    want = 0.8 * (0.25 * math.log(4) + 0.75 * math.log(5)) + 0.2 * (0.0 * math.log(2) + 0.99 * math.log(3))
+    assert float(sdm_objective(z, p, bins)) == pytest.approx(want)
+    masks = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    vals = sdm_objective(z, p, bins, masks=masks)
+    assert float(vals[1]) == pytest.approx(want)
+    assert float(vals[0]) == pytest.approx(0.8 * 0.25 * math.log(2) + 0.2 * 0.99 * math.log(2))
+    assert torch.allclose(target_distribution(z), torch.tensor([3 / 7, 4 / 7], dtype=torch.float64))
+    assert kl_to_target(target_distribution(z), z, smoothing=0) == pytest.approx(0.0, abs=1e-12)
+    assert kl_to_target(target_distribution(z), z) == pytest.approx(0.0, abs=1e-6)
+    assert kl_to_target(p, z[:1]) > kl_to_target(p, z[1:])
+    with pytest.raises(ValueError, match="non-negative"):
+        sdm_objective(-z, p)
+    with pytest.raises(ValueError, match="lam"):
+        sdm_objective(z, p, lam=1.5)
+
+
+def test_greedy_gains_match_objective_differences():
+    z, p = _codes(30, 12), torch.softmax(torch.randn(12, dtype=torch.float64), 0)
+    bins = torch.arange(30) % 3
+    sel = greedy_select(z, 6, p, bins, epsilon=None)
+    assert len(set(sel.tolist())) == 6
+    # plain greedy: each pick maximises the objective difference over all remaining items
+    chosen = []
+    for j in sel.tolist():
+        base = torch.zeros(1, 30)
+        base[0, chosen] = 1
+        trials = base.repeat(30, 1)
+        trials[torch.arange(30), torch.arange(30)] = 1
+        vals = sdm_objective(z, p, bins, masks=trials)
+        vals[chosen] = -np.inf
+        assert int(vals.argmax()) == j
+        chosen.append(j)
+    sto = greedy_select(z, 6, p, bins, epsilon=0.1, seed=3)
+    assert len(set(sto.tolist())) == 6
+    with pytest.raises(ValueError, match="budget"):
+        greedy_select(z, 31, p)
+
+
+@pytest.mark.parametrize("seed,lam,budget", [(0, 0.8, 4), (1, 1.0, 5), (2, 0.5, 3)])
+def test_brute_force_diminishing_returns_and_greedy_bound(seed, lam, budget):
+    z = _codes(12, 10, 3, seed)
+    p = torch.softmax(torch.randn(10, generator=torch.Generator().manual_seed(seed), dtype=torch.float64), 0)
+    rep = brute_force_check(z, p, budget, bins=torch.arange(12) % 3, lam=lam)
+    assert rep.monotone and rep.submodular
+    assert rep.greedy_value >= (1 - 1 / math.e) * rep.opt_value
+    assert rep.greedy_value <= rep.opt_value + 1e-12
+
+
+def test_brute_force_detects_a_non_submodular_function():
+    # negative codes make log(1 + m) non-concave-over-modular: the check must object to such input
+    with pytest.raises(ValueError, match="non-negative"):
+        brute_force_check(-_codes(6, 4), torch.full((4,), 0.25, dtype=torch.float64), 2)
+
+
+@pytest.mark.slow  # apricot JIT-compiles with numba on first use (~1-2 min on a loaded machine)
+def test_lambda_one_uniform_plain_greedy_matches_apricot():
+    z = _codes(60, 16, 4, seed=5)
+    p = torch.full((16,), 1 / 16, dtype=torch.float64)
+    ours = greedy_select(z, 15, p, bins=None, lam=1.0, epsilon=None)
+    assert ours.tolist() == apricot_select(z, 15).tolist()
+
+
+def test_monotonicity_loss_hand_case():
+    # E: 4 points of different directions, M: the anchor's near copies; codes either reward diversity or not
+    x = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0.05, 0], [1.0, 0.0, 0.05], [1.0, 0.05, 0.05]])
+    z_good = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0]])
+    z_bad = torch.ones(6, 3)
+    g = torch.Generator().manual_seed(0)
+    l_good = monotonicity_loss(x, z_good, set_size=3, n_sets=20, generator=g)
+    g = torch.Generator().manual_seed(0)
+    l_bad = monotonicity_loss(x, z_bad, set_size=3, n_sets=20, generator=g)
+    assert l_good < l_bad
+    assert concave_value(z_good[:3]) == pytest.approx(3 * math.log(2))
+
+
+def test_sae_codes_nonnegative_and_mono_loss_lowers_the_violation():
+    data = make_digits_pool(0)
+    x = torch.from_numpy(data.x_pool)
+    sae, hist = train_sae(x, SAEConfig(d_sae=64, k=4, epochs=5))
+    plain, _ = train_sae(x, SAEConfig(d_sae=64, k=4, epochs=5, mono_coef=0.0))
+    z = encode(sae, x)
+    assert (z >= 0).all() and ((z > 0).sum(-1) <= 4).all()
+    assert hist["mse"][-1] < hist["mse"][0]
+    # the same E/M sets on the whole pool: training with L_mono leaves a smaller monotonicity violation
+    xs = x[:256]
+    viol = [float(monotonicity_loss(xs, encode(s, xs), 8, 300, torch.Generator().manual_seed(1))) for s in (sae, plain)]
+    assert viol[0] < viol[1]
+
+
+def test_pool_and_quality():
+    data = make_digits_pool(1)
+    counts = np.bincount(data.clean_pool[~data.duplicate], minlength=10)
+    assert counts.max() >= 6 * counts.min()                        # imbalanced 1:…:10
+    assert abs(data.duplicate.mean() - 0.2 / 1.2) < 0.01
+    assert abs((data.y_pool != data.clean_pool).mean() - 0.1) < 0.01
+    assert len(data.x_target) == 300
+    q = quality_scores(data.x_pool, data.y_pool)
+    noisy = data.y_pool != data.clean_pool
+    assert q[noisy].mean() < q[~noisy].mean() - 0.3                 # flipped labels have low margins
+    b = quality_bins(q)
+    assert set(b.tolist()) == {0, 1, 2} and (top_quality_select(q, 10) == torch.from_numpy(np.argsort(-q)[:10])).all()
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="k must be"):
+        SAEConfig(d_sae=4, k=8)
+    with pytest.raises(ValueError, match="lam"):
+        SDMConfig(lam=2)
+
+
+def test_experiment_small(tmp_path):
+    r = experiment(SDMConfig(seeds=(0,), sae=SAEConfig(d_sae=64, k=4, epochs=3), budget=50, apricot=False))
+    assert isinstance(r, SDMResult) and set(r.kl) == {"sdm", "random", "top_quality"}
+    assert r.class_counts["sdm"].sum() == 50
+    r.figure()
+    r.save(tmp_path / "r")
+    assert len(r.to_frame()) == 3
+
+
+@pytest.mark.slow
+def test_digits_criteria_five_seeds():
+    r = experiment()
+    kl = {m: np.mean(v) for m, v in r.kl.items()}
+    assert kl["sdm"] < kl["random"] and kl["sdm"] < kl["top_quality"]
+    bacc = {m: np.mean(v) for m, v in r.balanced_accuracy.items()}
+    assert bacc["sdm"] >= bacc["random"] + 0.02 and bacc["sdm"] >= bacc["top_quality"] + 0.02
