@@ -153,6 +153,7 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
     facts w.r.t. the original objects; ``other_drop`` = reference accuracy − ``other_acc``.
     """
     cfg = config or EditConfig()
+    ft_cfg = ft_config or FineTuneConfig()
     rng = np.random.default_rng(seed)
     ctx = task.texts(n_context, seed=10_000 + seed)
     templates = context_templates(model, cfg)
@@ -180,7 +181,7 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
                 if method == "rome":
                     e = rome(model, req, layer, C=C_mlp, config=cfg, templates=templates)
                 elif method == "ft":
-                    e = fine_tune(model, req, layer, ft_config, templates=templates[:1])
+                    e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1])
                 else:
                     e = tcpe(model, req, layer, transcoder, tau=-1.0 if method == "rome_tc" else tau, C=C_tc,
                              config=cfg, templates=templates)

@@ -93,6 +93,7 @@ class EditConfig:
     kl_prompts: tuple[str, ...] = ("{} is a",)
     mom2_eps: float = 0.0
     nll_stop: float = 5e-2
+    fact_token: str = "subject_last"
 
     def __post_init__(self) -> None:
         for name in ("n_templates", "template_length", "v_num_grad_steps"):
@@ -107,6 +108,8 @@ class EditConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+        if self.fact_token not in ("subject_last", "last"):
+            raise ValueError(f"fact_token must be 'subject_last' or 'last', got {self.fact_token!r}")
         if any(not isinstance(p, str) or p.count("{}") != 1 for p in self.kl_prompts):
             raise ValueError(f"kl_prompts must be strings with one '{{}}' slot, got {self.kl_prompts!r}")
 
@@ -166,8 +169,11 @@ def _ids(model, text: str, special: bool = True) -> list[int]:
     return model.tokenize([text], add_special_tokens=special)["input_ids"][0].tolist()
 
 
-def _subject_last(model, template: str, req: EditRequest) -> int:
-    """Index of the subject's last token in ``template.format(req.text)``."""
+def _subject_last(model, template: str, req: EditRequest, fact_token: str = "subject_last") -> int:
+    """Index of the subject's last token in ``template.format(req.text)`` (``fact_token="last"``: of the
+    prompt's last token, ROME's other lookup option)."""
+    if fact_token == "last":
+        return len(_ids(model, template.format(req.text))) - 1
     return len(_ids(model, template.format(req.prompt.split("{}")[0] + req.subject))) - 1
 
 
@@ -198,11 +204,11 @@ def context_templates(model, config: EditConfig | None = None) -> list[str]:
 
 # ====================================================================== key, second moment, v
 @torch.no_grad()
-def compute_key(site: _Site, req: EditRequest, templates: Sequence[str]) -> torch.Tensor:
-    """``k* [d_key]``: mean over ``templates`` of the key at the subject's last token."""
+def compute_key(site: _Site, req: EditRequest, templates: Sequence[str], fact_token: str = "subject_last") -> torch.Tensor:
+    """``k* [d_key]``: mean over ``templates`` of the key at the subject's last token (or the last token)."""
     model = site.model
     seqs = [_ids(model, t.format(req.text)) for t in templates]
-    idx = torch.tensor([_subject_last(model, t, req) for t in templates])
+    idx = torch.tensor([_subject_last(model, t, req, fact_token) for t in templates])
     with site.open():
         _, cache = model.run_with_cache(_pad(model, seqs), names=[site.key])
     keys = cache[site.key].float()[torch.arange(len(seqs)), idx.to(cache[site.key].device)]
@@ -242,7 +248,8 @@ def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, bat
     return C
 
 
-def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts: Sequence[str]):
+def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts: Sequence[str],
+                   fact_token: str = "subject_last"):
     """Token ids of the rewriting prompts (``template(prompt) + target[:-1]``) and KL prompts, the subject's
     last index in each, and the target positions/ids of the rewriting prompts."""
     tgt = _ids(model, req.target, special=False)
@@ -252,12 +259,12 @@ def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts
     for t in templates:
         p = _ids(model, t.format(req.text))
         seqs.append(p + tgt[:-1])
-        idx.append(_subject_last(model, t, req))
+        idx.append(_subject_last(model, t, req, fact_token))
         tpos.append(list(range(len(p) - 1, len(p) - 1 + len(tgt))))
     for kp in kl_prompts:
         kreq = EditRequest(kp, req.subject, req.target)
         seqs.append(_ids(model, kreq.text))
-        idx.append(_subject_last(model, "{}", kreq))
+        idx.append(_subject_last(model, "{}", kreq, fact_token))
     return _pad(model, seqs), torch.tensor(idx), torch.tensor(tpos), torch.tensor(tgt)
 
 
@@ -266,7 +273,7 @@ def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: E
     """ROME's ``compute_v``: ``v* [d_model]`` and a log (``nll`` per step, ``delta_norm``, ``v0``)."""
     cfg = config or EditConfig()
     model = site.model
-    batch, idx, tpos, tgt = _rewrite_batch(model, req, templates, cfg.kl_prompts)
+    batch, idx, tpos, tgt = _rewrite_batch(model, req, templates, cfg.kl_prompts, cfg.fact_token)
     n_rw = len(templates)
     rows = torch.arange(len(idx))
     d = model.cfg.d_model
@@ -419,7 +426,7 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
     """The ROME / TCPE computation on ``site`` (module docstring); does not apply the edit."""
     cfg = config or EditConfig()
     templates = list(templates) if templates is not None else context_templates(site.model, cfg)
-    k = compute_key(site, req, templates)
+    k = compute_key(site, req, templates, cfg.fact_token)
     if C.shape != (k.numel(), k.numel()):
         raise ValueError(f"C has shape {tuple(C.shape)}, expected ({k.numel()}, {k.numel()}) for {site.key}")
     v_star, log = compute_v(site, req, templates, cfg)

@@ -141,3 +141,12 @@ def test_fine_tune_respects_constraint(model):
     assert torch.allclose(model.weight("W_out")[1] - W0[1], e.delta, atol=1e-6)
     e.revert(model)
     assert torch.allclose(model.weight("W_out"), W0, atol=1e-6)
+
+
+def test_fact_token_last(model):
+    site = MLPSite(model, 1)
+    k = compute_key(site, REQ, ["{}"], fact_token="last")
+    _, c = model.run_with_cache(REQ.text, names=["blocks.1.mlp.hook_post"])
+    assert torch.allclose(k, c["blocks.1.mlp.hook_post"][0, -1], atol=1e-5)
+    with pytest.raises(ValueError, match="fact_token"):
+        EditConfig(fact_token="first")
