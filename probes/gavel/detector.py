@@ -418,12 +418,14 @@ def _pad_probs(probs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Sequence[CalibrationLabels],
               thresholds: Sequence[float] | None = None, patience: Sequence[int] = (1,), tol: float = 0.01,
-              apply: bool = True) -> Calibration:
+              apply: bool = True, tie: str = "largest") -> Calibration:
     """Choose θ_c and patience_c per CE by Youden's J on calibration dialogues.
 
     ``probs``: per dialogue, window probabilities ``[W_i, C]`` (:meth:`CEDetector.sequence_probs`);
     ``labels``: its :class:`CalibrationLabels`. Grid θ ∈ {0.05, 0.10, ..., 1.0} by default. As in the
-    official code, among the grid points within ``tol·|max J|`` of the best J the largest threshold wins.
+    official code, among the grid points within ``tol·|max J|`` of the best J the largest threshold wins
+    (``tie="largest"``); ``tie="middle"`` (not in the paper) takes the middle of those thresholds instead,
+    which is less strict when a small calibration set leaves J flat over a wide range.
     A CE with no positive (or no negative) label anywhere gets TPR (FPR) 0 on the whole grid.
     """
     if len(probs) != len(labels) or not probs:
@@ -433,6 +435,8 @@ def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Seque
     pats = [int(p) for p in patience]
     if any(p < 1 for p in pats):
         raise ValueError("patience values must be at least 1")
+    if tie not in ("largest", "middle"):
+        raise ValueError(f"tie must be 'largest' (official) or 'middle', got {tie!r}")
     idx = {c: i for i, c in enumerate(ces)}
 
     def mask(names) -> torch.Tensor:
@@ -475,7 +479,12 @@ def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Seque
         ok = jc >= best - tol * best.abs()
         # largest threshold among the near-best; then the smallest patience
         cand = [(grid[t], -pats[p], p, t) for p in range(len(pats)) for t in range(len(grid)) if ok[p, t]]
-        _, _, p, t = max(cand)
+        if tie == "largest":
+            _, _, p, t = max(cand)
+        else:  # middle of the near-best thresholds at the smallest patience that reaches them
+            pbest = min(-c[1] for c in cand)
+            row = sorted(c for c in cand if -c[1] == pbest)
+            _, _, p, t = row[len(row) // 2]
         chosen_t.append(grid[t])
         chosen_p.append(pats[p])
         chosen_j.append(float(jc[p, t]))

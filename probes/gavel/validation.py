@@ -52,7 +52,7 @@ def _assistant_text(msgs) -> str:
 
 def run_library_validation(model, spec: FeatureSpec, n_train: int = 30, n_cal: int = 10, n_test: int = 25,
                            n_mono: int = 30, seed: int = 0, detector_config: DetectorConfig | None = None,
-                           batch_size: int = 16, model_name: str = "") -> LibraryValidation:
+                           batch_size: int = 16, model_name: str = "", tie: str = "largest") -> LibraryValidation:
     ces = list(lib.CE_TEMPLATES)
     rules = lib.library_rules(include_unseen=True)
     seen = [r for r in rules if r.name in lib.SCENARIOS]
@@ -95,7 +95,7 @@ def run_library_validation(model, spec: FeatureSpec, n_train: int = 30, n_cal: i
     for conv in lib.ce_conversations(rng, None, n_cal, "train"):
         cal_convs.append(conv)
         cal_labels.append(CalibrationLabels())
-    cal = calibrate(det, det.sequence_probs(feats(cal_convs)), cal_labels, patience=(1, 2))
+    cal = calibrate(det, det.sequence_probs(feats(cal_convs)), cal_labels, patience=(1, 2), tie=tie)
     # 3. held-out test conversations
     test = []
     for r in rules:

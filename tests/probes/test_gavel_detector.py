@@ -162,3 +162,15 @@ def test_detector_learns_separable_windows_and_roundtrips(tmp_path):
         train_detector(x, y[:, :2], ["a", "b", "c"], cfg)
     with pytest.raises(ValueError, match="DetectorConfig.window"):
         DetectorConfig(window=0)
+
+
+def test_calibration_tie_break_largest_vs_middle():
+    det = _dummy_detector(1 and 3)
+    # CE a separates perfectly for every θ in 0.3 ... 0.8: J flat at 1
+    probs = [torch.tensor([[0.85, 0.0, 0.0]]), torch.tensor([[0.25, 0.0, 0.0]])]
+    labels = [CalibrationLabels(required={"a"}), CalibrationLabels()]
+    grid = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert calibrate(det, probs, labels, thresholds=grid).threshold[0] == pytest.approx(0.8)  # official: largest
+    assert calibrate(det, probs, labels, thresholds=grid, tie="middle").threshold[0] == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="tie must be"):
+        calibrate(det, probs, labels, tie="smallest")
