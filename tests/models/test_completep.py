@@ -421,7 +421,7 @@ def test_lr_transfer_across_depth_completep_stays(corpus):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "not reproduced: SP's grid argmin stays at 2^-8 from depth 2 to 8 (shift 0; refined -7.64 -> -7.58 octaves, "
+    "not reproduced: SP's grid argmin stays at 2^-8 from depth 2 to 8 (shift 0; refined -7.63 -> -7.57 octaves, "
     "seed 0) with the reference's gradient clipping (#22); before #22 (no clipping) it moved 1 point (2^-8 -> 2^-9). "
     "With QK-norm, pre-norm, GPT-2's 1/sqrt(2L) output init and clipping, this SP is depth-robust at depth <= 8 "
     "and 200 steps"))
