@@ -174,3 +174,14 @@ def test_calibration_tie_break_largest_vs_middle():
     assert calibrate(det, probs, labels, thresholds=grid, tie="middle").threshold[0] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="tie must be"):
         calibrate(det, probs, labels, tie="smallest")
+
+
+def test_features_equal_on_every_backend():
+    hf, tok = tiny_model("llama", n_layers=3, perturb_norms=True)
+    spec = FeatureSpec.range(0, 3)
+    seqs = [torch.tensor([256, 10, 20, 30, 40, 50, 60, 70]), torch.tensor([256, 5, 6])]
+    ref = conversation_features(interp.wrap(hf, tok, backend="torch"), seqs, spec, batch_size=2)
+    for backend in ("nnsight", "transformer_lens"):
+        got = conversation_features(interp.wrap(hf, tok, backend=backend), seqs, spec, batch_size=2)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
