@@ -265,7 +265,8 @@ def test_teacher_activations_and_evaluation_on_a_vit(planted):
     fit = evaluate_raptor(raptor, acts[:, :12], y[:12], acts[:, 12:], y[12:], final_norm=planted.apply_ln_final)
     assert fit.r2.shape == (8,) and fit.r2_pooled.shape == (8,)
     # pooled R² by hand for the first layer
-    roll = raptor(acts[0, 12:])
+    with torch.no_grad():
+        roll = raptor(acts[0, 12:])
     yv = acts[1, 12:].double().reshape(-1, 64)
     sse = ((roll[0].double().reshape(-1, 64) - yv) ** 2).sum()
     assert fit.r2_pooled[0].item() == pytest.approx(float(1 - sse / ((yv - yv.mean(0)) ** 2).sum()), rel=1e-4)
