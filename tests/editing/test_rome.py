@@ -150,3 +150,18 @@ def test_fact_token_last(model):
     assert torch.allclose(k, c["blocks.1.mlp.hook_post"][0, -1], atol=1e-5)
     with pytest.raises(ValueError, match="fact_token"):
         EditConfig(fact_token="first")
+
+
+def test_edit_batch_is_sequential(model):
+    from interp.editing import edit_batch
+    W0 = model.weight("W_out").clone()
+    reqs = [REQ, EditRequest("Fact: {} works in", "Ann", " Zq")]
+    edits = edit_batch(rome, reqs, model, 2, texts=TEXTS, config=CFG, templates=TEMPLATES)
+    assert len(edits) == 2 and all(e.applied for e in edits)
+    assert torch.allclose(model.weight("W_out")[2] - W0[2], edits[0].delta + edits[1].delta, atol=1e-5)
+    # the second edit was computed on the already-edited model: its own key/value hold exactly after both
+    W = model.weight("W_out")[2]
+    assert torch.allclose(edits[1].k_star @ W + model.weight("b_out")[2], edits[1].v_star, rtol=1e-3, atol=1e-4)
+    for e in reversed(edits):
+        e.revert(model)
+    assert torch.allclose(model.weight("W_out"), W0, atol=1e-5)
