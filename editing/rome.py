@@ -512,7 +512,7 @@ def fine_tune(model, request: EditRequest, layer: int, config: FineTuneConfig | 
         for _ in range(cfg.steps):
             lp = model.forward_with_grad(batch).float().log_softmax(-1)
             nll = -lp[torch.arange(n)[:, None], tpos, :].gather(-1, tgt.expand(n, -1)[..., None]).mean()
-            log["nll"].append(float(nll))
+            log["nll"].append(float(nll.detach()))
             (g,) = torch.autograd.grad(nll, [dW])
             dW.grad = g
             opt.step()
