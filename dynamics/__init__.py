@@ -11,4 +11,4 @@ from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult,
                     analyse, breakthrough_step, build_basis, cluster_direction, exact_losses, first_order,
                     homogeneity, lanczos_top, load_checkpoints, plateau_step, polca_trajectories, run_addition,
                     second_order)
-from .tasks import TaskBatch, addition, majority  # noqa: F401
+from .tasks import TaskBatch, addition, conditioned_majority, majority  # noqa: F401

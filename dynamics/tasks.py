@@ -83,3 +83,26 @@ def addition(n: int, n_digits: int = 3, seed: int = 0) -> TaskBatch:
     carry_lab[:, start:] = carry
     return TaskBatch(tokens=tokens, labels={"digit": digit_lab, "carry": carry_lab}, vocab_size=13,
                      output_positions=tuple(range(start, S)))
+
+
+def conditioned_majority(n: int, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
+    """Conditioned Majority: ``n_in`` uniform tokens, then ``n_out`` tokens each drawn uniformly among the
+    majority of the input tokens that *follow the key token 0* (all tokens tie when none does). Outputs do not
+    change the counts. Features ``prev_is_v`` (one-hot of the previous game token; 0 at BOS and the first token)
+    need a 2-layer, induction-like circuit. BOS = ``n_vocab``."""
+    for name, v, lo in (("n", n, 1), ("n_vocab", n_vocab, 2), ("n_in", n_in, 2), ("n_out", n_out, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    g = torch.Generator().manual_seed(seed)
+    inp = torch.randint(0, n_vocab, (n, n_in), generator=g)
+    counted = (inp[:, :-1] == 0)[..., None] * torch.nn.functional.one_hot(inp[:, 1:], n_vocab)
+    counts = counted.sum(1)                                                         # [n, V]
+    legal = (counts == counts.max(-1, keepdim=True).values).float()
+    out = torch.multinomial(legal, n_out, replacement=True, generator=g)
+    seq = torch.cat([inp, out], 1)
+    prev = torch.nn.functional.one_hot(seq[:, :-1], n_vocab)
+    feats = torch.cat([torch.zeros(n, 2, n_vocab, dtype=torch.long), prev], 1)       # BOS, first token: no prev
+    tokens = torch.cat([torch.full((n, 1), n_vocab, dtype=torch.long), seq], 1)
+    return TaskBatch(tokens=tokens, features=feats, feature_names=tuple(f"prev_is_{v}" for v in range(n_vocab)),
+                     labels={"legal": legal.long()}, vocab_size=n_vocab + 1,
+                     output_positions=tuple(range(1 + n_in, 1 + n_in + n_out)))
