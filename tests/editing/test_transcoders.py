@@ -85,11 +85,19 @@ def test_train_and_metrics(model):
     # hand computation of FVE / L0 from the harvested pairs
     xs, ys = zip(*harvest_pairs(model, 1, TEXTS[:16]))
     x, y = torch.cat(xs), torch.cat(ys)
-    fve = 1 - (tc(x) - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+    with torch.no_grad():
+        fve = 1 - (tc(x) - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
     assert m.fve == pytest.approx(float(fve), rel=1e-3)
     assert m.l0 == pytest.approx(float((tc.encode(x) > 0).float().sum(-1).mean()), rel=1e-4)
     assert m.n_tokens == len(x)
-    assert m.ce_clean < m.ce_mlp_zero or m.ce_clean > 0
+    # one text batch: the losses are the model's own next-token loss, plain and with the MLP replaced by TC
+    from interp.model import next_token_loss
+    batch = model.prepare(model.tokenize(TEXTS[:16]))
+    with torch.no_grad():
+        assert m.ce_clean == pytest.approx(float(next_token_loss(model(batch), batch)), rel=1e-5)
+        with splice(model, 1, tc):
+            assert m.ce_spliced == pytest.approx(float(next_token_loss(model(batch), batch)), rel=1e-5)
+    assert m.ce_recovered == pytest.approx((m.ce_mlp_zero - m.ce_spliced) / (m.ce_mlp_zero - m.ce_clean))
     assert len(m.to_frame()) == 1 and m.figure() is not None
     with pytest.raises(ValueError, match="d_sae"):
         TranscoderTrainingConfig(d_sae=0)
