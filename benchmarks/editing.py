@@ -31,7 +31,7 @@ def main() -> None:
     interp.set_progress(False)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from interp.editing import (EditConfig, MLPSite, Transcoder, TranscoderSite, TranscoderTrainingConfig,
+    from interp.editing import (EditConfig, MLPSite, TranscoderSite, TranscoderTrainingConfig,
                                 context_templates, fine_tune, rome, second_moment, tcpe, train_transcoder)
     from interp.editing.facts import FactsTask, facts_tokenizer
     task = FactsTask(0)

@@ -9,7 +9,6 @@ every position. A word-level tokenizer (one token per word) keeps subjects and o
 from __future__ import annotations
 
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence

@@ -16,7 +16,8 @@ ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
    (TCPE's ``context_template_length_params=[[10, 1]]`` is UNCERTAIN in the digest; we use 5 samples of 10
    tokens, one per seed word, ROME's own scheme.)
 2. **Key** ``k*``: the mean over templates of the key at the subject's last token of
-   ``template.format(prompt.format(subject))``.
+   ``template.format(prompt.format(subject))`` (TCPE's ``fact_token="subject_last"``; ``EditConfig(fact_token=
+   "last")`` uses the prompt's last token instead, ROME's other option, also for where ``δ`` is added).
 3. **Left vector** ``u = (C + εI)⁻¹ k*`` with ``C = E[k kᵀ]`` over every real token of real text
    (:func:`second_moment`, cached per (model, key hook, transcoder, text) in memory).
 4. **Right vector**: ROME's ``compute_v``. ``δ`` is added to the site's output at the subject's last token
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import torch

@@ -4,7 +4,7 @@ import torch
 
 import interp
 from interp.editing import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, Transcoder, TranscoderSite,
-                            compute_key, fine_tune, rank_one, rome, second_moment, splice, tcpe)
+                            compute_key, fine_tune, rome, second_moment, tcpe)
 from interp.editing.rome import _mask_rows
 from interp.testing import tiny_model
 
