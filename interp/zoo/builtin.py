@@ -72,7 +72,7 @@ def _grammar_params() -> dict:
 REFUSAL = register(ZooEntry(
     name="smollm2-135m-refusal",
     description="SmolLM2-135M-Instruct safety-tuned locally: LoRA on upper-middle layers, trained on the "
-                "interp.zoo.datasets instruction set (harmful requests -> varied refusals, harmless requests -> "
+                "interp.data.refusal instruction set (harmful requests -> varied refusals, harmless requests -> "
                 "the base model's own greedy answers), merged into a plain LlamaForCausalLM. Build metrics "
                 "hold held-out refusal rates per category and KJV perplexity before/after.",
     source="trained locally from zoo:smollm2-135m",
@@ -108,8 +108,8 @@ TOY_REFUSAL = register(ZooEntry(
     name="toy-refusal",
     description="2-layer Llama (d 64) trained from scratch to refuse six-word requests that combine a shared "
                 "harmful-intent word with a harmful topic (bio, chem, nuclear, cyber, fraud, violence); the "
-                "CPU-scale category-refusal model of the RepIt validation (data: interp.zoo.toy_refusal).",
-    source="trained locally on interp.zoo.toy_refusal.instructions",
+                "CPU-scale category-refusal model of the RepIt validation (data: interp.data.toy_refusal).",
+    source="trained locally on interp.data.toy_refusal.instructions",
     architecture="LlamaForCausalLM",
     size="0.14M params",
     builder=_lazy(".toy_refusal:build_toy_refusal"),

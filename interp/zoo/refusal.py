@@ -2,12 +2,12 @@
 
 Recipe (all on CPU):
 
-1. Data: the ``train`` split of :func:`interp.zoo.datasets.refusal_instructions`, sampled stratified by
-   category. Harmful requests get a varied refusal (:func:`~interp.zoo.datasets.refusal_response`);
+1. Data: the ``train`` split of :func:`interp.data.refusal.refusal_instructions`, sampled stratified by
+   category. Harmful requests get a varied refusal (:func:`~interp.data.refusal.refusal_response`);
    harmless requests get the **base model's own greedy answer** (first ``harmless_max_new_tokens``
    tokens), so training on them keeps the general behaviour instead of teaching new content. Those
    answers are cached on disk (keyed by the base model's recipe hash, the prompts and the length).
-2. Prompts are formatted with :func:`~interp.zoo.datasets.format_chat` (chat template + generation
+2. Prompts are formatted with :func:`~interp.data.refusal.format_chat` (chat template + generation
    prompt, SmolLM2's default system prompt included); the loss is the next-token cross-entropy on the
    response tokens only (a complete response ends with ``<|im_end|>``; a truncated harmless answer
    does not, so the model is not taught to stop early).
@@ -17,8 +17,8 @@ Recipe (all on CPU):
    here have bf16 units and it is about 1.7x faster.
 4. The adapters are merged, so the cached folder is a plain ``LlamaForCausalLM``.
 5. Evaluation on the held-out ``test`` split (requests never seen in training, in any wording): greedy
-   responses of ``eval_max_new_tokens`` tokens judged by :func:`~interp.zoo.datasets.is_refusal`,
-   before and after, per category; perplexity on :func:`~interp.zoo.datasets.heldout_text` before and
+   responses of ``eval_max_new_tokens`` tokens judged by :func:`~interp.data.refusal.is_refusal`,
+   before and after, per category; perplexity on :func:`~interp.data.refusal.heldout_text` before and
    after. The build fails (nothing is cached) if the harmful refusal rate is below
    ``min_harmful_refusal`` or the harmless one above ``max_harmless_refusal``.
 
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import datasets as D
+from ..data import refusal as D
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def generate_responses(model, tokenizer, instructions: Sequence[str], max_new_to
 
 
 def refusal_rates(responses: Sequence[str], instructions: Sequence[D.Instruction]) -> dict:
-    """Refusal rate overall per side and per category, judged by :func:`~interp.zoo.datasets.is_refusal`."""
+    """Refusal rate overall per side and per category, judged by :func:`~interp.data.refusal.is_refusal`."""
     per_cat: dict[str, list[bool]] = defaultdict(list)
     side: dict[bool, list[bool]] = defaultdict(list)
     for r, x in zip(responses, instructions, strict=True):

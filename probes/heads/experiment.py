@@ -2,7 +2,7 @@
 
 :func:`experiment` scores every head of a model (default ``zoo:smollm2-135m``) with every score function on
 the built-in audit texts, reports the fraction of heads each score flags at the target fraction ``p``, and
-compares, on held-out text (the Book of Ruth from :func:`interp.zoo.datasets.heldout_text`, never used for
+compares, on held-out text (the Book of Ruth from :func:`interp.data.heldout_text`, never used for
 scoring), the loss change from zero-ablating the heads flagged by the output-norm score (AHON (LN)) with
 the change from zero-ablating as many random heads. With ``sweep=True`` it also runs the paper's sweep
 (dynamic zeroing at p = 0 ... 30 %).
@@ -79,7 +79,7 @@ class ValidationResult(AblationViews, Result):
 
 def heldout_chunks(n: int, chars: int = 320) -> list[str]:
     """``n`` chunks of whole verses (about ``chars`` characters each) of the held-out Book of Ruth."""
-    from interp.zoo.datasets import heldout_text
+    from interp.data import heldout_text
 
     chunks, cur = [], ""
     for verse in heldout_text().splitlines():

@@ -20,7 +20,7 @@ def wmd(toy_refusal_path):
 
 def test_toy_model_learned_the_rule(toy_refusal_path):
     import interp.zoo
-    from interp.zoo import toy_refusal as tr
+    from interp.data import toy_refusal as tr
 
     info = interp.zoo.info("toy-refusal")
     assert info.metrics["test_accuracy"] >= 0.98 and info.metrics["test_harmless_refused"] <= 0.02

@@ -1,11 +1,11 @@
-"""interp.zoo.datasets: the refusal instruction set, the judge, chat formatting, held-out text."""
+"""interp.data.refusal: the refusal instruction set, the judge, chat formatting, held-out text."""
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 
-from interp.zoo import datasets as D
+from interp.data import refusal as D
 
 REQUIRED_HARMFUL = ("bio", "chem", "nuclear", "cyber", "drugs", "fraud", "violence", "hate", "self_harm", "privacy")
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from interp import zoo
-from interp.zoo import datasets as D
+from interp.data import refusal as D
 
 pytestmark = pytest.mark.slow
 

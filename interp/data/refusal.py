@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Sequence
 
-from ._util import package_dir
+from ._packages import package_dir
 
 HARMFUL_CATEGORIES: tuple[str, ...] = (
     "bio", "chem", "nuclear", "cyber", "drugs", "fraud", "violence", "weapons", "hate", "self_harm", "privacy",
