@@ -54,7 +54,8 @@ from .common import digits_split, minibatches, set_seed
 __all__ = [
     "psi", "LMN", "LMNConfig", "surrogate_loss", "fit_lmn", "fit_temperature", "auroc", "fpr_at_tpr_errors",
     "aurc", "misd_metrics", "evaluate", "MisDTable", "ToyMisDConfig", "MisDToyResult", "toy_experiment",
-    "ToyClassifier", "train_toy_classifier",
+    "ToyClassifier", "train_toy_classifier", "FASHION_CLASSES", "DIGIT_CLASSES", "load_fashion_mnist", "load_image_set", "image_features",
+    "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment",
 ]
 
 Fusion = Literal["sum", "product"]
@@ -377,3 +378,148 @@ def toy_experiment(config: ToyMisDConfig | None = None) -> MisDToyResult:
         unchanged.append(table.argmax_unchanged)
         temps.append(table.temperature)
     return MisDToyResult(seeds=list(config.seeds), tables=tables, argmax_unchanged=unchanged, temperatures=temps)
+
+
+# --------------------------------------------------------------------------- CLIP-style zero-shot classifier from real encoders
+
+FASHION_CLASSES = ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
+DIGIT_CLASSES = ("the digit zero", "the digit one", "the digit two", "the digit three", "the digit four",
+                 "the digit five", "the digit six", "the digit seven", "the digit eight", "the digit nine")
+
+
+def load_image_set(name: str = "fashion-mnist", seed: int = 0, n_train: int = 150, n_test: int = 116):
+    """``(x_train, y_train, x_test, y_test, class_names)`` with up to ``n_train`` / ``n_test`` images per class,
+    images ``[n, H, W]`` uint8. ``"fashion-mnist"`` (Debian ``dataset-fashion-mnist``: train and t10k splits) or
+    ``"digits"`` (scikit-learn's 8x8 digits, pixels 0..16 rescaled to 0..255, split per class)."""
+    rng = np.random.default_rng(seed)
+    if name == "fashion-mnist":
+        xtr, ytr = load_fashion_mnist("train")
+        xte, yte = load_fashion_mnist("t10k")
+        names = FASHION_CLASSES
+    elif name == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y = (d.images * (255 / 16)).astype(np.uint8), d.target.astype(np.int64)
+        perm = rng.permutation(len(y))
+        x, y = x[perm], y[perm]
+        first = np.zeros(len(y), bool)
+        for c in range(10):
+            first[np.flatnonzero(y == c)[:n_train]] = True
+        xtr, ytr, xte, yte = x[first], y[first], x[~first], y[~first]
+        names = DIGIT_CLASSES
+    else:
+        raise ValueError(f"name must be 'fashion-mnist' or 'digits', got {name!r}")
+    tr = np.concatenate([rng.permutation(np.flatnonzero(ytr == c))[:n_train] for c in range(10)])
+    te = np.concatenate([rng.permutation(np.flatnonzero(yte == c))[:n_test] for c in range(10)])
+    return xtr[tr], ytr[tr], xte[te], yte[te], names
+
+
+def load_fashion_mnist(split: str = "train", root: str = "/usr/share/datasets/fashion-mnist") -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST images ``[n, 28, 28]`` uint8 and labels ``[n]`` from the idx ``*-ubyte.gz`` files."""
+    import gzip
+    from pathlib import Path
+
+    if split not in ("train", "t10k"):
+        raise ValueError(f"split must be 'train' or 't10k', got {split!r}")
+    with gzip.open(Path(root) / f"{split}-images-idx3-ubyte.gz") as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
+    with gzip.open(Path(root) / f"{split}-labels-idx1-ubyte.gz") as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+    return x, y
+
+
+@torch.no_grad()
+def image_features(model, images: np.ndarray, size: int = 56, batch_size: int = 64) -> torch.Tensor:
+    """DINOv2 CLS features ``[n, d]`` (final layer-norm output at position 0) of grayscale ``images`` ``[n, H, W]``,
+    resized to ``size`` (a multiple of the 14-pixel patch), replicated to RGB, ImageNet-normalised."""
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    out = []
+    for i in progress(range(0, len(images), batch_size), desc="image features"):
+        x = torch.from_numpy(images[i:i + batch_size]).float()[:, None] / 255.0
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
+        _, cache = model.run_with_cache((x - mean) / std, names=["ln_final.hook_normalized"])
+        out.append(cache["ln_final.hook_normalized"][:, 0].float())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def text_features(model, texts: Sequence[str]) -> torch.Tensor:
+    """Mean-pooled final-block residual ``[n, d]`` of a sentence encoder, one text at a time (no padding)."""
+    name = model.hook_names("blocks.*.hook_resid_post")[-1]
+    return torch.stack([model.run_with_cache([t], names=[name])[1][name][0].float().mean(0) for t in texts])
+
+
+@dataclass
+class ZeroShotResult(Result):
+    """The CLIP-style classifier: zero-shot accuracy on held-out classes, accuracy over all classes, and the
+    MisD table over all classes (16-shot calibration)."""
+
+    seen_classes: list[int]
+    unseen_classes: list[int]
+    unseen_accuracy: float
+    all_accuracy: float
+    table: dict[str, dict[str, float]]
+    argmax_unchanged: float
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([{"method": m, **v} for m, v in self.table.items()])
+
+    def figure(self):
+        return MisDTable(metrics=self.table, label="DINOv2 + MiniLM zero-shot").figure()
+
+
+def fit_projection(img: torch.Tensor, txt: torch.Tensor, labels: torch.Tensor, dim: int = 128, steps: int = 500,
+                   lr: float = 1e-2, seed: int = 0) -> tuple[nn.Linear, nn.Linear, torch.Tensor]:
+    """Contrastive (CLIP InfoNCE, symmetric, learned temperature) linear maps of image features ``[n, d_i]`` and
+    the class-text features ``txt[labels]`` into a shared ``dim``-space; returns ``(P_img, P_txt, log_scale)``."""
+    set_seed(seed)
+    p_i, p_t = nn.Linear(img.shape[1], dim, bias=False), nn.Linear(txt.shape[1], dim, bias=False)
+    log_scale = torch.tensor(math.log(10.0), requires_grad=True)
+    opt = torch.optim.Adam([*p_i.parameters(), *p_t.parameters(), log_scale], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randperm(len(img), generator=g)[:256]
+        a = F.normalize(p_i(img[idx]), dim=-1)
+        b = F.normalize(p_t(txt[labels[idx]]), dim=-1)
+        logits = log_scale.exp().clamp(max=100) * a @ b.T
+        same = (labels[idx][:, None] == labels[idx][None]).float()          # captions repeat: soft targets
+        target = same / same.sum(-1, keepdim=True)
+        loss = 0.5 * (-(target * logits.log_softmax(-1)).sum(-1).mean() - (target * logits.log_softmax(0)).sum(0).mean())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return p_i, p_t, log_scale.detach()
+
+
+def zero_shot_experiment(image_model, text_model, dataset: str = "fashion-mnist", unseen: Sequence[int] = (1, 5, 8),
+                         n_train: int = 100, n_test: int = 60, shots: int = 16, seed: int = 0,
+                         lmn: LMNConfig | None = None) -> ZeroShotResult:
+    """Build the CLIP-style classifier (projection trained on the seen classes' training images paired with
+    "a photo of a {class}"), report zero-shot accuracy on the ``unseen`` test classes, then the MisD table over all
+    10 classes (``shots``-per-class calibration from the test images, the rest as test)."""
+    xtr, ytr, xte, yte, names = load_image_set(dataset, seed, n_train, n_test + shots)
+    seen = [c for c in range(10) if c not in set(unseen)]
+    keep = np.isin(ytr, seen)
+    xtr, ytr = xtr[keep], ytr[keep]
+    te = np.arange(len(yte))
+    f_tr, f_te = image_features(image_model, xtr), image_features(image_model, xte)
+    txt = text_features(text_model, [f"a photo of a {c}" for c in names])
+    mu = f_tr.mean(0)
+    p_i, p_t, log_scale = fit_projection(f_tr - mu, txt, torch.from_numpy(ytr), seed=seed)
+    with torch.no_grad():
+        emb = F.normalize(p_i(f_te - mu), dim=-1)
+        temb = F.normalize(p_t(txt), dim=-1)
+        logits = log_scale.exp() * emb @ temb.T
+    y = torch.from_numpy(yte[te])
+    is_unseen = torch.isin(y, torch.tensor(list(unseen)))
+    un = logits[is_unseen][:, list(unseen)].argmax(-1)
+    unseen_acc = float((torch.tensor(list(unseen))[un] == y[is_unseen]).double().mean())
+    cal = torch.zeros(len(y), dtype=torch.bool)
+    for c in range(10):
+        cal[torch.from_numpy(np.flatnonzero(yte[te] == c)[:shots])] = True
+    table = evaluate((logits[cal], emb[cal], y[cal]), (logits[~cal], emb[~cal], y[~cal]), temb, lmn, label="zero-shot")
+    return ZeroShotResult(seen_classes=seen, unseen_classes=list(unseen), unseen_accuracy=unseen_acc,
+                          all_accuracy=table.metrics["msp"]["accuracy"], table=table.metrics,
+                          argmax_unchanged=table.argmax_unchanged)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 from interp.models.misd import (
     LMN, LMNConfig, MisDTable, MisDToyResult, ToyMisDConfig, aurc, auroc, evaluate, fit_lmn, fit_temperature,
-    fpr_at_tpr_errors, misd_metrics, psi, surrogate_loss, toy_experiment, train_toy_classifier,
+    fit_projection, fpr_at_tpr_errors, load_fashion_mnist, load_image_set, misd_metrics, psi, surrogate_loss, toy_experiment,
+    train_toy_classifier, zero_shot_experiment,
 )
 
 
@@ -125,3 +127,40 @@ def test_toy_criteria_five_seeds():
     assert (g_msp > 0).sum() >= 4 and (g_t > 0).sum() >= 4
     assert g_msp.mean() >= 0.02 and g_t.mean() >= 0.02
     assert r.gain("fpr90").mean() < 0
+
+
+def test_image_sets():
+    xtr, ytr, xte, yte, names = load_image_set("digits", n_train=100, n_test=50)
+    assert xtr.shape == (1000, 8, 8) and xtr.dtype == np.uint8 and xtr.max() == 255 and len(names) == 10
+    assert np.bincount(ytr).tolist() == [100] * 10 and np.bincount(yte).tolist() == [50] * 10
+    with pytest.raises(ValueError, match="split"):
+        load_fashion_mnist("val")
+    with pytest.raises(ValueError, match="name"):
+        load_image_set("cifar")
+
+
+def test_projection_aligns_synthetic_pairs_and_generalises():
+    # image features = a fixed linear map of the class text feature + noise: the contrastive projection trained
+    # on 7 classes must classify the 3 unseen classes by their text features above chance
+    g = torch.Generator().manual_seed(0)
+    txt = torch.randn(10, 20, generator=g)
+    A = torch.randn(20, 30, generator=g)
+    y = torch.arange(7).repeat_interleave(40)
+    img = txt[y] @ A + 0.3 * torch.randn(len(y), 30, generator=g)
+    p_i, p_t, _ = fit_projection(img, txt, y, dim=16, steps=200)
+    yu = torch.tensor([7, 8, 9]).repeat_interleave(30)
+    imgu = txt[yu] @ A + 0.3 * torch.randn(len(yu), 30, generator=g)
+    with torch.no_grad():
+        s = F.normalize(p_i(imgu), dim=-1) @ F.normalize(p_t(txt[7:]), dim=-1).T
+    assert (s.argmax(-1) + 7 == yu).double().mean() > 0.6
+
+
+@pytest.mark.slow
+def test_zero_shot_dinov2_minilm(tmp_path, monkeypatch):
+    import interp
+
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path / "cache"))
+    im, tm = interp.load("zoo:dinov2-s14", backend="torch"), interp.load("zoo:minilm-l6", backend="torch")
+    r = zero_shot_experiment(im, tm, dataset="digits")
+    assert r.argmax_unchanged == 1.0 and r.all_accuracy > 0.5
+    assert r.unseen_accuracy > 1 / 3   # above chance on the 3 held-out classes
