@@ -34,10 +34,9 @@ ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
    keeps every feature: unmasked ROME on the transcoder). Rows of ``ΔW`` outside ``S`` are zeroed
    (``ablate=True`` zeroes the rows inside ``S`` instead, the paper's ablation).
 
-Weights: transcoder edits write the transcoder's own ``W_dec``. MLP edits need the model's live ``W_out``
-parameter; the capture layer offers reads only (``model.weight``), so :func:`_live_parameter` finds the one
-parameter of ``model.parameters()`` equal to ``model.weight("W_out")[l]`` (or its transpose) and edits it in
-place. Nothing else of the model is touched.
+Weights: transcoder edits write the transcoder's own ``W_dec``. MLP edits write the model's ``W_out[l]``
+through the capture layer's :meth:`interp.Model.add_to_weight` (TransformerLens shape ``[d_mlp, d_model]``,
+HF backends). Nothing else of the model is touched.
 """
 from __future__ import annotations
 
@@ -347,23 +346,27 @@ class Edit(Result):
         """Number of changed rows (decoder columns in the paper's ``[d_model, d_tc]`` orientation)."""
         return int(len(self.rows))
 
-    def _target(self, model, transcoder: Transcoder | None) -> tuple[torch.Tensor, bool]:
+    def _add(self, model, transcoder: Transcoder | None, sign: float) -> None:
+        """Add ``sign * delta`` to the edited weight: a transcoder's ``W_dec``, or the model's ``W_out`` through
+        the capture layer's :meth:`interp.Model.add_to_weight`."""
         if self.site == "transcoder":
             if transcoder is None:
                 raise ValueError("this edit changes a transcoder's W_dec: pass transcoder=")
             if tuple(transcoder.W_dec.shape) != tuple(self.delta.shape):
                 raise ValueError(f"transcoder W_dec {tuple(transcoder.W_dec.shape)} does not match the edit "
                                  f"{tuple(self.delta.shape)}")
-            return transcoder.W_dec, False
-        return _live_parameter(model, self.layer)
+            transcoder.W_dec.add_((sign * self.delta).to(transcoder.W_dec))
+            return
+        if model is None:
+            raise ValueError("this edit changes the model's W_out: pass model=")
+        model.add_to_weight("W_out", self.layer, sign * self.delta)
 
     @torch.no_grad()
     def apply(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
         """Add ``delta`` to the weight (in place)."""
         if self.applied:
             raise RuntimeError("edit already applied; revert it first")
-        p, transposed = self._target(model, transcoder)
-        p.add_((self.delta.T if transposed else self.delta).to(p.dtype).to(p.device))
+        self._add(model, transcoder, 1.0)
         self.applied = True
         return self
 
@@ -372,8 +375,7 @@ class Edit(Result):
         """Subtract ``delta`` again."""
         if not self.applied:
             raise RuntimeError("edit is not applied")
-        p, transposed = self._target(model, transcoder)
-        p.sub_((self.delta.T if transposed else self.delta).to(p.dtype).to(p.device))
+        self._add(model, transcoder, -1.0)
         self.applied = False
         return self
 
@@ -392,22 +394,6 @@ class Edit(Result):
         fig.update_layout(title=f"{self.method}: {self.n_changed} rows changed", xaxis_title="row (feature/neuron)",
                           yaxis_title="‖ΔW row‖")
         return fig
-
-
-def _live_parameter(model, layer: int) -> tuple[torch.nn.Parameter, bool]:
-    """``(parameter, transposed)``: the model parameter holding ``W_out[layer]`` (``[d_mlp, d_model]``, or its
-    transpose for ``nn.Linear``), found by value among ``model.parameters()`` (the read through
-    ``model.weight`` always reflects the live parameter); refuses unless exactly one matches."""
-    W = model.weight("W_out")[layer]
-    hits = []
-    for p in model.parameters():
-        if tuple(p.shape) == tuple(W.shape) and torch.equal(p.detach(), W.to(p.dtype)):
-            hits.append((p, False))
-        elif tuple(p.shape) == tuple(W.T.shape) and torch.equal(p.detach(), W.T.to(p.dtype)):
-            hits.append((p, True))
-    if len(hits) != 1:
-        raise RuntimeError(f"could not identify the live W_out[{layer}] parameter ({len(hits)} candidates)")
-    return hits[0]
 
 
 def _mask_rows(k_star: torch.Tensor, tau: float | None, ablate: bool) -> torch.Tensor:

@@ -106,6 +106,13 @@ class Model:
     def _weight(self, name: str) -> torch.Tensor:
         raise NotImplementedError
 
+    def add_to_weight(self, name: str, layer: int, delta: torch.Tensor) -> None:
+        """Add ``delta`` (TransformerLens shape of ``weight(name)[layer]``) to that weight IN PLACE: the one
+        way analyzers write weights (``W_in``, ``W_gate``, ``W_out``, ``W_O`` and their biases). Revert by
+        adding ``-delta``. HF backends (torch, nnsight)."""
+        raise ValueError(f"editing weights is supported on the torch and nnsight backends, not {self.backend!r}: "
+                         "wrap the Hugging Face model with one of those, edit, then wrap it again")
+
     def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
         """Edit the weights IN PLACE so that nothing writes ``direction`` (``[d_model]``) into the residual
         stream: token and learned position embeddings, attention output and MLP output projections

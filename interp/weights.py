@@ -15,8 +15,8 @@ W_out      ``[layer, d_mlp, d_model]``                MLP output
 =========  =========================================  ===================================================
 
 Missing biases are zeros of the right shape (as TransformerLens does). The tensors are detached
-copies in the model's dtype: editing them does not edit the model (use :meth:`Model.set_weight` for
-that, where a backend supports it).
+copies in the model's dtype: editing them does not edit the model (use :meth:`Model.add_to_weight`, or
+:meth:`Model.project_out_of_residual_writers`, on the HF backends).
 """
 from __future__ import annotations
 

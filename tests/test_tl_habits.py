@@ -139,3 +139,23 @@ def test_tl_habits_on_smollm2(backend):
     res = _habits(model, atol=2e-3)
     top = res["logits"][0, -1].argmax()
     assert model.to_string([int(top)]) == " Mary"  # the IOI sanity check of assets.md
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_add_to_weight_writes_in_tl_shape_and_reverts(arch):
+    model = interp.wrap(*tiny_model(arch, seed=6, n_layers=3), backend="torch")
+    before = model(TEXTS)
+    for name in ("W_out", "W_in", "W_O", "b_O" if arch == "gpt2" else "W_gate"):
+        w = model.weight(name)[1]
+        delta = torch.randn_like(w) * 0.1
+        model.add_to_weight(name, 1, delta)
+        assert torch.allclose(model.weight(name)[1], w + delta, atol=1e-6)
+        assert torch.equal(model.weight(name)[0], model.weight(name)[0])
+        model.add_to_weight(name, 1, -delta)
+        assert torch.allclose(model.weight(name)[1], w, atol=1e-6)
+    assert (model(TEXTS) - before).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="shape"):
+        model.add_to_weight("W_out", 1, torch.zeros(3))
+    tl = interp.wrap(*tiny_model(arch, seed=6, n_layers=3), backend="transformer_lens")
+    with pytest.raises(ValueError, match="torch and nnsight"):
+        tl.add_to_weight("W_out", 1, torch.zeros_like(tl.weight("W_out")[1]))

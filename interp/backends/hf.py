@@ -44,6 +44,33 @@ class HFModel(Model):
         return hf_weight(self, name)
 
     @torch.no_grad()
+    def add_to_weight(self, name: str, layer: int, delta: torch.Tensor) -> None:
+        """See :meth:`interp.Model.add_to_weight`."""
+        spec = self.spec
+        paths = {"W_in": spec.mlp_in, "b_in": spec.mlp_in, "W_gate": spec.mlp_gate_path, "W_out": spec.mlp_out,
+                 "b_out": spec.mlp_out, "W_O": spec.o, "b_O": spec.o}
+        if name not in paths or paths[name] is None:
+            raise KeyError(f"add_to_weight supports {', '.join(k for k, v in paths.items() if v)} on this "
+                           f"architecture, not {name!r}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < spec.n_layers:
+            raise ValueError(f"layer must be an integer in 0..{spec.n_layers - 1}, got {layer!r}")
+        current = self._weight(name)[layer]
+        delta = torch.as_tensor(delta)
+        if tuple(delta.shape) != tuple(current.shape):
+            raise ValueError(f"delta for {name}[{layer}] has shape {tuple(delta.shape)}; expected {tuple(current.shape)}")
+        if not bool(torch.isfinite(delta).all()):
+            raise ValueError(f"delta for {name}[{layer}] has non-finite entries")
+        mod = self.hf_model.get_submodule(f"{spec.blocks}.{layer}.{paths[name]}")
+        if name.startswith("b_"):
+            if getattr(mod, "bias", None) is None:
+                raise KeyError(f"{name}: this architecture's module has no bias to edit")
+            mod.bias.add_(delta.to(mod.bias))
+            return
+        d = delta.flatten(0, 1) if name == "W_O" else delta  # W_O [H, d_head, d] -> [H * d_head, d] = [in, out]
+        w = mod.weight
+        w.add_((d if type(mod).__name__ == "Conv1D" else d.T).to(w))  # weights are read as [in, out]
+
+    @torch.no_grad()
     def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
         """See :meth:`interp.Model.project_out_of_residual_writers`."""
         spec, hf = self.spec, self.hf_model
