@@ -38,13 +38,16 @@ class ToyConfig:
     """Sizes of the toy. ``n_known`` memorised entities (half used for DPO pairs, half held out for
     evaluation), ``n_unknown`` context-only entities (they teach copying at pre-training), ``conflict_rate`` the
     share of pre-training RAG prompts about known entities whose context contradicts memory (answered from
-    memory), ``n_distractors`` other sentences per context. DPO uses the paper's beta = 0.3 and schedule; the
+    memory), ``extractive_rate`` the share of context-only answers written in the copy-paste format
+    ("<context sentence> so <city> .", so the format is in the model's support, as CP answers are for an
+    instruction-tuned LLM), ``n_distractors`` other sentences per context. DPO uses the paper's beta = 0.3 and schedule; the
     learning rate is raised for a model trained from scratch (implementation choice)."""
 
     n_known: int = 80
     n_unknown: int = 60
     n_distractors: int = 2
     conflict_rate: float = 0.5
+    extractive_rate: float = 0.5
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -61,8 +64,9 @@ class ToyConfig:
     def __post_init__(self):
         if self.n_known < 4 or self.n_unknown < 1:
             raise ValueError(f"n_known must be >= 4 and n_unknown >= 1, got {self.n_known}, {self.n_unknown}")
-        if not 0.0 <= self.conflict_rate <= 1.0 or not 0.0 <= self.counterfactual_frac <= 1.0:
-            raise ValueError("conflict_rate and counterfactual_frac must lie in [0, 1]")
+        for name in ("conflict_rate", "counterfactual_frac", "extractive_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.n_eval > self.n_known // 2:
             raise ValueError(f"n_eval must be <= n_known // 2 = {self.n_known // 2} (held-out entities), got {self.n_eval}")
         if self.d_model % self.n_heads:
@@ -128,7 +132,8 @@ class World:
             shown = self.other_city(self.city[e]) if self.rng.random() < self.cfg.conflict_rate else self.city[e]
             return f"{self.prompt(e, self.context(e, shown))} {self.city[e]} ."
         e, c = self.rng.choice(self.unknown), self.rng.choice(CITIES)
-        return f"{self.prompt(e, self.context(e, c))} {c} ."
+        answer = f"{self.sentence(e, c)} so {c} ." if self.rng.random() < self.cfg.extractive_rate else f"{c} ."
+        return f"{self.prompt(e, self.context(e, c))} {answer}"
 
 
 def final_city(text: str) -> str | None:
