@@ -366,10 +366,13 @@ class DigitsPool:
 
 
 def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0.1, target_per_class: int = 30,
-                     test_frac: float = 0.3, dup_sigma: float = 0.05) -> DigitsPool:
+                     test_frac: float = 0.3, dup_sigma: float = 0.05, featurize=None) -> DigitsPool:
     """Digits split into a stratified test set, a balanced target set and an imbalanced pool (class
     proportions 1:2:…:10 in a seed-dependent class order), plus ``dup_frac`` near-duplicates (Gaussian
-    jitter ``dup_sigma`` on [0, 1] pixels) and ``noise_frac`` uniformly flipped labels."""
+    jitter ``dup_sigma`` on [0, 1] pixels) and ``noise_frac`` uniformly flipped labels.
+
+    ``featurize`` (optional) maps ``[n, 64]`` pixels in [0, 1] to embeddings ``[n, D]`` (e.g. DINOv2 features,
+    see :func:`models.misd.image_features`); every set is featurized before the pool-fitted standardisation."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -393,11 +396,14 @@ def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0
     clean = yp.copy()
     flip = rng.permutation(len(yp))[:int(round(noise_frac * len(yp)))]
     yp[flip] = (yp[flip] + rng.integers(1, 10, len(flip))) % 10
-    mu, sd = xp.mean(0), xp.std(0) + 0.1
+    x_tgt = x_rest[np.array(tgt)]
+    if featurize is not None:
+        xp, x_tgt, x_test = (np.asarray(featurize(a), dtype=np.float64) for a in (xp, x_tgt, x_test))
+    mu, sd = xp.mean(0), xp.std(0) + (0.1 if featurize is None else 0.1 * xp.std(0).mean())
     std = lambda a: ((a - mu) / sd).astype(np.float32)
     dup = np.zeros(len(xp), bool)
     dup[-n_dup:] = True
-    return DigitsPool(std(xp), yp, clean, dup, std(x_rest[np.array(tgt)]), std(x_test), y_test)
+    return DigitsPool(std(xp), yp, clean, dup, std(x_tgt), std(x_test), y_test)
 
 
 @dataclass
@@ -459,8 +465,8 @@ class SDMResult(Result):
         return fig
 
 
-def experiment(config: SDMConfig | None = None) -> SDMResult:
-    """For each seed: build the pool, train the SAE (MSE + L_mono), select ``budget`` items with SDM and the
+def experiment(config: SDMConfig | None = None, featurize=None) -> SDMResult:
+    """``featurize``: optional pixel -> embedding map for the pool (see :func:`make_digits_pool`). For each seed: build the pool, train the SAE (MSE + L_mono), select ``budget`` items with SDM and the
     baselines, and score each selection (KL to the target, balanced test accuracy of a logistic regression)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import balanced_accuracy_score
@@ -469,7 +475,7 @@ def experiment(config: SDMConfig | None = None) -> SDMResult:
     out = {k: {} for k in ("kl", "bacc", "noisy", "dup", "counts")}
     mono = []
     for seed in progress(list(config.seeds), desc="sdm seeds"):
-        data = make_digits_pool(seed)
+        data = make_digits_pool(seed, featurize=featurize)
         sae, hist = train_sae(torch.from_numpy(data.x_pool), SAEConfig(**{**vars(config.sae), "seed": seed}))
         mono.append(hist["mono"])
         z_pool, z_tgt = encode(sae, torch.from_numpy(data.x_pool)), encode(sae, torch.from_numpy(data.x_target))

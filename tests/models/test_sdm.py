@@ -152,3 +152,16 @@ def test_digits_criteria_five_seeds():
     assert kl["sdm"] < kl["random"] and kl["sdm"] < kl["top_quality"]
     bacc = {m: np.mean(v) for m, v in r.balanced_accuracy.items()}
     assert bacc["sdm"] >= bacc["random"] + 0.02 and bacc["sdm"] >= bacc["top_quality"] + 0.02
+
+
+def test_pool_featurize_hook_applies_to_every_set():
+    calls = []
+
+    def feat(a):
+        calls.append(a.shape)
+        return np.concatenate([a, a ** 2], 1)
+
+    data = make_digits_pool(2, featurize=feat)
+    assert len(calls) == 3 and all(s[1] == 64 for s in calls)
+    assert data.x_pool.shape[1] == data.x_target.shape[1] == data.x_test.shape[1] == 128
+    assert abs(float(data.x_pool.mean())) < 1e-4
