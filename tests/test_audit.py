@@ -274,3 +274,10 @@ def test_readme_first_command_is_the_audit():
     readme = (ROOT / "README.md").read_text()
     first = readme.split("```bash", 1)[1].split("```", 1)[0].strip()
     assert first == "bash scripts/setup.sh && .venv/bin/interp audit --out report"
+
+
+def test_default_audit_skips_checks_that_need_options():
+    from interp.audit import parse_checks
+    assert "gavel" not in parse_checks(None) and "gavel" not in parse_checks("default")
+    assert "heads" in parse_checks(None)
+    assert "gavel" in parse_checks("all") and parse_checks("gavel") == ["gavel"]

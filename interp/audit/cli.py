@@ -28,7 +28,8 @@ def _parse_sets(items: list[str] | None) -> dict[str, dict[str, str]]:
 def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s): zoo:NAME, a local Hugging Face folder "
                                                                   f"or a hub name (default {DEFAULT_MODEL}); several "
                                                                   "give one report each plus an index page."),
-          checks: str = typer.Option("all", "--checks", "-c", help="Comma-separated checks to run, or 'all'."),
+          checks: str = typer.Option("default", "--checks", "-c",
+                                     help="Comma-separated checks, 'default' (those that need no options) or 'all'."),
           out: str = typer.Option("audit-report", "--out", "-o", help="Output folder for index.html and results.json."),
           force: bool = typer.Option(False, "--force", help="Write into a folder that holds no earlier report, or "
                                      "through a symbolic link, replacing same-named files (nothing else is "
