@@ -163,4 +163,7 @@ def test_zero_shot_dinov2_minilm(tmp_path, monkeypatch):
     im, tm = interp.load("zoo:dinov2-s14", backend="torch"), interp.load("zoo:minilm-l6", backend="torch")
     r = zero_shot_experiment(im, tm, dataset="digits")
     assert r.argmax_unchanged == 1.0 and r.all_accuracy > 0.5
-    assert r.unseen_accuracy > 1 / 3   # above chance on the 3 held-out classes
+    assert r.unseen_accuracy > 1 / 3   # above chance on the 3 held-out classes (measured 0.398)
+    t = r.table                        # measured seed 0: AUROC 0.925 / 0.873 / 0.904, FPR@90 0.251 / 0.397 / 0.276
+    assert t["lmn"]["auroc"] > t["msp"]["auroc"] + 0.02 and t["lmn"]["auroc"] > t["temperature"]["auroc"]
+    assert t["lmn"]["fpr90"] < t["msp"]["fpr90"]
