@@ -43,21 +43,21 @@ class ToyConfig:
     instruction-tuned LLM), ``n_distractors`` other sentences per context. DPO uses the paper's beta = 0.3 and schedule; the
     learning rate is raised for a model trained from scratch (implementation choice)."""
 
-    n_known: int = 80
-    n_unknown: int = 60
-    n_distractors: int = 2
+    n_known: int = 24
+    n_unknown: int = 24
+    n_distractors: int = 1
     conflict_rate: float = 0.5
     extractive_rate: float = 0.5
-    d_model: int = 128
-    n_layers: int = 4
+    d_model: int = 64
+    n_layers: int = 3
     n_heads: int = 4
     pretrain_steps: int = 1500
-    pretrain_batch: int = 64
+    pretrain_batch: int = 32
     pretrain_lr: float = 3e-3
     n_dpo_samples: int = 100
     counterfactual_frac: float = 0.7
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=1e-3, epochs=2, batch_size=4, grad_accum=4, max_length=64))
-    n_eval: int = 40
+    n_eval: int = 12
     top_k: int = 10
     seed: int = 0
 
