@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 
 def _tokens(text: str | Sequence[str]) -> list[str]:
     if isinstance(text, str):
@@ -23,22 +25,24 @@ def copy_fragments(answer: str | Sequence[str], context: str | Sequence[str]) ->
     ``A[i:i+l]`` and jump ``i += l``, else ``i += 1``. (Alg. 4 prints the slice as ``a_i..a_{l_max-1}``; the
     digest's correction ``A[i:i+l]`` is used.) Strings are split on whitespace.
 
-    One ``O(|A| |C|)`` dynamic programme, a match-length table filled from the end backwards
+    One ``O(|A| |C|)`` dynamic programme, a match-length table filled row by row (vectorised over ``C``) from the end
     (``L[i, m] = A[i]==C[m] ? 1 + L[i+1, m+1] : 0``), gives the longest match at every answer position.
     """
     a, c = _tokens(answer), _tokens(context)
     n, k = len(a), len(c)
     if n == 0 or k == 0:
         return []
-    length = [[0] * (k + 1) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        ai, row, nxt = a[i], length[i], length[i + 1]
-        for m in range(k - 1, -1, -1):
-            if ai == c[m]:
-                row[m] = nxt[m + 1] + 1
+    vocab: dict[str, int] = {}
+    a_ids = np.array([vocab.setdefault(t, len(vocab)) for t in a])
+    c_ids = np.array([vocab.setdefault(t, len(vocab)) for t in c])
+    eq = a_ids[:, None] == c_ids[None, :]                       # [|A|, |C|]
+    length = np.zeros((n + 1, k + 1), dtype=np.int64)
+    for i in range(n - 1, -1, -1):                              # one vectorised row per answer token
+        length[i, :k] = eq[i] * (length[i + 1, 1:] + 1)
+    longest = length[:n, :k].max(1)                             # [|A|] longest match starting at each i
     fragments, i = [], 0
     while i < n:
-        best = max(length[i][:k])
+        best = int(longest[i])
         if best > 0:
             fragments.append(a[i:i + best])
             i += best

@@ -48,6 +48,24 @@ def test_copy_metrics_greedy_longest_match_and_tokens():
     assert copy_score(0.5, 400.0, epsilon=1.0) == pytest.approx(1.5)   # bonus capped by epsilon
 
 
+def test_copy_fragments_match_brute_force_alg4():
+    import random
+    rng = random.Random(0)
+    for _ in range(200):
+        a = [rng.choice("abcd") for _ in range(rng.randint(1, 12))]
+        c = [rng.choice("abcde") for _ in range(rng.randint(1, 12))]
+        want, i = [], 0
+        while i < len(a):                                        # Alg. 4 literally: try every l and m
+            best = max((l for l in range(1, len(a) - i + 1) for m in range(len(c) - l + 1) if a[i:i + l] == c[m:m + l]),
+                       default=0)
+            if best:
+                want.append(a[i:i + best])
+                i += best
+            else:
+                i += 1
+        assert copy_fragments(a, c) == want
+
+
 # ------------------------------------------------------------------------------------------ prompting
 CTX = "Paris is the capital of France. It has 2 million people. The Seine flows through it."
 
