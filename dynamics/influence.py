@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 from typing import Iterator, Mapping
 
+import numpy as np
 import torch
 
 from interp.results import Result
@@ -467,7 +468,7 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
 
 def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: percentile bootstrap CI of the mean over seeds (vectorised resampling)."""
-    x = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    x = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(-1)
     if x.numel() < 2:
         raise ValueError("bootstrap_ci needs at least two values")
     if not 0 < level < 1:
