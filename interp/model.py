@@ -598,6 +598,10 @@ class Model:
         """The wrapped module's parameters (backends override)."""
         return iter(())
 
+    def named_parameters(self):
+        """``(name, parameter)`` pairs of the wrapped module, as ``nn.Module.named_parameters`` gives them."""
+        return iter(())
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, inputs: Inputs, max_new_tokens: int = 32, do_sample: bool = False,

@@ -276,8 +276,8 @@ def test_readme_first_command_is_the_audit():
     assert first == "bash scripts/setup.sh && .venv/bin/interp audit --out report"
 
 
-def test_default_audit_skips_checks_that_need_options():
+def test_default_audit_skips_opt_in_checks():
     from interp.audit import parse_checks
-    assert "gavel" not in parse_checks(None) and "gavel" not in parse_checks("default")
+    assert not {"gavel", "raptor"} & set(parse_checks(None)) and "gavel" not in parse_checks("default")
     assert "heads" in parse_checks(None)
     assert "gavel" in parse_checks("all") and parse_checks("gavel") == ["gavel"]

@@ -71,6 +71,8 @@ class RaptorCheck(Check):
     description: ClassVar[str] = ("Jacobs, Fel, Hakim et al., 'Block-Recurrent Dynamics in Vision Transformers' "
                                   "(ICLR 2026): layer-similarity phases, dynamics on the sphere, Raptor surrogate.")
     Config: ClassVar[type] = RaptorCheckConfig
+    #: needs a vision transformer: runs when named (--checks raptor), not in the default audit
+    opt_in: ClassVar[bool] = True
 
     def run(self, model, data: AuditData) -> RaptorCheckResult:  # noqa: ARG002 - images, not texts
         from .experiments import digits_images

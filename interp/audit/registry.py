@@ -57,24 +57,24 @@ def get_check(name: str) -> type:
         raise
 
 
-def _needs_options(name: str) -> bool:
+def _opt_in(name: str) -> bool:
     try:
-        return bool(getattr(get_check(name), "needs_options", False))
+        return bool(getattr(get_check(name), "opt_in", False))
     except ImportError:
         return False  # a broken plug-in is kept, so that running it reports why
 
 
 def parse_checks(spec: str | None) -> list[str]:
     """``"heads,foo"`` -> ``["heads", "foo"]`` validated; ``"all"`` -> every available check; ``None`` /
-    ``"default"`` -> the checks that run without options (a check whose class sets ``needs_options = True``,
-    such as ``gavel``, which needs a rule file, runs only when named)."""
+    ``"default"`` -> every check except the opt-in ones (a check whose class sets ``opt_in = True`` runs only
+    when named or with ``"all"``: ``gavel`` needs a rule file, ``raptor`` a vision transformer)."""
     key = None if spec is None else spec.strip().lower()
     if key in (None, "default", "all"):
         names = available_checks()
         if not names:
             raise UnknownCheckError("no audit checks are registered — is the project installed (pip install -e .)?")
         if key != "all":
-            names = [n for n in names if not _needs_options(n)]
+            names = [n for n in names if not _opt_in(n)]
         return names
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:

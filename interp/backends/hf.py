@@ -39,6 +39,9 @@ class HFModel(Model):
     def parameters(self):
         return self.hf_model.parameters()
 
+    def named_parameters(self):
+        return self.hf_model.named_parameters()
+
     def _weight(self, name: str) -> torch.Tensor:
         from ..weights import hf_weight
         return hf_weight(self, name)

@@ -107,6 +107,9 @@ class TLModel(Model):
     def parameters(self):
         return self.tl.parameters()
 
+    def named_parameters(self):
+        return self.tl.named_parameters()
+
     def _weight(self, name: str) -> torch.Tensor:
         try:
             w = getattr(self.tl, name)

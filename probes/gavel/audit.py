@@ -134,8 +134,8 @@ class GavelCheck(Check):
                                   "attention readouts (GAVEL, ICLR 2026); per-rule AUC/balanced accuracy/FPR, per-CE "
                                   "detection.")
     Config: ClassVar[type] = GavelConfig
-    #: needs a rule file (--set gavel.rules=FILE): runs when named, not in the default audit
-    needs_options: ClassVar[bool] = True
+    #: needs a rule file (--set gavel.rules=FILE): runs when named, not in the default audit (opt-in)
+    opt_in: ClassVar[bool] = True
 
     def run(self, model, data: AuditData) -> GavelAuditResult:
         cfg: GavelConfig = self.config
