@@ -51,7 +51,7 @@ class ToyConfig:
     d_model: int = 64
     n_layers: int = 3
     n_heads: int = 4
-    pretrain_steps: int = 1500
+    pretrain_steps: int = 3000
     pretrain_batch: int = 32
     pretrain_lr: float = 3e-3
     n_dpo_samples: int = 100
