@@ -8,6 +8,7 @@ registered on the modules themselves are never touched.
 from __future__ import annotations
 
 import contextlib
+import os
 from functools import partial
 from typing import Any, Callable
 
@@ -15,6 +16,9 @@ import torch
 
 from ..model import HookSet, StopForward
 from ..run import current_pass
+
+#: ``INTERP_DEBUG=1``: verify after every run that the model is clean (no hooks of the run left behind)
+DEBUG = os.environ.get("INTERP_DEBUG", "") not in ("", "0")
 from .hf import HFModel
 
 
@@ -107,6 +111,17 @@ class TorchModel(HFModel):
                     stop_handle.remove()
             finally:
                 remove()
+                if DEBUG:
+                    self._assert_clean(run)
+
+    def _assert_clean(self, run) -> None:
+        """Debug mode (``INTERP_DEBUG=1``): after a run, none of its hooks may be left on the module tree and
+        no attention config may still be switched by it (only hooks of open contexts stay)."""
+        left = [name for name, m in self.hf_model.named_modules()
+                for fn in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+                if getattr(fn, "func", None) in (self._out_hook, self._in_hook) and len(fn.args) > 1 and fn.args[1] is run]
+        if left:
+            raise RuntimeError(f"interp debug check: hooks of a finished run are still on {left[:3]}")
 
 
 def _remove(handles: list[Any]) -> None:

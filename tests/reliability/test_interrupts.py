@@ -67,3 +67,16 @@ def test_interrupts_leave_no_trace(backend):
 @pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])
 def test_interrupts_leave_no_trace_full(backend):
     _trials(backend, 400, seed=1)
+
+
+def test_debug_mode_catches_a_run_that_leaves_hooks(monkeypatch):
+    """``INTERP_DEBUG=1`` verifies after each run that none of its hooks are left (planted failure: removal
+    skipped)."""
+    import interp.backends.torch_hooks as th
+    hf, tok = tiny_model("llama", seed=3, n_layers=3)
+    model = interp.wrap(hf, tok, backend="torch")
+    monkeypatch.setattr(th, "DEBUG", True)
+    model.run_with_cache(["abc"], names=NAMES)  # a clean run passes the check
+    monkeypatch.setattr(th, "_remove", lambda handles: None)
+    with pytest.raises(RuntimeError, match="debug check"):
+        model.run_with_cache(["abc"], names=NAMES)
