@@ -18,7 +18,7 @@ import torch
 from .cache import Cache
 from .interventions import HookContext, InterventionFn
 from .names import HookNotFiredError, UnknownHookError, expand, parse, unknown_message
-from .run import current_pass, current_run, pass_scope, run_scope
+from .run import current_pass, pass_scope, run_scope
 
 #: which models are currently inside one of their own hook functions (recursion guard)
 _IN_HOOK: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("interp_in_hook", default=frozenset())

@@ -7,7 +7,6 @@ registered on the modules themselves are never touched.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from functools import partial
 from typing import Any, Callable

@@ -31,10 +31,10 @@ turns it into steering data.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+
+from typing import Sequence
 
 from .refusal import Instruction
 
@@ -197,3 +197,8 @@ def first_token_accuracy(model, tokenizer, items: Sequence[Instruction]) -> dict
     return {"accuracy": float((pred == want).float().mean()),
             "harmful_refused": float(refused[truth].float().mean()),
             "harmless_refused": float(refused[~truth].float().mean())}
+
+
+__all__ = ["HARMFUL_CATEGORIES", "TOPICS", "INTENT", "BENIGN_INTENT", "FILLER", "REFUSAL", "COMPLIANCE", "SPLITS",
+           "HARMLESS_KINDS", "CHAT_TEMPLATE", "ToyRefusalData", "vocabulary", "instructions", "make_tokenizer",
+           "response", "refusal_tokens", "first_token_accuracy"]

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..data.refusal import Instruction
-from ..data.toy_refusal import (CHAT_TEMPLATE, HARMFUL_CATEGORIES, SPLITS, ToyRefusalData, _all, _sample,
-                                first_token_accuracy, instructions, make_tokenizer, refusal_tokens, response,
-                                vocabulary)
+from ..data.toy_refusal import (HARMFUL_CATEGORIES, HARMLESS_KINDS, _sample, first_token_accuracy, instructions,
+                                make_tokenizer, response)
 
 @dataclass
 class ToyRefusalConfig:
@@ -135,6 +134,4 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     return metrics
 
 
-__all__ = ["HARMFUL_CATEGORIES", "TOPICS", "INTENT", "FILLER", "REFUSAL", "COMPLIANCE", "response", "refusal_tokens", "ToyRefusalData",
-           "ToyRefusalConfig", "instructions", "make_tokenizer", "first_token_accuracy", "build_toy_refusal",
-           "vocabulary"]
+__all__ = ["ToyRefusalConfig", "build_toy_refusal"]
