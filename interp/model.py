@@ -126,10 +126,14 @@ class Model:
         self._resolve(name)
         return True
 
+    def _final_norm(self) -> tuple[torch.Tensor | None, torch.Tensor | None, str, float]:
+        """``(weight, bias, kind, eps)`` of the final norm (backends implement this)."""
+        raise NotImplementedError
+
     def ln_final_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
         """``(weight, bias, kind)`` of the final norm (``kind`` ``"layer"`` or ``"rms"``); ``weight`` already
         includes an ``(1 + w)`` offset where the architecture has one. ``None`` where absent."""
-        raise NotImplementedError
+        return self._final_norm()[:3]
 
     def unembed(self, resid: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
         """Logits from a residual stream ``[..., d_model]``: the final norm (if ``apply_ln``), then
@@ -143,15 +147,12 @@ class Model:
         x = resid.float()
         if kind == "layer":
             x = x - x.mean(-1, keepdim=True)
-        x = x / (x.pow(2).mean(-1, keepdim=True) + self._ln_final_eps()).sqrt()
+        x = x / (x.pow(2).mean(-1, keepdim=True) + self._final_norm()[3]).sqrt()
         if w is not None:
             x = x * w.float()
         if b is not None:
             x = x + b.float()
         return x.to(resid.dtype)
-
-    def _ln_final_eps(self) -> float:
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ tokens (TransformerLens habits)
     #: BOS rule of :meth:`to_tokens`: ``None`` (default) lets the tokenizer's own special-token rule decide,

@@ -122,12 +122,6 @@ class HFModel(Model):
             raise KeyError(f"this {self.spec.family} model has no final norm of the residual stream")
         return norm_parts(self.hf_model.get_submodule(self.spec.ln_final), self.spec.norm_offset)
 
-    def ln_final_parts(self):
-        w, b, kind, _ = self._final_norm()
-        return w, b, kind
-
-    def _ln_final_eps(self) -> float:
-        return self._final_norm()[3]
 
     def _max_positions(self) -> int | None:
         c = getattr(self.hf_model, "config", None)

@@ -136,12 +136,6 @@ class TLModel(Model):
             return norm_parts(orig, 1.0 if "gemma" in self.cfg.family.lower() else 0.0)
         return norm_parts(mod)  # HookedTransformer: its own LayerNorm/RMSNorm (w, b)
 
-    def ln_final_parts(self):
-        w, b, kind, _ = self._final_norm()
-        return w, b, kind
-
-    def _ln_final_eps(self) -> float:
-        return self._final_norm()[3]
 
     @property
     def device(self) -> torch.device:
