@@ -359,7 +359,15 @@ class Edit(Result):
             return
         if model is None:
             raise ValueError("this edit changes the model's W_out: pass model=")
+        now = model.weight("W_out")[self.layer]
+        after = getattr(self, "_after", None)
+        if sign < 0 and after is not None and torch.allclose(now, after, rtol=0, atol=1e-6):
+            # the weight is as this edit left it: restore the saved values (no round-off from w + d - d)
+            model.add_to_weight("W_out", self.layer, self._before - now)
+            return
         model.add_to_weight("W_out", self.layer, sign * self.delta)
+        if sign > 0:
+            self._before, self._after = now, model.weight("W_out")[self.layer]
 
     @torch.no_grad()
     def apply(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
