@@ -3,6 +3,11 @@
 # Pinned CPU torch goes first: a bare `torch` requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Optional real image set (Debian dataset-fashion-mnist, 30 MB of data files, no dependencies): installed only
+# from the local apt cache (--no-download), only as root, never failing the setup; code falls back to digits.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get install -y -q --no-download dataset-fashion-mnist >/dev/null 2>&1 || true
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.interp-setup-stamp
