@@ -1,0 +1,360 @@
+"""Planning tasks: prompts with known correct continuations, for the horizon / branch-awareness analyses.
+
+The contract every analysis codes against is :class:`PlanningTask` (a ``Protocol``): an object with a
+``name``, a seeded ``examples(n, seed)`` generator of :class:`PlanningExample` and an ``is_correct(example,
+generated)`` check. Users write their own task objects against it; the generators here are the paper's task
+families at CPU scale ("Internal Planning in Language Models", Ustaomeroglu, Askin et al., ICLR 2026):
+
+- :class:`HorizonToy` -- the digest's goal-token toy: a prefix of filler words holding one goal token
+  ``g``; the ``horizon`` (3) tokens right after the prompt are a fixed function of ``g``, the rest are
+  uniformly random fillers, so information about the prefix is needed exactly up to offset 3.
+- :class:`ContextFreeGrammar` -- continuations of the probabilistic context-free grammar with nested
+  relative clauses of :mod:`interp.zoo.grammar` (recursion up to depth 2, number agreement across it).
+- :class:`PathFinding` (``"short"``: 4-node paths, ``"long"``: 6-node paths) -- random directed graphs
+  with exactly two node-disjoint source-to-goal paths, a decoy path sharing no node with them, and
+  dead-end branches out of the source and into the goal (so the first step needs look-ahead).
+
+All texts are word-level: tokens are separated by single spaces; :func:`make_tokenizer` builds a
+Hugging Face word-level tokenizer over a task's :attr:`vocab` that prepends ``<bos>``.
+Every generator is deterministic given ``seed`` (its own ``random.Random``; no global state).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = ["PlanningExample", "PlanningTask", "HorizonToy", "ContextFreeGrammar", "PathFinding",
+           "SPECIAL_TOKENS", "make_tokenizer", "task_vocab", "task_for", "task_from_params", "TASKS"]
+
+#: special tokens at the start of every task vocabulary (ids 0..3)
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+@dataclass(frozen=True)
+class PlanningExample:
+    """One prompt with its known continuations.
+
+    ``prompt`` and ``target`` are word-level (tokens separated by single spaces, no ``<bos>``: the
+    tokenizer adds it). ``answers`` holds every correct continuation when they can be enumerated (branch
+    tasks: both correct paths, ``answers[0] == target``); it is empty when they cannot (the horizon toy's
+    random tail, grammar continuations) -- use the task's ``is_correct`` then. ``decoy`` is a wrong
+    continuation sharing no node with the answers (branch tasks only).
+    """
+
+    prompt: str                      # text given to the model (word-level: tokens separated by spaces)
+    target: str                      # reference continuation (one correct answer), space-separated tokens
+    answers: tuple[str, ...] = ()    # every correct continuation (branch tasks: both correct paths; answers[0]==target)
+    decoy: str | None = None         # wrong continuation sharing no nodes with the answers (branch tasks)
+    meta: dict = field(default_factory=dict)   # e.g. {"goal": "g7"} or the graph
+
+
+@runtime_checkable
+class PlanningTask(Protocol):
+    """What the planning analyses need from a task (write your own against this)."""
+
+    name: str
+
+    def examples(self, n: int, seed: int = 0) -> list[PlanningExample]: ...
+
+    def is_correct(self, example: PlanningExample, generated: str) -> bool: ...
+
+
+def _words(generated: str, n: int) -> list[str] | None:
+    """The first ``n`` words of a generation, or ``None`` if it has fewer (``<eos>``/``<pad>`` end it)."""
+    out = []
+    for w in generated.split():
+        if w in ("<eos>", "<pad>"):
+            break
+        out.append(w)
+    return out[:n] if len(out) >= n else None
+
+
+# ----------------------------------------------------------------------------------------- horizon toy
+@dataclass(frozen=True)
+class HorizonToy:
+    """The goal-token horizon toy (digest §4, validation recipe 2).
+
+    Prompt: ``prefix_len`` words, all fillers ``w0..w{n_fillers-1}`` except one goal token
+    ``g0..g{n_goals-1}`` at a uniformly random position, then the marker ``=`` (position T).
+    Target: ``horizon`` plan tokens that are a fixed function of the goal -- offset ``τ`` (1-based) holds
+    ``p{perm_τ[g]}`` for a permutation ``perm_τ`` of ``range(n_goals)`` drawn from ``map_seed`` -- then
+    ``n_random`` uniformly random fillers. So the token at ``T+τ`` is determined by ``g`` for
+    ``τ <= horizon`` and independent of the whole prefix for ``τ > horizon``.
+    ``is_correct``: the plan tokens are exact and the tail has ``n_random`` filler words.
+    """
+
+    n_goals: int = 8
+    n_fillers: int = 16
+    prefix_len: int = 12
+    horizon: int = 3
+    n_random: int = 9
+    map_seed: int = 1234
+    name: str = "horizon"
+
+    def __post_init__(self):
+        if self.n_goals < 2 or self.n_fillers < 2 or self.prefix_len < 1 or self.horizon < 1 or self.n_random < 0:
+            raise ValueError(f"invalid HorizonToy sizes: {self}")
+
+    @property
+    def goals(self) -> tuple[str, ...]:
+        return tuple(f"g{i}" for i in range(self.n_goals))
+
+    @property
+    def fillers(self) -> tuple[str, ...]:
+        return tuple(f"w{i}" for i in range(self.n_fillers))
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        plans = tuple(f"p{i}" for i in range(self.n_goals))
+        return SPECIAL_TOKENS + self.goals + self.fillers + plans + ("=",)
+
+    def plan(self, goal: str) -> tuple[str, ...]:
+        """The ``horizon`` plan tokens that follow the prompt for goal token ``goal`` (e.g. ``"g3"``)."""
+        g = self.goals.index(goal)
+        rng = random.Random(self.map_seed)
+        perms = []
+        for _ in range(self.horizon):
+            p = list(range(self.n_goals))
+            rng.shuffle(p)
+            perms.append(p)
+        return tuple(f"p{perm[g]}" for perm in perms)
+
+    def examples(self, n: int, seed: int = 0) -> list[PlanningExample]:
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            goal = rng.choice(self.goals)
+            prefix = [rng.choice(self.fillers) for _ in range(self.prefix_len)]
+            pos = rng.randrange(self.prefix_len)
+            prefix[pos] = goal
+            tail = [rng.choice(self.fillers) for _ in range(self.n_random)]
+            out.append(PlanningExample(prompt=" ".join(prefix + ["="]), target=" ".join(self.plan(goal) + tuple(tail)),
+                                       meta={"goal": goal, "goal_position": pos}))
+        return out
+
+    def is_correct(self, example: PlanningExample, generated: str) -> bool:
+        words = _words(generated, self.horizon + self.n_random)
+        if words is None:
+            return False
+        fill = set(self.fillers)
+        return (tuple(words[:self.horizon]) == self.plan(example.meta["goal"])
+                and all(w in fill for w in words[self.horizon:]))
+
+
+# ----------------------------------------------------------------------------------------- grammar
+@dataclass(frozen=True)
+class ContextFreeGrammar:
+    """Continuations of the toy PCFG of :mod:`interp.zoo.grammar` (nested relative clauses, agreement).
+
+    Each example is one document of the grammar's sentence stream (``<bos>`` then whole sentences) cut
+    after ``prompt_len`` words: the prompt is those words (without ``<bos>``), the target the next
+    ``target_len`` sampled words (usually ending the current sentence and starting new ones).
+    ``is_correct``: the first ``target_len`` generated words are a valid continuation under the grammar
+    (checked with its LL(1) parser). ``grammar`` holds :class:`interp.zoo.grammar.GrammarConfig` fields.
+    """
+
+    prompt_len: int = 24
+    target_len: int = 12
+    grammar: Mapping[str, Any] = field(default_factory=dict)
+    name: str = "cfg"
+
+    def __post_init__(self):
+        if self.prompt_len < 1 or self.target_len < 1:
+            raise ValueError(f"invalid ContextFreeGrammar lengths: {self}")
+        object.__setattr__(self, "grammar", dict(self.grammar))
+
+    def __hash__(self):
+        return hash((self.prompt_len, self.target_len, tuple(sorted(self.grammar.items())), self.name))
+
+    @property
+    def pcfg(self):
+        """The :class:`interp.zoo.grammar.ToyGrammar` object (cached per task)."""
+        cached = self.__dict__.get("_pcfg")
+        if cached is None:
+            from interp.zoo.grammar import GrammarConfig, ToyGrammar
+
+            cached = ToyGrammar(GrammarConfig(**self.grammar))
+            object.__setattr__(self, "_pcfg", cached)
+        return cached
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return tuple(self.pcfg.vocab)
+
+    def examples(self, n: int, seed: int = 0) -> list[PlanningExample]:
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            doc = self.pcfg.sample_document(rng, 1 + self.prompt_len + self.target_len)
+            words = doc[1:]
+            out.append(PlanningExample(prompt=" ".join(words[:self.prompt_len]),
+                                       target=" ".join(words[self.prompt_len:])))
+        return out
+
+    def is_correct(self, example: PlanningExample, generated: str) -> bool:
+        words = _words(generated, self.target_len)
+        if words is None:
+            return False
+        try:
+            self.pcfg.parse_states(example.prompt.split() + words)
+        except ValueError:
+            return False
+        return True
+
+
+# ----------------------------------------------------------------------------------------- path finding
+@dataclass(frozen=True)
+class PathFinding:
+    """Path finding on random directed graphs with two correct paths and a decoy.
+
+    ``variant="short"``: paths of ``path_len=4`` nodes (source, 2 intermediates, goal); ``"long"``: 6 nodes.
+    Each graph (node names ``n0..n{n_nodes-1}``, drawn without replacement) holds
+
+    - two node-disjoint source->goal paths of ``path_len`` nodes (the only source->goal paths);
+    - a decoy path of ``path_len`` nodes sharing no node with them (and unconnected to them);
+    - ``n_dead_out`` dead-end branches out of the source and ``n_dead_in`` branches into the goal, each a
+      chain of ``path_len - 2`` fresh nodes: a first step into a dead end cannot reach the goal, and a
+      chain into the goal cannot be reached from the source, so choosing the first step needs look-ahead.
+
+    Prompt: the edges ``u v`` in random order separated by ``,``, then ``? source goal :``.
+    Target: one of the two paths (both are in ``answers``, in random order; ``answers[0] == target``) as
+    its node words, source and goal included; ``decoy`` is the decoy path. ``is_correct`` accepts any
+    valid source->goal walk of exactly ``path_len`` nodes along prompt edges (with these graphs: either
+    correct path). ``meta`` holds ``source``, ``goal``, ``edges`` (list of pairs) and ``dead_ends``.
+    """
+
+    variant: str = "short"
+    path_len: int | None = None
+    n_nodes: int | None = None
+    n_dead_out: int = 2
+    n_dead_in: int = 1
+    name: str | None = None
+
+    def __post_init__(self):
+        if self.variant not in ("short", "long"):
+            raise ValueError(f"PathFinding variant must be 'short' or 'long', got {self.variant!r}")
+        if self.path_len is None:
+            object.__setattr__(self, "path_len", 4 if self.variant == "short" else 6)
+        if self.n_nodes is None:
+            object.__setattr__(self, "n_nodes", 40 if self.variant == "short" else 60)
+        if self.name is None:
+            object.__setattr__(self, "name", f"pf-{self.variant}")
+        if self.path_len < 3:
+            raise ValueError("path_len must be >= 3 (source, at least one intermediate, goal)")
+        need = 2 + 2 * (self.path_len - 2) + self.path_len + (self.n_dead_out + self.n_dead_in) * (self.path_len - 2)
+        if self.n_nodes < need:
+            raise ValueError(f"n_nodes={self.n_nodes} is too small: a graph needs {need} distinct nodes")
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(f"n{i}" for i in range(self.n_nodes))
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIAL_TOKENS + self.nodes + (",", "?", ":")
+
+    def _graph(self, rng: random.Random) -> dict:
+        m = self.path_len - 2
+        need = 2 + 2 * m + self.path_len + (self.n_dead_out + self.n_dead_in) * m
+        pool = rng.sample(self.nodes, need)
+        s, g = pool[0], pool[1]
+        it = iter(pool[2:])
+        p1 = [s] + [next(it) for _ in range(m)] + [g]
+        p2 = [s] + [next(it) for _ in range(m)] + [g]
+        decoy = [next(it) for _ in range(self.path_len)]
+        dead_out = [[s] + [next(it) for _ in range(m)] for _ in range(self.n_dead_out)]
+        dead_in = [[next(it) for _ in range(m)] + [g] for _ in range(self.n_dead_in)]
+        edges = [(a, b) for chain in [p1, p2, decoy] + dead_out + dead_in for a, b in zip(chain, chain[1:])]
+        rng.shuffle(edges)
+        return {"source": s, "goal": g, "paths": (p1, p2), "decoy": decoy, "edges": edges,
+                "dead_ends": dead_out + dead_in}
+
+    def examples(self, n: int, seed: int = 0) -> list[PlanningExample]:
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            gr = self._graph(rng)
+            p1, p2 = gr["paths"]
+            if rng.random() < 0.5:
+                p1, p2 = p2, p1
+            edge_words = " , ".join(f"{a} {b}" for a, b in gr["edges"])
+            prompt = f"{edge_words} ? {gr['source']} {gr['goal']} :"
+            answers = (" ".join(p1), " ".join(p2))
+            out.append(PlanningExample(prompt=prompt, target=answers[0], answers=answers, decoy=" ".join(gr["decoy"]),
+                                       meta={"source": gr["source"], "goal": gr["goal"],
+                                             "edges": [list(e) for e in gr["edges"]],
+                                             "dead_ends": gr["dead_ends"]}))
+        return out
+
+    def is_valid_path(self, example: PlanningExample, words: Sequence[str]) -> bool:
+        """``words`` is a source->goal walk of ``path_len`` distinct nodes along the example's edges."""
+        edges = {tuple(e) for e in example.meta["edges"]}
+        return (len(words) == self.path_len and words[0] == example.meta["source"]
+                and words[-1] == example.meta["goal"] and len(set(words)) == len(words)
+                and all((a, b) in edges for a, b in zip(words, words[1:])))
+
+    def is_correct(self, example: PlanningExample, generated: str) -> bool:
+        words = _words(generated, self.path_len)
+        return words is not None and self.is_valid_path(example, words)
+
+
+# ----------------------------------------------------------------------------------------- registry / tokenizer
+#: task families by name; ``task_from_params`` builds one from ``{"kind": name, **fields}``
+TASKS = {"horizon": HorizonToy, "cfg": ContextFreeGrammar, "pf": PathFinding}
+
+
+def task_from_params(params: Mapping[str, Any]) -> PlanningTask:
+    """Build a task from ``{"kind": "horizon" | "cfg" | "pf", **dataclass fields}`` (zoo recipes store this)."""
+    params = dict(params)
+    kind = params.pop("kind")
+    try:
+        cls = TASKS[kind]
+    except KeyError:
+        raise KeyError(f"unknown planning task kind {kind!r}; known: {', '.join(TASKS)}") from None
+    return cls(**params)
+
+
+def task_for(name: str) -> PlanningTask:
+    """The task a planning zoo model was trained on (``"planning-pf-short-ntp"``, ``"zoo:..."``), or a task
+    by short name (``"horizon"``, ``"cfg"``, ``"pf-short"``, ``"pf-long"``) with default settings."""
+    short = {"horizon": lambda: HorizonToy(), "cfg": lambda: ContextFreeGrammar(),
+             "pf-short": lambda: PathFinding("short"), "pf-long": lambda: PathFinding("long")}
+    if name in short:
+        return short[name]()
+    from interp.zoo import get_entry
+
+    params = get_entry(name).params
+    if "task" not in params:
+        raise KeyError(f"zoo entry {name!r} is not a planning model (its recipe has no 'task')")
+    return task_from_params(params["task"])
+
+
+def task_vocab(task: Any) -> tuple[str, ...]:
+    """A task's word vocabulary (``task.vocab``), special tokens first; raises if the task has none."""
+    vocab = tuple(getattr(task, "vocab", ()))
+    if not vocab:
+        raise TypeError(f"task {getattr(task, 'name', task)!r} has no `vocab`")
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        vocab = tuple(t for t in SPECIAL_TOKENS if t in missing) + vocab
+    if len(set(vocab)) != len(vocab):
+        raise ValueError("task vocabulary has duplicate words")
+    return vocab
+
+
+def make_tokenizer(task_or_vocab: Any):
+    """A word-level ``PreTrainedTokenizerFast`` over a task's vocabulary (or a word sequence) that
+    prepends ``<bos>``; unknown words map to ``<unk>``; ``decode`` joins words with single spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = task_vocab(task_or_vocab) if not isinstance(task_or_vocab, (list, tuple)) else tuple(task_or_vocab)
+    ids = {w: i for i, w in enumerate(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=ids, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
+                                                       special_tokens=[("<bos>", ids["<bos>"])])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>")
