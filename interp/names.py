@@ -24,6 +24,7 @@ BLOCK_HOOKS: tuple[str, ...] = (
     "attn.hook_attn_scores",
     "attn.hook_pattern",
     "attn.hook_z",
+    "attn.hook_result",
     "hook_attn_out",
     "hook_resid_mid",
     "ln2.hook_scale",
@@ -36,7 +37,8 @@ BLOCK_HOOKS: tuple[str, ...] = (
 )
 #: Hooks whose tensors have a head axis, and where it is: ``[batch, pos, head, d_head]`` or ``[batch, head, q, k]``.
 HEAD_AXIS: dict[str, int] = {"attn.hook_q": 2, "attn.hook_k": 2, "attn.hook_v": 2, "attn.hook_z": 2, "attn.hook_pattern": 1,
-                              "attn.hook_rot_q": 2, "attn.hook_rot_k": 2, "attn.hook_attn_scores": 1}
+                              "attn.hook_rot_q": 2, "attn.hook_rot_k": 2, "attn.hook_attn_scores": 1,
+                              "attn.hook_result": 2}
 
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
