@@ -23,6 +23,13 @@ Two layers:
   - parent folders it had to create are removed again when the write fails.
 
   :func:`check_output` applies the same checks without writing, so commands can refuse before slow work.
+
+One serialisation path for tensors plus facts (results, steering vectors, detectors, scalers, checkpoints):
+:func:`save_tensors_json` writes ``<stem>.safetensors`` + ``<stem>.json`` (or one ``.safetensors`` file with
+the facts in its metadata, :func:`save_tensors`), each file atomically; :func:`load_tensors_json` /
+:func:`load_tensors` read them back without pickle and check what the caller needs (keys of the JSON,
+names, shapes and dtypes of the tensors), raising :class:`SerializationError` that names the file and the
+problem. Writers that own a folder call them inside :func:`output_dir`.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 #: Name of the manifest that marks a folder written by :func:`output_dir`.
 MANIFEST = ".interp-output.json"
@@ -435,5 +442,197 @@ def _commit_into(target: _Target, tmp: Path, files: list[str], dirs: list[str], 
             shutil.rmtree(p / e, ignore_errors=True)
 
 
-__all__ = ["MANIFEST", "OutputError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-           "check_output", "output_dir", "read_manifest", "replace_dir"]
+# ------------------------------------------------------------------ tensors + JSON (one path)
+#: key of the JSON facts in a single ``.safetensors`` file's metadata (:func:`save_tensors`)
+SAFETENSORS_META_KEY = "interp.meta"
+
+
+class SerializationError(ValueError):
+    """A saved file is missing, malformed or lacks what its reader needs (the message names the file)."""
+
+
+class MissingFileError(SerializationError, FileNotFoundError):
+    """A file of a saved object is not there (also a ``FileNotFoundError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _tensor_dict(tensors: "Mapping[str, Any]") -> dict:
+    """CPU, contiguous, detached tensors; a storage shared between entries is copied (safetensors refuses it)."""
+    import torch
+
+    out: dict = {}
+    seen: set[tuple[int, int]] = set()
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise TypeError(f"tensor names must be strings, got {k!r}")
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"tensor {k!r} is a {type(v).__name__}, not a torch.Tensor")
+        t = v.detach().cpu().contiguous()
+        ptr = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if t.numel() and ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[k] = t
+    return out
+
+
+def _paths(path: str | os.PathLike, stem: str | None) -> tuple[Path, Path]:
+    """``(tensor file, JSON file)``: ``folder/stem.*`` when ``stem`` is given, else ``path`` itself as the stem."""
+    p = Path(path)
+    base = p / stem if stem is not None else (p.with_suffix("") if p.suffix in (".json", ".safetensors") else p)
+    return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+
+
+def save_tensors_json(path: str | os.PathLike, tensors: "Mapping[str, Any]", meta: "Mapping[str, Any]", *,
+                      stem: str | None = None, tensor_file: str | None = None, json_file: str | None = None,
+                      indent: int | None = 2) -> tuple[Path, Path | None]:
+    """Write ``tensors`` (``{name: Tensor}``) to a safetensors file and ``meta`` (JSON-ready) to a JSON file.
+
+    Files: ``path/<stem>.safetensors`` + ``path/<stem>.json`` with ``stem``; ``path.safetensors`` +
+    ``path.json`` without; ``tensor_file`` / ``json_file`` name either file inside the folder ``path``
+    explicitly (formats with fixed names, e.g. sae-lens's ``sae_weights.safetensors`` + ``cfg.json``). No
+    tensors: no tensor file (and ``None`` returned for it). Each file is written atomically; writers of a
+    whole folder call this inside :func:`output_dir`. Returns ``(tensor file, JSON file)``.
+    """
+    from safetensors.torch import save
+
+    t_path, j_path = _paths(path, stem)
+    if tensor_file is not None:
+        t_path = Path(path) / tensor_file
+    if json_file is not None:
+        j_path = Path(path) / json_file
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a mapping (a JSON object), got {type(meta).__name__}")
+    text = json.dumps(dict(meta), indent=indent, default=_json_default)
+    td = _tensor_dict(tensors)
+    if td:
+        atomic_write_bytes(t_path, save(td))
+    atomic_write_text(j_path, text)
+    return (t_path if td else None), j_path
+
+
+def _read_json(f: Path, what: str) -> dict:
+    try:
+        text = f.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MissingFileError(f"{f}: missing (expected the JSON file of a saved {what})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SerializationError(f"{f}: unreadable ({exc})") from None
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise SerializationError(f"{f}: malformed JSON ({exc}); the saved {what} is damaged or truncated") from None
+    if not isinstance(meta, dict):
+        raise SerializationError(f"{f}: holds a JSON {type(meta).__name__}, not the object of a saved {what}")
+    return meta
+
+
+def _read_safetensors(f: Path, what: str, device: str) -> tuple[dict, dict]:
+    """Tensors and raw metadata of one safetensors file (safe: no pickle)."""
+    from safetensors import safe_open
+
+    if not f.is_file():
+        raise MissingFileError(f"{f}: missing (expected the tensor file of a saved {what})")
+    try:
+        with safe_open(str(f), framework="pt", device=device) as fh:
+            raw = dict(fh.metadata() or {})
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types; name the file
+        raise SerializationError(f"{f}: not a readable safetensors file ({type(exc).__name__}: {exc}); the saved "
+                                 f"{what} is damaged or truncated") from None
+    return tensors, raw
+
+
+def check_meta(meta: "Mapping[str, Any]", required: "Iterable[str]", where: str | os.PathLike) -> None:
+    """Raise :class:`SerializationError` naming ``where`` unless every key of ``required`` is in ``meta``."""
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise SerializationError(f"{where}: missing key{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(map(repr, missing))} (has: {', '.join(map(repr, meta)) or 'nothing'})")
+
+
+def check_tensors(tensors: "Mapping[str, Any]", spec: "Mapping[str, Any] | Iterable[str]",
+                  where: str | os.PathLike) -> None:
+    """Raise :class:`SerializationError` naming ``where`` unless ``tensors`` has every name of ``spec``, with
+    its shape and dtype when ``spec`` is ``{name: (shape, dtype)}`` (``None`` entries accept anything)."""
+    spec = dict(spec) if isinstance(spec, Mapping) else {k: (None, None) for k in spec}
+    missing = [k for k in spec if k not in tensors]
+    if missing:
+        raise SerializationError(f"{where}: missing tensor{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(map(repr, missing))}")
+    for k, (shape, dtype) in spec.items():
+        t = tensors[k]
+        if shape is not None and (t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape))):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise SerializationError(f"{where}: tensor {k!r} has shape {list(t.shape)}, expected {want}")
+        if dtype is not None:
+            allowed = tuple(dtype) if isinstance(dtype, (tuple, list, set)) else (dtype,)
+            if t.dtype not in allowed:
+                raise SerializationError(f"{where}: tensor {k!r} has dtype {t.dtype}, expected "
+                                         f"{' or '.join(map(str, allowed))}")
+
+
+def load_tensors_json(path: str | os.PathLike, *, stem: str | None = None, tensor_file: str | None = None,
+                      json_file: str | None = None, what: str = "object", required: "Iterable[str]" = (),
+                      tensors: "Mapping[str, Any] | Iterable[str]" = (), tensors_optional: bool = False,
+                      device: str = "cpu") -> tuple[dict, dict]:
+    """Read what :func:`save_tensors_json` wrote: ``(tensors, meta)``, with safe loading only.
+
+    ``what`` names the object in errors; ``required`` are keys ``meta`` must have; ``tensors`` the tensor
+    names it must have (``{name: (shape, dtype)}`` to check shapes and dtypes too). The JSON file is
+    read first (a missing one is the usual sign of a wrong folder). ``tensors_optional``: a missing tensor
+    file reads as no tensors (writers that skip an empty one). Errors: :class:`SerializationError`
+    naming the file and the problem (missing, malformed JSON, not a safetensors file, a missing key or
+    tensor, a wrong shape or dtype).
+    """
+    t_path, j_path = _paths(path, stem)
+    if tensor_file is not None:
+        t_path = Path(path) / tensor_file
+    if json_file is not None:
+        j_path = Path(path) / json_file
+    meta = _read_json(j_path, what)
+    check_meta(meta, required, j_path)
+    if tensors_optional and not t_path.exists():
+        found: dict = {}
+    else:
+        found, _ = _read_safetensors(t_path, what, device)
+    check_tensors(found, tensors, t_path)
+    return found, meta
+
+
+def save_tensors(path: str | os.PathLike, tensors: "Mapping[str, Any]", meta: "Mapping[str, Any] | None" = None) -> Path:
+    """One ``.safetensors`` file holding ``tensors`` and, in its metadata, ``meta`` as JSON (atomic write)."""
+    from safetensors.torch import save
+
+    extra = None
+    if meta is not None:
+        if not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping (a JSON object), got {type(meta).__name__}")
+        extra = {SAFETENSORS_META_KEY: json.dumps(dict(meta), default=_json_default)}
+    return atomic_write_bytes(path, save(_tensor_dict(tensors), metadata=extra))
+
+
+def load_tensors(path: str | os.PathLike, *, what: str = "object", required: "Iterable[str]" = (),
+                 tensors: "Mapping[str, Any] | Iterable[str]" = (), device: str = "cpu") -> tuple[dict, dict]:
+    """Read a file written by :func:`save_tensors` (or any safetensors file): ``(tensors, meta)``, checked
+    like :func:`load_tensors_json` (``meta`` is ``{}`` when the file carries none)."""
+    f = Path(path)
+    found, raw = _read_safetensors(f, what, device)
+    meta: dict = {}
+    if SAFETENSORS_META_KEY in raw:
+        try:
+            meta = json.loads(raw[SAFETENSORS_META_KEY])
+        except ValueError as exc:
+            raise SerializationError(f"{f}: malformed JSON in its metadata ({exc})") from None
+        if not isinstance(meta, dict):
+            raise SerializationError(f"{f}: its metadata holds a JSON {type(meta).__name__}, not an object")
+    check_meta(meta, required, f)
+    check_tensors(found, tensors, f)
+    return found, meta
+
+
+__all__ = ["MANIFEST", "MissingFileError", "OutputError", "SerializationError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+           "check_meta", "check_output", "check_tensors", "load_tensors", "load_tensors_json", "output_dir",
+           "read_manifest", "replace_dir", "save_tensors", "save_tensors_json"]

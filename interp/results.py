@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .io import check_output, output_dir
+from .io import SerializationError, check_output, load_tensors_json, output_dir, save_tensors_json
 
 SCHEMA_VERSION = 1
 
@@ -107,8 +107,6 @@ class Result:
         ``overwrite=True`` (which writes into such a folder or the link's target, replacing only files of
         the same names; a file is never replaced by a folder).
         """
-        from safetensors.torch import save_file
-
         if not dataclasses.is_dataclass(self):
             raise TypeError(f"{type(self).__name__} must be a dataclass to be saved")
         tensors: dict[str, torch.Tensor] = {}
@@ -116,9 +114,7 @@ class Result:
         meta = {"schema_version": SCHEMA_VERSION, "type": f"{type(self).__module__}.{type(self).__qualname__}",
                 "fields": skeleton}
         with output_dir(path, overwrite=overwrite, writer="Result.save", legacy=_legacy_result_files) as tmp:
-            (tmp / "result.json").write_text(json.dumps(meta, indent=2))
-            if tensors:
-                save_file(tensors, str(tmp / "tensors.safetensors"))
+            save_tensors_json(tmp, tensors, meta, tensor_file="tensors.safetensors", json_file="result.json")
         return Path(path)
 
     @staticmethod
@@ -132,18 +128,23 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path):
-        """Read a result written by :meth:`save` (no pickle: JSON + safetensors)."""
-        from safetensors.torch import load_file
+        """Read a result written by :meth:`save` (no pickle: JSON + safetensors).
 
+        A missing ``result.json`` raises :class:`interp.io.MissingFileError` (a ``FileNotFoundError``); a
+        malformed file, a missing key or a tensor the JSON refers to but the tensor file lacks raise
+        :class:`interp.io.SerializationError` naming the file; another result type raises ``TypeError``.
+        """
         path = Path(path)
-        meta_file = path / "result.json"
-        if not meta_file.exists():
-            raise FileNotFoundError(f"{path} holds no saved result (missing result.json)")
-        meta = json.loads(meta_file.read_text())
+        tensors, meta = load_tensors_json(path, tensor_file="tensors.safetensors", json_file="result.json",
+                                          what="result", tensors_optional=True)
         expected = f"{cls.__module__}.{cls.__qualname__}"
         if meta.get("type") != expected:
             raise TypeError(f"{path} holds a {meta.get('type')}, not a {expected}")
-        tfile = path / "tensors.safetensors"
-        tensors = load_file(str(tfile)) if tfile.exists() else {}
-        values = {k: _restore(v, tensors) for k, v in meta["fields"].items()}
+        if not isinstance(meta.get("fields"), dict):
+            raise SerializationError(f"{path / 'result.json'}: missing key 'fields' (the result's values)")
+        try:
+            values = {k: _restore(v, tensors) for k, v in meta["fields"].items()}
+        except KeyError as exc:
+            raise SerializationError(f"{path / 'tensors.safetensors'}: missing tensor {exc.args[0]!r} (referred to by "
+                                     "result.json)") from None
         return cls(**values)  # type: ignore[call-arg]

@@ -17,11 +17,8 @@ third-party packages declare their classes in the entry-point group ``interp.ste
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import warnings
 from dataclasses import dataclass, field, fields, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
@@ -29,7 +26,8 @@ import torch
 
 from interp.interventions import (Add, HookContext, Intervention, ProjectOut, check_number, check_positions,
                                   check_tensor)
-from interp.io import output_dir
+from interp.io import MissingFileError, load_tensors_json, output_dir, save_tensors_json
+from interp.registry import Registry
 
 #: Entry-point group through which other packages add steering methods.
 ENTRY_POINT_GROUP = "interp.steering"
@@ -270,8 +268,6 @@ class SteeringVector:
         at ``path`` is replaced, files the user added to the folder stay; a file, a symbolic link or a
         non-empty folder this did not write raise :class:`interp.io.OutputError` unless ``overwrite=True``.
         """
-        from safetensors.torch import save_file
-
         tensors = {"direction": self.direction.contiguous()}
         if self.reference is not None:
             tensors["reference"] = self.reference.contiguous()
@@ -287,8 +283,7 @@ class SteeringVector:
             return names if all((folder / n).is_file() for n in names) else None
 
         with output_dir(path, overwrite=overwrite, writer="SteeringVector.save", legacy=legacy) as tmp:
-            save_file(tensors, str(tmp / "vector.safetensors"))
-            (tmp / "vector.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+            save_tensors_json(tmp, tensors, meta, stem="vector")
         return Path(path)
 
     @classmethod
@@ -298,17 +293,15 @@ class SteeringVector:
         Called on the base class, the vector comes back as the ``vector_class`` of the method that made it
         (looked up in the registry), so plug-in methods with their own vector class round-trip too.
         """
-        from safetensors.torch import load_file
-
         path = Path(path)
-        meta_file, tensor_file = path / "vector.json", path / "vector.safetensors"
-        if not meta_file.exists() or not tensor_file.exists():
-            raise FileNotFoundError(f"{path} is not a saved steering vector (expected vector.json and "
-                                    "vector.safetensors)")
-        meta = json.loads(meta_file.read_text())
+        if not (path / "vector.json").exists() or not (path / "vector.safetensors").exists():
+            raise MissingFileError(f"{path} is not a saved steering vector (expected vector.json and "
+                                   "vector.safetensors)")
+        raw, meta = load_tensors_json(path, stem="vector", what="steering vector", tensors=("direction",),
+                                      required=("format_version", "method", "operation", "hooks", "positions",
+                                                "scale", "metadata"))
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: unsupported steering-vector format {meta.get('format_version')!r}")
-        raw = load_file(str(tensor_file))
         target = cls
         if cls is SteeringVector:
             with contextlib.suppress(KeyError):
@@ -380,67 +373,45 @@ class SteeringMethod:
 
 
 # ============================================================================ registry
-_REGISTRY: dict[str, type[SteeringMethod]] = {}
-_FAILED: dict[str, str] = {}
-_entry_points_loaded = False
+def _validate(cls: Any, name: str | None) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, SteeringMethod)):
+        raise TypeError(f"only SteeringMethod subclasses can be registered, got {cls!r}")
+    if not name or not isinstance(name, str) or any(ch.isspace() for ch in name):
+        raise ValueError(f"{cls.__name__} needs a non-empty name without spaces (set the class attribute "
+                         "`name` or pass name=...)")
+
+
+#: the steering methods (entry-point group ``interp.steering``), under the shared rules of
+#: :class:`interp.registry.Registry`
+METHODS: Registry[type[SteeringMethod]] = Registry("steering method", ENTRY_POINT_GROUP, validate=_validate)
 
 
 def register(cls: type[SteeringMethod] | None = None, *, name: str | None = None, replace: bool = False):
     """Register a :class:`SteeringMethod` subclass under ``name`` (default: ``cls.name``). Usable as a decorator."""
-    def do(c: type[SteeringMethod]) -> type[SteeringMethod]:
-        if not (isinstance(c, type) and issubclass(c, SteeringMethod)):
-            raise TypeError(f"only SteeringMethod subclasses can be registered, got {c!r}")
-        key = name or c.name
-        if not key or not isinstance(key, str) or any(ch.isspace() for ch in key):
-            raise ValueError(f"{c.__name__} needs a non-empty name without spaces (set the class attribute "
-                             "`name` or pass name=...)")
-        old = _REGISTRY.get(key)
-        if old is not None and old is not c and not replace:
-            raise ValueError(f"steering method {key!r} is already registered ({old.__module__}.{old.__qualname__}); "
-                             "pass replace=True to override it")
-        _REGISTRY[key] = c
-        return c
-    return do if cls is None else do(cls)
+    return METHODS.register(cls, name, replace)
 
 
 def unregister(name: str) -> None:
     """Remove ``name`` from the registry (no error if absent)."""
-    _REGISTRY.pop(name, None)
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-            register(obj, name=ep.name)
-        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the others
-            _FAILED[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
-            warnings.warn(f"steering plug-in {ep.name!r} ({ep.value}) failed to load: {exc}", RuntimeWarning,
-                          stacklevel=2)
+    METHODS.unregister(name)
 
 
 def reload_entry_points() -> None:
-    """Scan the ``interp.steering`` entry points again (e.g. after installing a plug-in in this process)."""
-    global _entry_points_loaded
-    _entry_points_loaded = False
-    _load_entry_points()
+    """Import the ``interp.steering`` plug-ins not loaded yet (e.g. after installing one in this process)."""
+    METHODS.load_all()
 
 
 def get(name: str) -> type[SteeringMethod]:
-    """The method class registered as ``name``: ``steering.get("repit")(targets=(...)).fit(model, data)``."""
-    _load_entry_points()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if name in _FAILED:
-        raise KeyError(f"steering method {name!r} is declared by a plug-in that failed to load: {_FAILED[name]}")
-    raise KeyError(f"unknown steering method {name!r}; available: {', '.join(available()) or '(none)'}")
+    """The method class registered as ``name``: ``steering.get("repit")(targets=(...)).fit(model, data)``.
+
+    An unknown name raises a ``KeyError`` naming the closest methods; a plug-in that fails to import raises
+    :class:`interp.registry.PluginError` (a ``KeyError`` and an ``ImportError``) naming it and the cause.
+    """
+    return METHODS.get(name)
 
 
 def available() -> list[str]:
-    """Names of every registered steering method (built-ins and plug-ins), sorted."""
-    _load_entry_points()
-    return sorted(_REGISTRY)
+    """Names of every steering method (built-ins and plug-ins), sorted. The plug-ins are imported, so that a
+    broken one is reported now (a ``RuntimeWarning`` naming it and the cause; its name stays listed and
+    :func:`get` raises why)."""
+    return METHODS.available(load=True)

@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any, Callable, Mapping
 from filelock import FileLock
 
 from ..io import atomic_write_json, replace_dir
+from ..registry import Registry
 
 #: Environment variable that overrides the cache root (the zoo lives in its ``zoo/`` subfolder).
 CACHE_ENV = "INTERP_CACHE_DIR"
@@ -108,60 +108,63 @@ class ZooInfo:
     slow: bool = False
 
 
-_REGISTRY: dict[str, ZooEntry] = {}
-_lock = threading.RLock()
-_plugins_loaded = False
+def _validate(entry: Any, name: str | None) -> None:
+    if not isinstance(entry, ZooEntry):
+        raise TypeError(f"register expects a ZooEntry, got {type(entry).__name__}")
+    if name is not None and name != entry.name:
+        raise ValueError(f"zoo entry {entry.name!r} cannot be registered under another name ({name!r})")
+
+
+def _expand(found: Any, ep_name: str) -> dict[str, ZooEntry]:
+    """A zoo plug-in is a :class:`ZooEntry`, or a callable returning one or an iterable of them (a family)."""
+    if callable(found) and not isinstance(found, ZooEntry):
+        found = found()
+    entries = [found] if isinstance(found, ZooEntry) else list(found)
+    for e in entries:
+        _validate(e, None)
+    return {e.name: e for e in entries}
+
+
+#: the zoo's entries (entry-point group ``interp.zoo``), under the shared registry rules of
+#: :class:`interp.registry.Registry`; a plug-in may declare a family of entries under one entry point
+ZOO: Registry[ZooEntry] = Registry("zoo entry", ENTRY_POINT_GROUP, validate=_validate, expand=_expand)
+_plugins_loaded = False  # every declared plug-in was imported once (listing needs their family names)
 
 
 def register(entry: ZooEntry, replace: bool = False) -> ZooEntry:
     """Add ``entry`` to the zoo (``replace=True`` to overwrite an entry of the same name)."""
-    if not isinstance(entry, ZooEntry):
-        raise TypeError(f"register expects a ZooEntry, got {type(entry).__name__}")
-    with _lock:
-        if entry.name in _REGISTRY and not replace and _REGISTRY[entry.name] is not entry:
-            raise ValueError(f"zoo entry {entry.name!r} is already registered (pass replace=True to override)")
-        _REGISTRY[entry.name] = entry
-    return entry
+    _validate(entry, None)
+    return ZOO.register(entry, entry.name, replace)
 
 
 def unregister(name: str) -> None:
     """Remove an entry from the registry (its cache stays on disk)."""
-    with _lock:
-        _REGISTRY.pop(name, None)
+    ZOO.unregister(name)
 
 
 def _load_plugins() -> None:
+    """Import the declared plug-ins once (a broken one is a warning naming it; :func:`get_entry` raises why)."""
     global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        found = obj() if callable(obj) and not isinstance(obj, ZooEntry) else obj
-        for entry in ([found] if isinstance(found, ZooEntry) else list(found)):
-            if entry.name not in _REGISTRY:
-                register(entry)
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        ZOO.load_all()
 
 
 def available() -> list[str]:
-    """Sorted names of all registered entries."""
+    """Sorted names of all entries: registered ones and those of the ``interp.zoo`` plug-ins (imported
+    once to learn their family names; a plug-in that fails is listed under its entry-point name)."""
     _load_plugins()
-    return sorted(_REGISTRY)
+    return ZOO.available()
 
 
 def get_entry(name: str) -> ZooEntry:
-    """The registered entry ``name`` (a leading ``zoo:`` is accepted)."""
+    """The registered entry ``name`` (a leading ``zoo:`` is accepted). Unknown names raise a ``KeyError``
+    naming the closest entries; a broken plug-in raises :class:`interp.registry.PluginError` with the cause."""
     if not isinstance(name, str):
         raise TypeError(f"zoo entry name must be a string, got {type(name).__name__}")
     if name.startswith("zoo:"):
         name = name[4:]
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown zoo entry {name!r}; available: {', '.join(available())}") from None
+    return ZOO.get(name)
 
 
 def cache_dir() -> Path:
