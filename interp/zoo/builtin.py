@@ -115,3 +115,21 @@ TOY_REFUSAL = register(ZooEntry(
     builder=_lazy(".toy_refusal:build_toy_refusal"),
     params=_toy_refusal_params(),
 ))
+
+
+def _register_planning() -> tuple[ZooEntry, ...]:
+    """The ``planning-*`` entries (issue #15): recipes and specs live in :mod:`interp.zoo.planning`."""
+    from .planning import planning_specs
+
+    out = []
+    for spec in planning_specs():
+        task = spec["params"]["task"]
+        out.append(register(ZooEntry(
+            name=spec["name"], description=spec["description"],
+            source=f"trained locally on interp.probes.planning.tasks ({task['kind']} task)",
+            architecture="LlamaForCausalLM", size=spec.get("size", "small (< 1M params)"),
+            builder=_lazy(".planning:build_planning"), params=spec["params"])))
+    return tuple(out)
+
+
+PLANNING = _register_planning()

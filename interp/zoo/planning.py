@@ -1,0 +1,368 @@
+"""``zoo:planning-*``: small Llama decoders trained from scratch on the planning tasks of
+:mod:`interp.probes.planning.tasks`, with next-token prediction (NTP) or multi-token prediction (MTP).
+
+These are the CPU-scale models of the planning-horizon / branch-awareness analyses (Ustaomeroglu, Askin
+et al., ICLR 2026; digest §4 of ``shared/papers/interp_papers.md``). Every entry's recipe stores the full
+task specification under ``params["task"]`` (``{"kind": ..., **fields}``), so
+:func:`interp.probes.planning.task_for` rebuilds exactly the task a model was trained on.
+
+Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 128, 4 heads, MLP 512, untied embeddings,
+word-level tokenizer over the task vocabulary (``<bos>`` prepended).
+
+Training: fresh examples every step (``task.examples(batch_size, seed=f(seed, step))``), documents are
+``<bos> prompt target``. Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy
+and of path finding are random, there is nothing to learn there) or on every word (``loss_on="all"``: the
+grammar, whose prompts are grammar text as well).
+
+MTP (multi-token prediction, Gloeckle et al. 2024 style, UNCERTAIN head count in the paper): ``mtp_heads = k``
+extra heads on the shared trunk; head ``j`` (1..k) maps the trunk's final (normed) hidden state ``h`` to
+``h + MLP_j(h)`` (``MLP_j``: RMSNorm -> Linear(d, d_mlp) -> SiLU -> Linear(d_mlp, d), zero-initialised output) and
+predicts the word ``j`` steps after the next one through the *shared* unembedding. The loss is the mean of the
+``k + 1`` cross-entropies (next-token head included). We choose ``k = 2`` (three future words per position, enough
+to span the two intermediate nodes of a short path). The extra heads are training-only: the saved model is the
+plain HF causal LM with its next-token head.
+
+Build metrics (``zoo.json``): greedy accuracy on held-out examples under the task's ``is_correct`` (path
+finding: share of generations that are a valid source->goal path; grammar: share of valid continuations),
+teacher-forced per-word target accuracy, path-finding first-step accuracy and branch balance, final training
+loss, parameter count and build seconds. A build fails (nothing is cached) when greedy accuracy is below
+``min_accuracy``, a floor that says "it trained", not a paper criterion.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["PlanningModelConfig", "PLANNING_SPECS", "TEST_OVERRIDES", "build_planning", "evaluate_planning",
+           "planning_specs", "test_params", "greedy_generate"]
+
+#: full task specifications (every dataclass field, so a change of a default changes the recipe hash)
+HORIZON_TASK = {"kind": "horizon", "n_goals": 8, "n_fillers": 16, "prefix_len": 12, "horizon": 3, "n_random": 9,
+                "map_seed": 1234, "name": "horizon"}
+CFG_TASK = {"kind": "cfg", "prompt_len": 24, "target_len": 12, "name": "cfg",
+            "grammar": {"p_plural": 0.5, "p_adj": 0.25, "p_relative": 0.35, "p_object_relative": 0.5,
+                        "p_transitive": 0.6, "max_depth": 2}}
+PF_SHORT_TASK = {"kind": "pf", "variant": "short", "path_len": 4, "n_nodes": 40, "n_dead_out": 2, "n_dead_in": 1,
+                 "name": "pf-short"}
+PF_LONG_TASK = {"kind": "pf", "variant": "long", "path_len": 6, "n_nodes": 60, "n_dead_out": 2, "n_dead_in": 1,
+                "name": "pf-long"}
+
+
+@dataclass(frozen=True)
+class PlanningModelConfig:
+    """Model size and training recipe of one ``zoo:planning-*`` entry."""
+
+    task: Mapping[str, Any] = field(default_factory=lambda: dict(PF_SHORT_TASK))
+    objective: str = "ntp"            # "ntp" | "mtp"
+    mtp_heads: int = 2                # extra future-word heads when objective == "mtp" (UNCERTAIN: choice, see module doc)
+    loss_on: str = "target"           # "target" | "all"
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    d_mlp: int = 512
+    batch_size: int = 32
+    steps: int = 2000
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    seed: int = 0
+    n_eval: int = 256
+    num_threads: int | None = 1
+    #: build fails unless held-out greedy accuracy reaches this
+    min_accuracy: float = 0.5
+
+    def __post_init__(self):
+        if self.objective not in ("ntp", "mtp"):
+            raise ValueError(f"objective must be 'ntp' or 'mtp', got {self.objective!r}")
+        if self.loss_on not in ("target", "all"):
+            raise ValueError(f"loss_on must be 'target' or 'all', got {self.loss_on!r}")
+        if self.objective == "mtp" and self.mtp_heads < 1:
+            raise ValueError("an MTP model needs mtp_heads >= 1")
+
+    def to_params(self) -> dict:
+        d = asdict(self)
+        d["task"] = dict(self.task)
+        return d
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "PlanningModelConfig":
+        return cls(**dict(params))
+
+
+def _spec(name: str, task: Mapping[str, Any], objective: str, description: str, **train: Any) -> dict:
+    cfg = PlanningModelConfig(task=dict(task), objective=objective, **train)
+    return {"name": name, "description": description, "params": cfg.to_params()}
+
+
+_OBJ = {"ntp": "next-token prediction", "mtp": "multi-token prediction (2 extra future-word heads, training only)"}
+_DESC = {
+    "horizon": "the goal-token horizon toy (3 words after the prompt are a function of a goal token in the prefix, "
+               "then random words)",
+    "cfg": "continuations of the toy PCFG with nested relative clauses (interp.zoo.grammar)",
+    "pf-short": "path finding on random directed graphs: two node-disjoint 4-node source->goal paths, a decoy path "
+                "and dead-end branches",
+    "pf-long": "path finding on random directed graphs: two node-disjoint 6-node source->goal paths, a decoy path "
+               "and dead-end branches",
+}
+
+
+def _desc(task: str, objective: str) -> str:
+    return (f"4-layer Llama (d 128, RoPE) trained from scratch with {_OBJ[objective]} on {_DESC[task]}; "
+            f"task: interp.probes.planning.task_for(name).")
+
+
+#: the seven zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`
+PLANNING_SPECS: tuple[dict, ...] = (
+    _spec("planning-horizon-ntp", HORIZON_TASK, "ntp", _desc("horizon", "ntp"), steps=600, min_accuracy=0.95),
+    _spec("planning-cfg-ntp", CFG_TASK, "ntp", _desc("cfg", "ntp"), loss_on="all", steps=800, min_accuracy=0.8),
+    _spec("planning-cfg-mtp", CFG_TASK, "mtp", _desc("cfg", "mtp"), loss_on="all", steps=800, min_accuracy=0.8),
+    _spec("planning-pf-short-ntp", PF_SHORT_TASK, "ntp", _desc("pf-short", "ntp"), steps=2000, min_accuracy=0.5),
+    _spec("planning-pf-short-mtp", PF_SHORT_TASK, "mtp", _desc("pf-short", "mtp"), steps=2000, min_accuracy=0.5),
+    _spec("planning-pf-long-ntp", PF_LONG_TASK, "ntp", _desc("pf-long", "ntp"), steps=2000, min_accuracy=0.3),
+    _spec("planning-pf-long-mtp", PF_LONG_TASK, "mtp", _desc("pf-long", "mtp"), steps=2000, min_accuracy=0.3),
+)
+
+#: params override of the fast "test" variant of an entry (builds in seconds; used by the default test suite)
+TEST_OVERRIDES: Mapping[str, Any] = {"n_layers": 3, "d_model": 64, "n_heads": 4, "d_mlp": 128, "batch_size": 32,
+                                     "steps": 150, "warmup": 20, "lr": 3e-3, "n_eval": 64, "min_accuracy": 0.0}
+
+
+def planning_specs() -> tuple[dict, ...]:
+    """The planning entries' ``name``, ``description`` and ``params`` (copies)."""
+    return tuple({**s, "params": {**s["params"], "task": dict(s["params"]["task"])}} for s in PLANNING_SPECS)
+
+
+def test_params(name: str, **overrides: Any) -> dict:
+    """The params of entry ``name`` with :data:`TEST_OVERRIDES` (and ``overrides``) applied."""
+    for s in PLANNING_SPECS:
+        if s["name"] == name.removeprefix("zoo:"):
+            return {**s["params"], "task": dict(s["params"]["task"]), **TEST_OVERRIDES, **overrides}
+    raise KeyError(f"unknown planning entry {name!r}")
+
+
+# ----------------------------------------------------------------------------------------- encoding
+def _encode(tokenizer, examples: Sequence, loss_on: str):
+    """``(input_ids, attention_mask, labels)`` ``[B, S]`` of ``<bos> prompt target`` (right-padded).
+
+    ``labels[:, s]`` is the word at ``s`` (HF convention: predicted from position ``s - 1``) or ``-100``
+    (padding, ``<bos>``, and the prompt when ``loss_on == "target"``). Words are looked up directly in the
+    tokenizer's word-level vocabulary (same ids as ``tokenizer(text)``, without its per-call overhead).
+    """
+    import torch
+
+    vocab = tokenizer.get_vocab()
+    unk, bos, pad = tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id
+    rows = []
+    for ex in examples:
+        p = [bos] + [vocab.get(w, unk) for w in ex.prompt.split()]
+        t = [vocab.get(w, unk) for w in ex.target.split()]
+        rows.append((p, t))
+    width = max(len(p) + len(t) for p, t in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, t) in enumerate(rows):
+        x = torch.tensor(p + t)
+        input_ids[i, :len(x)] = x
+        mask[i, :len(x)] = 1
+        start = 1 if loss_on == "all" else len(p)
+        lab[i, start:len(x)] = x[start:]
+    return input_ids, mask, lab
+
+
+class _MTPHeads:
+    """``k`` extra future-word heads over the shared trunk and unembedding (training only)."""
+
+    def __init__(self, d_model: int, d_mlp: int, k: int, eps: float):
+        import torch
+
+        self.heads = torch.nn.ModuleList()
+        for _ in range(k):
+            norm = torch.nn.RMSNorm(d_model, eps=eps)
+            up, down = torch.nn.Linear(d_model, d_mlp, bias=False), torch.nn.Linear(d_mlp, d_model, bias=False)
+            torch.nn.init.normal_(up.weight, std=0.02)
+            torch.nn.init.zeros_(down.weight)
+            self.heads.append(torch.nn.Sequential(norm, up, torch.nn.SiLU(), down))
+
+    def parameters(self):
+        return self.heads.parameters()
+
+    def losses(self, hidden, lm_head, labels):
+        """Cross-entropy of head ``j`` (``1..k``) predicting ``labels[:, s + 1 + j]`` from position ``s``.
+
+        ``hidden``: ``[B, S, d]`` trunk output (after the final norm); ``labels``: ``[B, S]`` HF-style labels
+        (``labels[:, s]`` is the word at ``s``, ``-100`` = no loss).
+        """
+        import torch.nn.functional as F
+
+        out = []
+        S = hidden.shape[1]
+        for j, head in enumerate(self.heads, start=1):
+            if S - 1 - j <= 0:
+                break
+            h = hidden[:, :S - 1 - j]
+            logits = lm_head(h + head(h))
+            tgt = labels[:, 1 + j:]
+            out.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1),
+                                       ignore_index=-100))
+        return out
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 128) -> list[str]:
+    """Greedy continuations (words joined by spaces) of word-level ``prompts`` (left-padded batches)."""
+    import torch
+
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        enc = [tokenizer(p)["input_ids"] for p in prompts[i:i + batch_size]]
+        width = max(len(x) for x in enc)
+        ids = torch.full((len(enc), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, x in enumerate(enc):
+            ids[b, width - len(x):] = torch.tensor(x)
+            mask[b, width - len(x):] = 1
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+        vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        for row in gen[:, width:].tolist():
+            out.append(" ".join(vocab[t] for t in row))
+    return out
+
+
+def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
+    """Greedy and teacher-forced metrics of ``model`` on ``examples`` of ``task``.
+
+    ``greedy_accuracy``: share of greedy continuations (as many words as the target) that ``task.is_correct``
+    accepts. ``target_word_accuracy``: teacher-forced argmax accuracy over the target words. Branch tasks
+    (examples with ``answers`` and a ``decoy``) also get ``first_step_accuracy`` (the first word after the
+    source is on a correct path), ``branch_share`` (share of correct generations that follow ``answers[0]``,
+    ~0.5 when the model picks either branch) and ``decoy_rate`` (generations that use a decoy node).
+    """
+    import torch
+
+    n_new = max(len(ex.target.split()) for ex in examples)
+    gens = greedy_generate(model, tokenizer, [ex.prompt for ex in examples], n_new)
+    ok = [bool(task.is_correct(ex, g)) for ex, g in zip(examples, gens)]
+    ids, mask, lab = _encode(tokenizer, examples, "target")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    pred = logits[:, :-1].argmax(-1)
+    tgt = lab[:, 1:]
+    sel = tgt != -100
+    metrics = {"greedy_accuracy": sum(ok) / len(ok), "n_eval": len(ok),
+               "target_word_accuracy": float((pred[sel] == tgt[sel]).float().mean())}
+    if all(ex.answers and ex.decoy for ex in examples):
+        first_ok, same, decoy = 0, 0, 0
+        for ex, g, good in zip(examples, gens, ok):
+            words = g.split()
+            firsts = {a.split()[1] for a in ex.answers}
+            first_ok += int(len(words) > 1 and words[1] in firsts)
+            same += int(good and " ".join(words[:len(ex.target.split())]) == ex.answers[0])
+            decoy += int(bool(set(words) & set(ex.decoy.split())))
+        metrics.update(first_step_accuracy=first_ok / len(ok), branch_share=same / max(sum(ok), 1),
+                       decoy_rate=decoy / len(ok))
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------- build
+def build_planning(out: Path, params: Mapping[str, Any]) -> dict:
+    """Train one planning model from scratch and save it (HF folder + word-level tokenizer) into ``out``."""
+    from ._util import torch_threads
+
+    cfg = PlanningModelConfig.from_params(params)
+    with torch_threads(cfg.num_threads):
+        return _train(Path(out), cfg)
+
+
+def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int = 64):
+    """Train and return ``(model, tokenizer, task, metrics)`` without saving (used by :func:`build_planning`).
+
+    ``eval_every > 0`` also records a learning curve (greedy accuracy on ``n_curve`` held-out examples every
+    ``eval_every`` steps) in ``metrics["curve"]`` as ``[step, accuracy, mean training loss]`` rows.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..probes.planning.tasks import make_tokenizer, task_from_params
+    from ..progress import progress
+    from ._util import quiet_transformers, warmup_cosine_schedule
+
+    t0 = time.perf_counter()
+    task = task_from_params(cfg.task)
+    tokenizer = make_tokenizer(task)
+    torch.manual_seed(cfg.seed)
+    probe = task.examples(1, seed=0)[0]
+    seq = len(tokenizer(probe.prompt + " " + probe.target)["input_ids"])
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
+                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                         num_key_value_heads=cfg.n_heads, max_position_embeddings=max(128, 2 * seq),
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+                         architectures=["LlamaForCausalLM"])
+    with quiet_transformers():
+        model = LlamaForCausalLM(config)
+    params = list(model.parameters())
+    mtp = None
+    if cfg.objective == "mtp":
+        mtp = _MTPHeads(cfg.d_model, cfg.d_mlp, cfg.mtp_heads, config.rms_norm_eps)
+        params += list(mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
+    model.train()
+    losses: list[float] = []
+    curve: list[list[float]] = []
+    curve_examples = task.examples(n_curve, seed=3_000_000_019 + cfg.seed) if eval_every else []
+    name = f"planning-{task.name}-{cfg.objective}"
+    for step in progress(range(cfg.steps), desc=f"{name}: training", total=cfg.steps):
+        batch = task.examples(cfg.batch_size, seed=cfg.seed * 1_000_003 + step)
+        ids, mask, lab = _encode(tokenizer, batch, cfg.loss_on)
+        if mtp is None:
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        else:
+            hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            logits = model.lm_head(hidden)
+            ntp = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                    lab[:, 1:].reshape(-1), ignore_index=-100)
+            extra = mtp.losses(hidden, model.lm_head, lab)
+            loss = (ntp + sum(extra)) / (1 + len(extra))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if eval_every and (step + 1) % eval_every == 0:
+            model.eval()
+            acc = evaluate_planning(model, tokenizer, task, curve_examples)["greedy_accuracy"]
+            window = losses[-eval_every:]
+            curve.append([step + 1, acc, sum(window) / len(window)])
+            print(f"{name} step {step + 1}: greedy accuracy {acc:.3f}, loss {curve[-1][2]:.4f}", flush=True)
+            model.train()
+    model.eval()
+    train_s = time.perf_counter() - t0
+    eval_examples = task.examples(cfg.n_eval, seed=2_000_000_011 + cfg.seed)  # seeds never used in training
+    metrics = evaluate_planning(model, tokenizer, task, eval_examples)
+    tail = losses[-max(1, min(50, len(losses) // 5)):]
+    metrics.update(final_train_loss=sum(tail) / len(tail), n_params=sum(p.numel() for p in model.parameters()),
+                   train_seconds=round(train_s, 1), build_seconds=round(time.perf_counter() - t0, 1),
+                   objective=cfg.objective, task=task.name)
+    if curve:
+        metrics["curve"] = curve
+    return model, tokenizer, task, metrics
+
+
+def _train(out: Path, cfg: PlanningModelConfig) -> dict:
+    from ._util import quiet_transformers
+
+    model, tokenizer, task, metrics = train_planning(cfg)
+    if not metrics["greedy_accuracy"] >= cfg.min_accuracy:
+        raise RuntimeError(f"planning model on {task.name} ({cfg.objective}) did not train: greedy accuracy "
+                           f"{metrics['greedy_accuracy']:.3f} < {cfg.min_accuracy}; metrics {metrics}")
+    with quiet_transformers():
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    return metrics
