@@ -1,11 +1,29 @@
 """Internal planning in language models (Ustaomeroglu, Askin et al., ICLR 2026): VQ-VAE summary codes and MI.
 
-Sets of hidden states are compressed to discrete codes with a set VQ-VAE and compared with plug-in mutual
-information: how far ahead a model plans (horizon), whether it keeps the path it did not take (branch
-awareness), and where in depth and position decision information lives (block x layer maps).
+Sets of hidden states (:mod:`.states`: which (layer, position) states, harvested through :mod:`interp`) are
+compressed to discrete codes with a set VQ-VAE (:mod:`.vqvae`) and compared with plug-in mutual information
+(:mod:`.mi`). The three analyses (:mod:`.analyses`) ask how far ahead a model plans (:func:`horizon_curve`),
+whether it keeps the path it did not take (:func:`branch_awareness`), and where in depth and position
+decision information lives (:func:`block_layer_map`). :mod:`.tasks` holds the paper's task families
+(goal-token horizon toy, context-free grammar, path finding) and the task protocol any user task follows;
+:mod:`.validation` the estimator sanity check that needs no language model.
 """
 from .mi import (MIEstimate, conditional_mutual_information, entropy, miller_madow_bias, mutual_information,
                  normalized_mi, null_corrected_mi, relabel, shuffled_null)
+from .states import SetSpec, StateSets, final_layer, harvest_sets, prefix_layers
+from .vqvae import SetVQVAE, TrainConfig, VQVAEConfig, train_vqvae
+from .analyses import (BlockMapConfig, BlockMapResult, BranchConfig, BranchResult, CodeConfig, HorizonConfig,
+                       HorizonResult, block_layer_map, branch_awareness, fit_codes, horizon_curve, mi_with_null)
+from .validation import EstimatorSanityResult, estimator_sanity, symbol_sets, true_symmetric_channel_mi
+from .tasks import (TASKS, ContextFreeGrammar, HorizonToy, PathFinding, PlanningExample, PlanningTask,
+                    make_tokenizer, task_for, task_from_params, task_vocab)
 
 __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "shuffled_null", "null_corrected_mi",
-           "normalized_mi", "miller_madow_bias", "MIEstimate", "relabel"]
+           "normalized_mi", "miller_madow_bias", "MIEstimate", "relabel",
+           "StateSets", "SetSpec", "harvest_sets", "final_layer", "prefix_layers",
+           "SetVQVAE", "VQVAEConfig", "TrainConfig", "train_vqvae",
+           "CodeConfig", "HorizonConfig", "BranchConfig", "BlockMapConfig", "HorizonResult", "BranchResult",
+           "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "fit_codes", "mi_with_null",
+           "EstimatorSanityResult", "estimator_sanity", "symbol_sets", "true_symmetric_channel_mi",
+           "PlanningExample", "PlanningTask", "HorizonToy", "ContextFreeGrammar", "PathFinding", "TASKS",
+           "make_tokenizer", "task_for", "task_from_params", "task_vocab"]
