@@ -25,7 +25,7 @@ from .model import Raptor, RaptorConfig
 from .phases import layer_distances, phases
 from .train import RaptorTrainConfig, evaluate_raptor, teacher_activations, train_raptor
 
-__all__ = ["digits_images", "dinov2_experiment", "train_digits_teacher", "digits_recipe", "ABLATIONS"]
+__all__ = ["digits_images", "fashion_mnist_images", "real_image_split", "dinov2_experiment", "train_digits_teacher", "digits_recipe", "ABLATIONS"]
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
@@ -64,7 +64,7 @@ def _run(out: Path, name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig,
     torch.manual_seed(seed)
     raptor = Raptor(rcfg)
     t0 = time.time()
-    hist = train_raptor(raptor, acts_tr, tcfg)
+    hist = train_raptor(raptor, acts_tr, tcfg, checkpoint=out / f"{name}.ckpt")  # resumable mid-run
     secs = time.time() - t0
     fit = evaluate_raptor(raptor, acts_tr, y_tr, acts_te, y_te, final_norm=final_norm, name=name)
     raptor.save(out / f"{name}.model", overwrite=True)
@@ -78,20 +78,53 @@ def _run(out: Path, name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig,
     return row
 
 
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def fashion_mnist_images(split: str = "train", n: int | None = None, size: int = 56, seed: int = 0,
+                         root: str = FASHION_MNIST_ROOT) -> tuple[torch.Tensor, np.ndarray]:
+    """``n`` seeded-random Fashion-MNIST images of ``split`` (``"train"`` / ``"t10k"``; Debian package
+    ``dataset-fashion-mnist``) as ``[n, 3, size, size]`` (bilinear, grey replicated, ImageNet normalisation)."""
+    from interp.models.misd import load_fashion_mnist
+    x, y = load_fashion_mnist(split, root=root)
+    idx = np.random.default_rng(seed).permutation(len(y))[:n] if n is not None else np.arange(len(y))
+    t = torch.tensor(x[idx], dtype=torch.float32)[:, None] / 255.0
+    if size != 28:
+        t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+    t = (t.expand(-1, 3, -1, -1) - IMAGENET_MEAN) / IMAGENET_STD
+    return t.contiguous(), y[idx]
+
+
+def real_image_split(dataset: str = "auto", n_train: int = 500, n_test: int = 300, size: int = 56, seed: int = 0):
+    """Train / held-out real images: Fashion-MNIST (its train and t10k splits) when installed (``"auto"``),
+    else the scikit-learn digits (a seeded split). Returns ``(name, x_tr, y_tr, x_te, y_te)``."""
+    if dataset == "auto":
+        dataset = "fashion-mnist" if Path(FASHION_MNIST_ROOT).is_dir() else "digits"
+    if dataset == "fashion-mnist":
+        xtr, ytr = fashion_mnist_images("train", n_train, size, seed)
+        xte, yte = fashion_mnist_images("t10k", n_test, size, seed)
+        return dataset, xtr, ytr, xte, yte
+    if dataset != "digits":
+        raise ValueError(f"dataset must be 'auto', 'fashion-mnist' or 'digits', got {dataset!r}")
+    x, y = digits_images(size)
+    perm = np.random.default_rng(seed).permutation(len(y))[: n_train + n_test]
+    tr, te = perm[:n_train], perm[n_train:]
+    return dataset, x[tr], y[tr], x[te], y[te]
+
+
 def dinov2_experiment(out: str | Path, n_train: int = 500, n_test: int = 300, size: int = 56,
                       steps: int = 150, batch_size: int = 16, lr: float = 1e-3, ablations: bool = True,
-                      seed: int = 0) -> dict:
-    """Phases, Raptor k = 2 / 3 fits and the ablation rows on ``zoo:dinov2-s14`` with real digit images."""
+                      seed: int = 0, dataset: str = "auto", ks=(2, 3, 4)) -> dict:
+    """Phases, Raptor fits (k in ``ks``, DP phases) and the k = 3 ablation rows on ``zoo:dinov2-s14`` with real
+    images (Fashion-MNIST when installed, else digits; see :func:`real_image_split`)."""
     import interp
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = interp.load("zoo:dinov2-s14", backend="torch")
-    x, y = digits_images(size)
-    perm = np.random.default_rng(seed).permutation(len(y))[: n_train + n_test]
-    tr, te = perm[:n_train], perm[n_train:]
-    dist = layer_distances(model, x[perm], batch_size=50)
-    summary: dict = {"n_train": n_train, "n_test": n_test, "size": size, "cosine": dist.cosine.tolist(),
-                     "mse": dist.mse.tolist(), "phases": {}}
+    dataset, x_tr, y_tr, x_te, y_te = real_image_split(dataset, n_train, n_test, size, seed)
+    dist = layer_distances(model, torch.cat([x_tr, x_te]), batch_size=50)
+    summary: dict = {"dataset": dataset, "n_train": n_train, "n_test": n_test, "size": size,
+                     "cosine": dist.cosine.tolist(), "mse": dist.mse.tolist(), "phases": {}}
     for method in ("maxcut", "dp"):
         for frac in (0.2, 0.1, 0.09, 0.05):
             summary["phases"][f"{method}/frac={frac}"] = phases(dist, frac=frac, method=method).parts
@@ -99,16 +132,16 @@ def dinov2_experiment(out: str | Path, n_train: int = 500, n_test: int = 300, si
             p = phases(dist, n_phases=k, method=method)
             summary["phases"][f"{method}/k={k}"] = p.parts
     atomic_write_json(out / "phases.json", summary)
-    acts_tr = teacher_activations(model, x[tr], batch_size=50)
-    acts_te = teacher_activations(model, x[te], batch_size=50)
+    acts_tr = teacher_activations(model, x_tr, batch_size=50)
+    acts_te = teacher_activations(model, x_te, batch_size=50)
     L = model.cfg.n_layers
     base = dict(d_model=model.cfg.d_model, n_heads=model.cfg.n_heads)
     tcfg = RaptorTrainConfig(stage1_steps=steps, stage2_steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     rows = []
-    for k in (2, 3):
+    for k in ks:
         parts = phases(dist, n_phases=k, method="dp").parts
         rcfg = RaptorConfig.from_phases(parts, **base)
-        rows.append(_run(out, f"k{k}", acts_tr, y[tr], acts_te, y[te], rcfg, tcfg, model.apply_ln_final, seed))
+        rows.append(_run(out, f"k{k}", acts_tr, y_tr, acts_te, y_te, rcfg, tcfg, model.apply_ln_final, seed))
     if ablations:
         parts = phases(dist, n_phases=3, method="dp").parts
         for name, ab in ABLATIONS.items():
@@ -116,23 +149,32 @@ def dinov2_experiment(out: str | Path, n_train: int = 500, n_test: int = 300, si
                 continue  # identical to the k3 run above
             rcfg = RaptorConfig.from_phases(parts, depth_scaling=ab["depth_scaling"], **base)
             t = replace(tcfg, anneal=ab["anneal"], cls_weighting=ab["cls_weighting"], stage2_steps=0)
-            rows.append(_run(out, f"ablation k3 {name}", acts_tr, y[tr], acts_te, y[te], rcfg, t,
+            rows.append(_run(out, f"ablation k3 {name}", acts_tr, y_tr, acts_te, y_te, rcfg, t,
                              model.apply_ln_final, seed))
     summary["runs"] = rows
     summary["L"] = L
+    atomic_write_json(out / "summary.json", summary)
     return summary
 
 
 def train_digits_teacher(p_drop: float, n_layers: int = 8, d_model: int = 64, n_heads: int = 4, epochs: int = 60,
-                         seed: int = 0, train_idx=None):
+                         seed: int = 0, train_idx=None, cache: str | Path | None = None):
     """A DINOv2-architecture ViT on 8x8 digits (2x2 patches: 16 patch tokens + CLS; L = 8, d = 64, 4 heads)
-    trained with stochastic depth ``p_drop``; returns the trained ``Dinov2ForImageClassification``."""
+    trained with stochastic depth ``p_drop``; returns the trained ``Dinov2ForImageClassification``.
+    With ``cache`` (a folder), the trained weights are saved there (safetensors, atomic) and reused."""
     import transformers as T
+    from safetensors.torch import load_file, save_file
     cfg = T.Dinov2Config(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
                          mlp_ratio=4, image_size=8, patch_size=2, num_channels=1, num_labels=10,
                          drop_path_rate=p_drop, layerscale_value=1.0, architectures=["Dinov2ForImageClassification"])
     torch.manual_seed(seed)
     clf = T.Dinov2ForImageClassification(cfg)
+    key = dict(p_drop=p_drop, n_layers=n_layers, d_model=d_model, n_heads=n_heads, epochs=epochs, seed=seed,
+               train_idx=[int(i) for i in train_idx])
+    cache = Path(cache) if cache is not None else None
+    if cache is not None and (cache / "key.json").is_file() and json.loads((cache / "key.json").read_text()) == key:
+        clf.load_state_dict(load_file(str(cache / "model.safetensors")))
+        return clf.eval()
     x, y = digits_images(8, channels=1, normalize=False)
     x = (x - 0.5) / 0.5
     yt = torch.tensor(y)
@@ -151,11 +193,17 @@ def train_digits_teacher(p_drop: float, n_layers: int = 8, d_model: int = 64, n_
             loss.backward()
             opt.step()
             sched.step()
-    return clf.eval()
+    clf.eval()
+    if cache is not None:
+        from interp.io import output_dir
+        with output_dir(cache, overwrite=True, writer="train_digits_teacher") as tmp:
+            save_file({k: v.detach().contiguous() for k, v in clf.state_dict().items()}, str(tmp / "model.safetensors"))
+            (tmp / "key.json").write_text(json.dumps(key))
+    return clf
 
 
 def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_random: int = 5, seed: int = 0,
-                  epochs: int = 60) -> dict:
+                  epochs: int = 60, extra_k=(3, 4)) -> dict:
     """The digest's CPU-scale recipe; see the module docstring of :mod:`interp.dynamics.raptor`."""
     import interp
     from scipy.stats import spearmanr
@@ -170,7 +218,7 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
     for p in p_drops:
         sub = out / f"p{p}"
         sub.mkdir(exist_ok=True)
-        clf = train_digits_teacher(p, epochs=epochs, seed=seed, train_idx=tr)
+        clf = train_digits_teacher(p, epochs=epochs, seed=seed, train_idx=tr, cache=sub / "teacher")
         with torch.no_grad():
             test_acc = float((clf(pixel_values=x[te]).logits.argmax(-1).numpy() == y[te]).mean())
         model = interp.wrap(clf.dinov2, None, backend="torch")
@@ -192,15 +240,20 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
                                   replace(tcfg, anneal=False, stage2_steps=0)),
                 "k2 TF->AR stage 1 only": run("k2 TF-AR stage1", RaptorConfig.from_phases(parts, **base),
                                               replace(tcfg, stage2_steps=0))}
+        for k in extra_k:  # more phases (reported, not a criterion of the recipe)
+            pk = phases(dist, n_phases=k, method="maxcut")
+            pk = pk if pk.contiguous else phases(dist, n_phases=k, method="dp")
+            rows[f"k{k}"] = run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base))
+            rows[f"k{k}"]["parts"] = pk.parts
         rand = []
         for i in range(n_random):
-            th = int(rng.integers(2, L - 1))  # both phases >= 2 layers
-            rand.append(run(f"k2 random {i} th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
+            th = int(rng.integers(2, L - 1))  # both phases >= 2 layers; a repeated split reuses its run
+            rand.append(run(f"k2 random th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
         results[p] = dict(test_acc=test_acc, mean_offdiag_cos_distance=float(off.mean()),
                           mean_offdiag_similarity=float(1 - off.mean()), maxcut_k2=maxcut.parts, dp_k2=dp.parts,
                           phases_frac01=phases(dist, frac=0.1).parts, runs=rows,
                           random_mean_r2=float(np.mean([r["mean_r2"] for r in rand])),
-                          random_r2=[r["mean_r2"] for r in rand])
+                          random_r2=[r["mean_r2"] for r in rand], random_thresholds=[r["thresholds"] for r in rand])
         atomic_write_json(out / "summary.json", {str(k): v for k, v in results.items()})
     ps = list(results)
     results["spearman_similarity"] = float(spearmanr(ps, [results[p]["mean_offdiag_similarity"] for p in ps])[0])
@@ -218,14 +271,22 @@ def main(argv=None) -> None:
     ap.add_argument("--n-train", type=int, default=None, help="dinov2: training images")
     ap.add_argument("--n-test", type=int, default=None, help="dinov2: held-out images")
     ap.add_argument("--epochs", type=int, default=None, help="digits: teacher epochs")
+    ap.add_argument("--dataset", default=None, help="dinov2: auto (Fashion-MNIST if installed) | fashion-mnist | digits")
+    ap.add_argument("--size", type=int, default=None, help="dinov2: image resolution in pixels")
+    ap.add_argument("--ks", default=None, help="dinov2: comma-separated numbers of blocks, e.g. 2,3,4")
+    ap.add_argument("--no-ablations", action="store_true", help="dinov2: skip the ablation rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("experiment", "out")}
+    given = {k: v for k, v in vars(args).items()
+             if v is not None and k not in ("experiment", "out", "no_ablations")}
+    if "ks" in given:
+        given["ks"] = tuple(int(k) for k in given["ks"].split(","))
     if args.experiment == "dinov2":
         given.pop("epochs", None)
+        given["ablations"] = not args.no_ablations
         res = dinov2_experiment(args.out, **given)
     else:
-        for k in ("batch_size", "n_train", "n_test"):
+        for k in ("batch_size", "n_train", "n_test", "dataset", "size", "ks"):
             given.pop(k, None)
         res = digits_recipe(args.out, **given)
     print(json.dumps(res, indent=1, default=str)[:20000])
