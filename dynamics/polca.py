@@ -96,20 +96,19 @@ class CheckpointRecorder:
     def __call__(self, step: int) -> bool:
         if step % self.every:
             return False
-        from safetensors.torch import save
-        from interp.io import atomic_write_bytes
-        atomic_write_bytes(self.folder / f"step_{step:07d}.safetensors", save({"theta": self.space.flatten()}))
+        from interp.io import save_tensors
+        save_tensors(self.folder / f"step_{step:07d}.safetensors", {"theta": self.space.flatten()}, {"step": step})
         return True
 
 
 def load_checkpoints(folder: str | Path) -> tuple[list[int], torch.Tensor]:
     """``(steps, thetas [T, P])`` from a :class:`CheckpointRecorder` folder, in step order."""
-    from safetensors.torch import load_file
+    from interp.io import load_tensors
     files = sorted(Path(folder).glob("step_*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no step_*.safetensors checkpoints in {folder}")
     steps = [int(f.stem.split("_")[1]) for f in files]
-    return steps, torch.stack([load_file(str(f))["theta"] for f in files])
+    return steps, torch.stack([load_tensors(f, what="checkpoint", tensors=("theta",))[0]["theta"] for f in files])
 
 
 # ----------------------------------------------------------------------------------------- Hessian basis

@@ -31,7 +31,6 @@ training recipe" is UNCERTAIN):
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from interp.io import output_dir
+from interp.io import MissingFileError, load_json, load_tensors, output_dir, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -112,30 +111,28 @@ class Transcoder(nn.Module):
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write ``cfg.json`` and ``sae_weights.safetensors`` (sae-lens's format) atomically into ``path``."""
-        from safetensors.torch import save_file
         with output_dir(path, overwrite=overwrite, writer="interp.editing.Transcoder") as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(tmp / SAE_WEIGHTS))
-            (tmp / SAE_CFG).write_text(json.dumps(self.sae_lens_cfg(), indent=1))
+            save_tensors_json(tmp, self.state_dict(), self.sae_lens_cfg(), tensor_file=SAE_WEIGHTS, json_file=SAE_CFG,
+                              indent=1)
         return Path(path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Transcoder":
         """Read a transcoder in sae-lens's format (ours or one saved by ``sae_lens.Transcoder.save_model``)."""
-        from safetensors.torch import load_file
         path = Path(path)
         if not (path / SAE_CFG).is_file() or not (path / SAE_WEIGHTS).is_file():
-            raise FileNotFoundError(f"{path} has no {SAE_CFG} and {SAE_WEIGHTS} (sae-lens format)")
-        cfg = json.loads((path / SAE_CFG).read_text())
+            raise MissingFileError(f"{path} has no {SAE_CFG} and {SAE_WEIGHTS} (sae-lens format)")
+        cfg = load_json(path / SAE_CFG, what="transcoder (sae-lens format)", required=("d_in", "d_sae", "d_out"))
         if cfg.get("architecture", "transcoder") != "transcoder":
             raise ValueError(f"{path}: architecture {cfg.get('architecture')!r} is not a plain ReLU 'transcoder'")
         if cfg.get("normalize_activations", "none") not in ("none", None):
             raise ValueError(f"{path}: normalize_activations={cfg['normalize_activations']!r} is not supported")
-        sd = load_file(str(path / SAE_WEIGHTS), device=str(device))
-        missing = {"W_enc", "b_enc", "W_dec", "b_dec"} - set(sd)
-        if missing:
-            raise ValueError(f"{path}: weights lack {sorted(missing)}")
+        d_in, d_sae, d_out = int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["d_out"])
+        sd, _ = load_tensors(path / SAE_WEIGHTS, what="transcoder (sae-lens format)", device=str(device),
+                             tensors={"W_enc": ((d_in, d_sae), None), "b_enc": ((d_sae,), None),
+                                      "W_dec": ((d_sae, d_out), None), "b_dec": ((d_out,), None)})
         meta = cfg.get("metadata") or {}
-        tc = cls(int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["d_out"]), hook_name=meta.get("hook_name") or "",
+        tc = cls(d_in, d_sae, d_out, hook_name=meta.get("hook_name") or "",
                  hook_name_out=meta.get("hook_name_out") or "", model_name=meta.get("model_name") or "",
                  dtype=sd["W_enc"].dtype, seed=None)
         tc.load_state_dict({k: sd[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")})

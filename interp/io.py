@@ -602,6 +602,13 @@ def load_tensors_json(path: str | os.PathLike, *, stem: str | None = None, tenso
     return found, meta
 
 
+def load_json(path: str | os.PathLike, *, what: str = "object", required: "Iterable[str]" = ()) -> dict:
+    """A JSON object file (the facts of a saved object without tensors), checked like :func:`load_tensors_json`."""
+    meta = _read_json(Path(path), what)
+    check_meta(meta, required, path)
+    return meta
+
+
 def save_tensors(path: str | os.PathLike, tensors: "Mapping[str, Any]", meta: "Mapping[str, Any] | None" = None) -> Path:
     """One ``.safetensors`` file holding ``tensors`` and, in its metadata, ``meta`` as JSON (atomic write)."""
     from safetensors.torch import save
@@ -634,5 +641,5 @@ def load_tensors(path: str | os.PathLike, *, what: str = "object", required: "It
 
 
 __all__ = ["MANIFEST", "MissingFileError", "OutputError", "SerializationError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-           "check_meta", "check_output", "check_tensors", "load_tensors", "load_tensors_json", "output_dir",
+           "check_meta", "check_output", "check_tensors", "load_json", "load_tensors", "load_tensors_json", "output_dir",
            "read_manifest", "replace_dir", "save_tensors", "save_tensors_json"]

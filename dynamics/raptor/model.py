@@ -16,7 +16,6 @@ Re-implemented from the paper and the official code (``KempnerInstitute/raptor``
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from interp.io import atomic_write_json, output_dir
+from interp.io import atomic_write_json, load_tensors_json, output_dir, save_tensors_json
 
 __all__ = ["RaptorConfig", "RaptorBlock", "Raptor"]
 
@@ -159,16 +158,14 @@ class Raptor(nn.Module):
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """``path/config.json`` + ``path/model.safetensors`` (atomic)."""
-        from safetensors.torch import save_file
         with output_dir(path, overwrite=overwrite, writer="Raptor.save") as tmp:
-            (tmp / "config.json").write_text(json.dumps(asdict(self.cfg)))
-            save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp / "model.safetensors"))
+            save_tensors_json(tmp, self.state_dict(), asdict(self.cfg), tensor_file="model.safetensors",
+                              json_file="config.json", indent=None)
         return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Raptor":
-        from safetensors.torch import load_file
-        path = Path(path)
-        model = cls(RaptorConfig(**json.loads((path / "config.json").read_text())))
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        tensors, cfg = load_tensors_json(path, tensor_file="model.safetensors", json_file="config.json", what="Raptor")
+        model = cls(RaptorConfig(**cfg))
+        model.load_state_dict(tensors)
         return model

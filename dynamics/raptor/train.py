@@ -22,7 +22,6 @@ seeded from ``(seed, unit, step)``, so a run resumed from a checkpoint continues
 from __future__ import annotations
 
 import io
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from interp.io import output_dir
+from interp.io import load_json, load_tensors, output_dir, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -144,23 +143,21 @@ def _lr_at(step: int, steps: int, cfg: RaptorTrainConfig) -> float:
 
 
 def _save_checkpoint(path: Path, raptor: Raptor, opt, state: dict) -> None:
-    from safetensors.torch import save_file
     buf = io.BytesIO()
-    torch.save(opt.state_dict() if opt is not None else {}, buf)
+    torch.save(opt.state_dict() if opt is not None else {}, buf)  # read back with weights_only=True
     with output_dir(path, writer="train_raptor checkpoint") as tmp:
-        save_file({k: v.detach().contiguous() for k, v in raptor.state_dict().items()}, str(tmp / "model.safetensors"))
+        save_tensors_json(tmp, raptor.state_dict(), state, tensor_file="model.safetensors", json_file="state.json",
+                          indent=None)
         (tmp / "optimizer.pt").write_bytes(buf.getvalue())
-        (tmp / "state.json").write_text(json.dumps(state))
 
 
 def _load_checkpoint(path: Path, raptor: Raptor) -> tuple[dict, dict] | None:
-    from safetensors.torch import load_file
     if not (path / "state.json").is_file():
         return None
-    state = json.loads((path / "state.json").read_text())
+    state = load_json(path / "state.json", what="Raptor training checkpoint", required=("raptor_config",))
     if state.get("raptor_config") != asdict(raptor.cfg):
         raise ValueError(f"checkpoint at {path} was written for another Raptor config: {state.get('raptor_config')}")
-    raptor.load_state_dict(load_file(str(path / "model.safetensors")))
+    raptor.load_state_dict(load_tensors(path / "model.safetensors", what="Raptor training checkpoint")[0])
     opt_state = torch.load(io.BytesIO((path / "optimizer.pt").read_bytes()), weights_only=True)
     return state, opt_state
 

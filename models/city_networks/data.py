@@ -35,7 +35,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from interp.io import atomic_dir, atomic_write_bytes
+from interp.io import atomic_dir, atomic_write_bytes, check_meta, load_json, load_tensors, save_tensors_json
 from interp.progress import progress
 
 __all__ = [
@@ -401,27 +401,22 @@ class CityGraph:
     _TENSORS = ("x", "edge_index", "edge_attr", "eccentricity", "y", "train_idx", "val_idx", "test_idx")
 
     def save(self, path: str | Path) -> Path:
-        from safetensors.torch import save_file
-
         path = Path(path)
         with atomic_dir(path) as tmp:
-            save_file({k: getattr(self, k).contiguous() for k in self._TENSORS}, str(tmp / "tensors.safetensors"))
-            (tmp / "graph.json").write_text(json.dumps(
-                {"format": _FORMAT, "name": self.name, "feature_names": self.feature_names,
-                 "edge_feature_names": self.edge_feature_names, "nodes": self.nodes, "meta": self.meta}))
+            save_tensors_json(tmp, {k: getattr(self, k) for k in self._TENSORS},
+                              {"format": _FORMAT, "name": self.name, "feature_names": self.feature_names,
+                               "edge_feature_names": self.edge_feature_names, "nodes": self.nodes, "meta": self.meta},
+                              tensor_file="tensors.safetensors", json_file="graph.json", indent=None)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "CityGraph":
-        from safetensors.torch import load_file
-
         path = Path(path)
-        if not (path / "graph.json").exists():
-            raise FileNotFoundError(f"{path} holds no saved CityGraph (missing graph.json)")
-        meta = json.loads((path / "graph.json").read_text())
+        meta = load_json(path / "graph.json", what="CityGraph", required=("format",))
         if meta.get("format") != _FORMAT:
             raise ValueError(f"{path}: unsupported CityGraph format {meta.get('format')}")
-        t = load_file(str(path / "tensors.safetensors"))
+        check_meta(meta, ("name", "feature_names", "edge_feature_names", "nodes", "meta"), path / "graph.json")
+        t, _ = load_tensors(path / "tensors.safetensors", what="CityGraph", tensors=cls._TENSORS)
         return cls(name=meta["name"], feature_names=meta["feature_names"], edge_feature_names=meta["edge_feature_names"],
                    nodes=meta["nodes"], meta=meta["meta"], **{k: t[k] for k in cls._TENSORS})
 

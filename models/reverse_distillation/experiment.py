@@ -1,7 +1,6 @@
 """Reverse distillation on the locally trained protein MLM family: fit, apply to new sequences, probe, compare."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -9,7 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from interp.io import atomic_dir
+from interp.io import atomic_dir, load_json, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -76,15 +75,14 @@ class ReverseDistilledFamily:
         path = Path(path)
         with atomic_dir(path) as tmp:
             self.chain.save(tmp / "chain")
-            (tmp / "family.json").write_text(json.dumps({"models": [str(m) for m in self.models]}, indent=2))
+            save_tensors_json(tmp, {}, {"models": [str(m) for m in self.models]}, stem="family")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "ReverseDistilledFamily":
         path = Path(path)
-        if not (path / "family.json").is_file():
-            raise FileNotFoundError(f"{path} holds no saved ReverseDistilledFamily (missing family.json)")
-        return cls(json.loads((path / "family.json").read_text())["models"], RDChain.load(path / "chain"))
+        meta = load_json(path / "family.json", what="ReverseDistilledFamily", required=("models",))
+        return cls(meta["models"], RDChain.load(path / "chain"))
 
 
 @dataclass

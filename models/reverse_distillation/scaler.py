@@ -10,7 +10,6 @@ the input tensor itself, copied bit for bit.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from interp.io import atomic_dir
+from interp.io import atomic_dir, load_json, load_tensors, save_tensors_json
 
 __all__ = [
     "REGRESSORS", "VARIANTS", "SCALER_KINDS", "ScalerConfig", "johnstone_threshold", "estimate_noise_variance",
@@ -374,8 +373,6 @@ class RDChain:
 
     def save(self, path: str | Path) -> Path:
         """Folder with ``chain.json`` and ``scalers.safetensors`` (written atomically)."""
-        from safetensors.torch import save_file
-
         tensors, steps = {}, []
         for i, scaler in enumerate(self.scalers):
             t, meta = scaler.state()
@@ -385,21 +382,16 @@ class RDChain:
                 "config": asdict(self.config), "steps": steps}
         path = Path(path)
         with atomic_dir(path) as tmp:
-            save_file(tensors, str(tmp / "scalers.safetensors"))
-            (tmp / "chain.json").write_text(json.dumps(meta, indent=2))
+            save_tensors_json(tmp, tensors, meta, tensor_file="scalers.safetensors", json_file="chain.json")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "RDChain":
-        from safetensors.torch import load_file
-
         path = Path(path)
-        if not (path / "chain.json").is_file():
-            raise FileNotFoundError(f"{path} holds no saved RDChain (missing chain.json)")
-        meta = json.loads((path / "chain.json").read_text())
+        meta = load_json(path / "chain.json", what="RDChain", required=("format", "widths", "config", "steps"))
         if meta.get("format") != "interp.reverse_distillation.RDChain":
             raise ValueError(f"{path}/chain.json is not an RDChain file (format {meta.get('format')!r})")
-        tensors = load_file(str(path / "scalers.safetensors"))
+        tensors, _ = load_tensors(path / "scalers.safetensors", what="RDChain")
         scalers = []
         for i, step in enumerate(meta["steps"]):
             t = {k[len(f"step{i}."):]: v for k, v in tensors.items() if k.startswith(f"step{i}.")}

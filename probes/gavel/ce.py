@@ -17,7 +17,6 @@ spaces, settable through ``template``.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from interp.io import output_dir
+from interp.io import load_json, output_dir, save_tensors_json
 from interp.progress import progress
 
 from .detector import CEDetector
@@ -59,14 +58,15 @@ class CE:
 
     def save(self, folder: str | Path, thresholds: dict | None = None, overwrite: bool = False) -> Path:
         with output_dir(folder, overwrite=overwrite, writer="CE.save") as tmp:
-            (tmp / "ce.json").write_text(json.dumps({"schema_version": 1, **asdict(self),
-                                                     "calibrated": thresholds or {}}, indent=2))
+            save_tensors_json(tmp, {}, {"schema_version": 1, **asdict(self), "calibrated": thresholds or {}},
+                              stem="ce")
         return Path(folder)
 
     @classmethod
     def load(cls, folder: str | Path) -> "CE":
-        meta = json.loads((Path(folder) / "ce.json").read_text())
-        return cls(**{k: meta[k] for k in ("name", "description", "version", "texts", "calibration")})
+        keys = ("name", "description", "version", "texts", "calibration")
+        meta = load_json(Path(folder) / "ce.json", what="cognitive element", required=keys)
+        return cls(**{k: meta[k] for k in keys})
 
 
 class CELibrary:

@@ -19,7 +19,6 @@ differ by orders of magnitude.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from interp.io import output_dir
+from interp.io import load_tensors_json, output_dir, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -275,28 +274,21 @@ class CEDetector:
     # ---------------------------------------------------------------------------------------- io
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write ``detector.safetensors`` (weights, θ, patience) and ``detector.json`` (config, CEs, spec)."""
-        from safetensors.torch import save_file
-        tensors = {f"net.{k}": v.contiguous() for k, v in self.net.state_dict().items()}
-        tensors["thresholds"], tensors["patience"] = self.thresholds.contiguous(), self.patience.contiguous()
+        tensors = {f"net.{k}": v for k, v in self.net.state_dict().items()}
+        tensors["thresholds"], tensors["patience"] = self.thresholds, self.patience
         meta = {"schema_version": 1, "ces": self.ces, "config": asdict(self.config),
                 "d_in": int(self.net.mean.shape[0]),
                 "spec": None if self.spec is None else {"layers": list(self.spec.layers),
                                                         "group_kv": self.spec.group_kv}}
         with output_dir(path, overwrite=overwrite, writer="CEDetector.save") as tmp:
-            save_file(tensors, str(tmp / "detector.safetensors"))
-            (tmp / "detector.json").write_text(json.dumps(meta, indent=2))
+            save_tensors_json(tmp, tensors, meta, stem="detector")
         return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "CEDetector":
-        from safetensors.torch import load_file
-
         from .features import FeatureSpec
-        path = Path(path)
-        if not (path / "detector.json").is_file():
-            raise FileNotFoundError(f"{path} holds no saved detector (missing detector.json)")
-        meta = json.loads((path / "detector.json").read_text())
-        tensors = load_file(str(path / "detector.safetensors"))
+        tensors, meta = load_tensors_json(path, stem="detector", what="CE detector",
+                                          required=("ces", "config", "d_in", "spec"), tensors=("thresholds", "patience"))
         cfg = DetectorConfig(**meta["config"])
         net = WindowGRU(meta["d_in"], len(meta["ces"]), cfg.hidden, cfg.rnn_layers, cfg.dropout, cfg.proj_dim)
         net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
