@@ -7,6 +7,7 @@ classic hook names with their classic shapes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from functools import partial
 from typing import Any
@@ -29,9 +30,20 @@ _BRIDGE_ALIASES: dict[str, dict[str, str | None]] = {
 }
 
 
+#: canonical hooks that TransformerLens computes only while a config flag is on (``set_<flag>(True)``): the
+#: flag is switched on for the runs that use them and back off afterwards (their extra cost is paid only then)
+_GATED: dict[str, str] = {"attn.hook_result": "use_attn_result"}
+_GATED_SUFFIXES = tuple(_GATED)
+
+
 def _canonical_set(n_layers: int) -> list[str]:
     names = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in BLOCK_HOOKS]
     return names + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+
+
+def _gated(name: str) -> str | None:
+    """The flag a canonical hook name needs (see ``_GATED``), or ``None``."""
+    return _GATED.get(name.split(".", 2)[2]) if name.startswith("blocks.") else None
 
 
 class TLModel(Model):
@@ -76,6 +88,7 @@ class TLModel(Model):
                          ModelConfig(str(family), c.n_layers, c.n_heads, n_kv, c.d_model, c.d_head,
                                      getattr(c, "d_vocab", None), not self._vision,
                                      "vision" if self._vision else "text"))
+        self._attention_bridges: list[Any] | None = None  # found on the first cached generation step
         if self.is_bridge:
             self._names = self._firing_names()
 
@@ -83,26 +96,47 @@ class TLModel(Model):
         """A bridge declares some hook points that its implementation of an architecture never runs (e.g.
         ``hook_pattern`` where HF computes attention internally); offer only the ones that fire."""
         fired: set[str] = set()
-        hooks = [(self._points[n], lambda t, hook, n=n: fired.add(n)) for n in self._names]
         if self._vision:
             size = getattr(getattr(self.hf_model, "config", None), "image_size", 32)
             probe: Any = torch.zeros(1, 3, size, size, device=self.device)
         else:
             probe = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        with torch.no_grad(), warnings.catch_warnings():
+        names = self._names
+        try:  # gated hooks (attn.hook_result) are offered where TransformerLens can compute them
+            with self._gates_on(names):
+                pass
+        except Exception:  # noqa: BLE001 - e.g. an architecture without a per-head attention fork
+            names = [n for n in names if _gated(n) is None]
+        hooks = [(self._points[n], lambda t, hook, n=n: fired.add(n)) for n in names]
+        with torch.no_grad(), warnings.catch_warnings(), self._gates_on(names):
             warnings.simplefilter("ignore")
             self.tl.run_with_hooks(probe, fwd_hooks=hooks)
         return [n for n in self._names if n in fired]
 
+    @contextlib.contextmanager
+    def _gates_on(self, names):
+        """Switch on, for the block, the TransformerLens flags that the gated hooks among ``names`` need."""
+        flags = {f for f in map(_gated, names) if f is not None and not getattr(self.tl.cfg, f, False)}
+        turned: list[str] = []
+        try:
+            for f in sorted(flags):
+                getattr(self.tl, f"set_{f}")(True)
+                turned.append(f)
+            yield
+        finally:
+            for f in reversed(turned):
+                getattr(self.tl, f"set_{f}")(False)
+
     def _all_hook_names(self) -> list[str]:
         return self._names
 
-    #: Generation recomputes the whole sequence each pass here: a TransformerLens 3.9 bridge in
-    #: compatibility mode accepts ``use_cache`` and returns a cache (``return_type="logits_and_cache"``),
-    #: but its own attention components do not read it back (greedy text differs from the HF model's
-    #: from the second new token on, measured on a 3-layer Llama). So interventions here apply to every
-    #: position of every pass, unlike the KV-cached torch and nnsight backends (see docs/architecture.md).
-    _kv_cache = False
+    #: Causal LMs generate with a key-value cache here too (see :meth:`Model._generate_ids`): pass 0 reads
+    #: the prompt, pass ``k`` only the ``k``-th new token. A HookedTransformer uses its own
+    #: ``HookedTransformerKeyValueCache``; a bridge uses the HF model's cache object (a ``DynamicCache``)
+    #: read and written by the bridge's own attention components (see :meth:`_cache_kwarg_alias`).
+    @property
+    def _kv_cache(self) -> bool:  # type: ignore[override]
+        return bool(self.cfg.is_causal_lm)
 
     def parameters(self):
         return self.tl.parameters()
@@ -169,10 +203,7 @@ class TLModel(Model):
         live = [True]
         fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point, live))] if wanted else []
         kwargs: dict[str, Any] = {"return_type": "logits", "stop_at_layer": stop_at_layer}
-        if batch.get("use_cache"):
-            kwargs.update(return_type="logits_and_cache", use_cache=True)
-            if batch.get("past_key_values") is not None:
-                kwargs["cache"] = batch["past_key_values"]
+        cached = bool(batch.get("use_cache")) and "input_ids" in batch
         if "pixel_values" in batch:
             inputs = batch["pixel_values"]
         else:
@@ -180,8 +211,23 @@ class TLModel(Model):
             kwargs["attention_mask"] = batch["attention_mask"]
             if self.is_bridge:
                 kwargs["position_ids"] = batch["position_ids"]
+        undo: list[Any] = []
+        if cached:
+            past = batch.get("past_key_values")
+            if self.is_bridge:
+                kwargs.update(return_type="logits_and_cache", use_cache=True)
+                if past is not None:
+                    kwargs[self._hf_cache_kwarg] = past
+                undo = self._cache_kwarg_alias()
+            else:
+                if past is None:
+                    from transformer_lens import TransformerLensKeyValueCache
+                    past = TransformerLensKeyValueCache.init_cache(self.tl.cfg, self.device, inputs.shape[0])
+                # a HookedTransformer takes the mask of the new tokens only and appends it to the cache's
+                kwargs.update(past_kv_cache=past, attention_mask=batch["attention_mask"][:, -inputs.shape[1]:])
+        gates = self._gates_on(hooks) if any(n.endswith(_GATED_SUFFIXES) for n in hooks) else contextlib.nullcontext()
         try:
-            with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings():
+            with (torch.enable_grad() if grad else torch.no_grad()), warnings.catch_warnings(), gates:
                 warnings.simplefilter("ignore")
                 out = self.tl.run_with_hooks(inputs, fwd_hooks=fwd_hooks, **kwargs)
         except BaseException:
@@ -193,4 +239,65 @@ class TLModel(Model):
             raise
         finally:
             live[0] = False
-        return None if stop_at_layer is not None else out
+            for h in undo:
+                h.remove()
+        if stop_at_layer is not None:
+            return None
+        if not cached:
+            return out
+        if self.is_bridge:
+            out, past = out
+        self._check_cache(past, batch["attention_mask"].shape[1])
+        return out, past
+
+    @functools.cached_property
+    def _hf_cache_kwarg(self) -> str:
+        """The HF model's name for the key-value cache argument (transformers >= 5.24: ``cache``)."""
+        import inspect
+        try:
+            params = inspect.signature(self.hf_model.forward).parameters
+        except (TypeError, ValueError):
+            return "past_key_values"
+        return "cache" if "cache" in params else "past_key_values"
+
+    def _cache_kwarg_alias(self) -> list[Any]:
+        """Make the bridge's attention components find the HF cache, for one forward; returns the handles.
+
+        A bridge's attention components (compatibility mode or not) recompute attention themselves and
+        update the cache in ``_update_kv_cache``, which reads it from ``past_key_values`` (or
+        ``layer_past``). transformers 5.24 renamed that argument ``cache``, so the components found no cache:
+        they neither stored the prompt's keys and values nor read them back (a 3.9 bridge's own
+        ``generate(use_past_kv_cache=True)`` diverges from the HF model's text from the second new token).
+        A forward pre-hook on each attention component passes the HF cache under the old name too."""
+        if self._hf_cache_kwarg != "cache":
+            return []
+        from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+        def alias(module, args, kwargs):
+            if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+                kwargs = dict(kwargs)
+                kwargs["past_key_values"] = kwargs.pop("cache")
+                return args, kwargs
+            return None
+        if self._attention_bridges is None:
+            self._attention_bridges = [m for m in self.tl.modules() if isinstance(m, AttentionBridge)]
+        handles: list[Any] = []
+        try:
+            for m in self._attention_bridges:
+                handles.append(m.register_forward_pre_hook(alias, with_kwargs=True))
+        except BaseException:
+            for h in handles:
+                h.remove()
+            raise
+        return handles
+
+    def _check_cache(self, past: Any, length: int) -> None:
+        """Refuse loudly when a forward did not fill the key-value cache (an architecture whose bridge
+        attention keeps no cache would otherwise generate text that ignores the prompt)."""
+        if past is None:
+            raise RuntimeError("TransformerLens returned no key-value cache for a cached generation step")
+        got = past.get_seq_length() if hasattr(past, "get_seq_length") else past[0].past_keys.shape[1]
+        if int(got) != int(length):
+            raise RuntimeError(f"the TransformerLens key-value cache holds {int(got)} positions after a pass over "
+                               f"{length}: this architecture's attention does not keep the cache, so cached "
+                               "generation would ignore earlier tokens; use backend='torch' or 'nnsight' to generate")
