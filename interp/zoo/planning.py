@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PlanningModelConfig", "PLANNING_SPECS", "TEST_OVERRIDES", "build_planning", "evaluate_planning",
-           "planning_specs", "test_params", "greedy_generate"]
+           "planning_specs", "fast_params", "greedy_generate"]
 
 #: full task specifications (every dataclass field, so a change of a default changes the recipe hash)
 HORIZON_TASK = {"kind": "horizon", "n_goals": 8, "n_fillers": 16, "prefix_len": 12, "horizon": 3, "n_random": 9,
@@ -134,7 +134,7 @@ def planning_specs() -> tuple[dict, ...]:
     return tuple({**s, "params": {**s["params"], "task": dict(s["params"]["task"])}} for s in PLANNING_SPECS)
 
 
-def test_params(name: str, **overrides: Any) -> dict:
+def fast_params(name: str, **overrides: Any) -> dict:
     """The params of entry ``name`` with :data:`TEST_OVERRIDES` (and ``overrides``) applied."""
     for s in PLANNING_SPECS:
         if s["name"] == name.removeprefix("zoo:"):

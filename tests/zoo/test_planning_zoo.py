@@ -1,0 +1,128 @@
+"""The ``zoo:planning-*`` recipes: label layout, MTP heads, a small cold-cache build that learns its task,
+and (slow) the full-size entries' accuracies."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from interp import zoo
+from interp.probes.planning import HorizonToy, PathFinding, PlanningExample, make_tokenizer, task_for
+from interp.zoo.planning import (PLANNING_SPECS, _encode, _MTPHeads, build_planning, evaluate_planning,
+                                 fast_params)
+
+
+def _test_entry(name: str, **overrides) -> zoo.ZooEntry:
+    """A fast variant of a planning entry, registered under ``<name>-test`` (small params)."""
+    base = zoo.get_entry(name)
+    return zoo.register(dataclasses.replace(base, name=f"{name}-test", params=fast_params(name, **overrides)),
+                        replace=True)
+
+
+def test_encode_labels_hand_checked():
+    task = PathFinding("short")
+    tok = make_tokenizer(task)
+    ex = PlanningExample(prompt="n1 n2 ? n1 n2 :", target="n1 n2")
+    short = PlanningExample(prompt="n1 n2 ? n1 n2 :", target="n1")
+    ids, mask, lab = _encode(tok, [ex, short], "target")
+    v = tok.get_vocab()
+    want = [v[w] for w in "<bos> n1 n2 ? n1 n2 : n1 n2".split()]
+    assert ids[0].tolist() == want and ids[0].tolist() == tok(ex.prompt + " " + ex.target)["input_ids"]
+    assert lab[0].tolist() == [-100] * 7 + want[7:]  # loss on the target words only
+    assert mask[1].tolist() == [1] * 8 + [0] and ids[1, 8] == tok.pad_token_id and lab[1, 8] == -100
+    _, _, lab_all = _encode(tok, [ex], "all")
+    assert lab_all[0].tolist() == [-100] + want[1:]  # every word but <bos>
+
+
+def test_mtp_heads_predict_words_further_ahead():
+    torch.manual_seed(0)
+    B, S, d, V, k = 2, 7, 8, 11, 2
+    heads = _MTPHeads(d, 16, k, 1e-6)
+    for h in heads.heads:  # non-trivial output layer (it starts at zero)
+        torch.nn.init.normal_(h[3].weight)
+    lm_head = torch.nn.Linear(d, V, bias=False)
+    hidden = torch.randn(B, S, d)
+    labels = torch.randint(0, V, (B, S))
+    labels[:, :2] = -100
+    losses = heads.losses(hidden, lm_head, labels)
+    assert len(losses) == k
+    for j in (1, 2):  # by hand: position s predicts labels[s + 1 + j]
+        tot, n = 0.0, 0
+        for b in range(B):
+            for s in range(S):
+                if s + 1 + j < S and labels[b, s + 1 + j] != -100:
+                    z = hidden[b, s] + heads.heads[j - 1](hidden[b, s])
+                    tot += -torch.log_softmax(lm_head(z), -1)[labels[b, s + 1 + j]]
+                    n += 1
+        assert torch.allclose(losses[j - 1], tot / n, atol=1e-5)
+
+
+def test_small_build_learns_horizon_toy(tmp_zoo):
+    """Cold cache: the test-size horizon model trains, is cached atomically and reloads with its metrics."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    entry = _test_entry("planning-horizon-ntp")
+    folder = zoo.path(entry.name)
+    meta = json.loads((folder / "zoo.json").read_text())
+    assert meta["metrics"]["greedy_accuracy"] >= 0.95  # stated accuracy of the test-size build
+    assert meta["metrics"]["task"] == "horizon" and meta["metrics"]["objective"] == "ntp"
+    assert (folder / "model.safetensors").is_file() and not list(folder.glob("*.bin"))
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers >= 3
+    tok = AutoTokenizer.from_pretrained(folder)
+    task = task_for("planning-horizon-ntp")
+    assert task == HorizonToy() and tok.get_vocab() == make_tokenizer(task).get_vocab()
+    fresh = task.examples(48, seed=987)
+    m = evaluate_planning(model, tok, task, fresh)
+    assert m["greedy_accuracy"] >= 0.95
+    # an untrained model of the same shape does not solve it (the check is not vacuous)
+    blank = type(model)(model.config).eval()
+    assert evaluate_planning(blank, tok, task, fresh)["greedy_accuracy"] < 0.2
+    assert zoo.path(entry.name) == folder  # cache hit, no rebuild
+
+
+def test_mtp_build_saves_the_plain_causal_lm(tmp_path):
+    from safetensors import safe_open
+
+    keys = {}
+    for obj in ("ntp", "mtp"):
+        out = tmp_path / obj
+        out.mkdir()
+        metrics = build_planning(out, fast_params(f"planning-pf-short-{obj}", steps=4, warmup=2, n_eval=8))
+        assert metrics["objective"] == obj and 0.0 <= metrics["greedy_accuracy"] <= 1.0
+        assert {"first_step_accuracy", "branch_share", "decoy_rate"} <= set(metrics)
+        with safe_open(out / "model.safetensors", "pt") as f:
+            keys[obj] = set(f.keys())
+    assert keys["ntp"] == keys["mtp"]  # the future-word heads are not saved
+
+
+def test_failed_build_caches_nothing(tmp_zoo):
+    entry = _test_entry("planning-pf-short-ntp", steps=3, warmup=1, n_eval=8, min_accuracy=1.01)
+    with pytest.raises(RuntimeError, match="did not train"):
+        zoo.path(entry.name)
+    assert zoo.cached_path(entry.name) is None
+    assert not [p for p in (tmp_zoo / "zoo").iterdir() if p.name.startswith(entry.name)
+                or p.name.startswith("." + entry.name)]
+
+
+# ----------------------------------------------------------------------------------------- full-size (slow)
+#: accuracy each full-size entry must reach (greedy, held-out); PF-short NTP: the branch-awareness check needs > 0.9
+FULL_SIZE_ACCURACY = {"planning-horizon-ntp": 0.99, "planning-cfg-ntp": 0.9, "planning-cfg-mtp": 0.9,
+                      "planning-pf-short-ntp": 0.9, "planning-pf-short-mtp": 0.9,
+                      "planning-pf-long-ntp": 0.5, "planning-pf-long-mtp": 0.5}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [s["name"] for s in PLANNING_SPECS])
+def test_full_size_entry_accuracy(name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = zoo.path(name)
+    metrics = zoo.info(name).metrics
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    task = task_for(name)
+    fresh = evaluate_planning(model, tok, task, task.examples(200, seed=424242))
+    assert fresh["greedy_accuracy"] >= FULL_SIZE_ACCURACY[name], (fresh, metrics)
