@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -683,11 +683,11 @@ class Model:
 
 
 @contextlib.contextmanager
-def _graph_params(model: "Model"):
-    """Make every floating parameter require grad for the block (restored even on interruption), so a
-    forward builds a graph through the activations also when the user froze the model. Gradients are
-    taken with ``torch.autograd.grad`` on activations only, so no parameter ``.grad`` is written."""
-    frozen = [p for p in model.parameters() if p.is_floating_point() and not p.requires_grad]
+def requires_grad(params: "Iterable[torch.Tensor] | Mapping[str, torch.Tensor]") -> Iterator[None]:
+    """Make ``params`` (tensors, or a ``{name: tensor}`` mapping) require grad for the block; the ones that
+    did not are frozen again afterwards, even on an exception or interruption."""
+    tensors = params.values() if isinstance(params, Mapping) else params
+    frozen = [p for p in tensors if not p.requires_grad]
     try:
         for p in frozen:
             p.requires_grad_(True)
@@ -695,6 +695,13 @@ def _graph_params(model: "Model"):
     finally:
         for p in frozen:
             p.requires_grad_(False)
+
+
+def _graph_params(model: "Model"):
+    """:func:`requires_grad` on every floating parameter, so a forward builds a graph through the activations
+    also when the user froze the model. Gradients are taken with ``torch.autograd.grad`` on activations
+    only, so no parameter ``.grad`` is written."""
+    return requires_grad([p for p in model.parameters() if p.is_floating_point()])
 
 
 def sample_next(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
@@ -765,4 +772,4 @@ def _check_fired(names: list[str], cache: Cache) -> None:
 
 
 __all__ = ["Model", "ModelConfig", "GradientResult", "StopForward", "UnknownHookError", "unknown_message",
-           "next_token_loss", "sample_next"]
+           "next_token_loss", "requires_grad", "sample_next"]
