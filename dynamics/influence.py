@@ -21,13 +21,13 @@ Also here: the myopic attention of Wu et al. (2024) as a ``transformers`` attent
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
 
+from interp.model import requires_grad as _require_grad
 from interp.results import Result
 
 COMPONENTS = ("direct", "precached", "shared", "full")
@@ -82,18 +82,6 @@ class GradientDecomposition(Result):
 
 
 # ----------------------------------------------------------------------------------------- core
-@contextlib.contextmanager
-def _require_grad(params: Mapping[str, torch.Tensor]) -> Iterator[None]:
-    frozen = [p for p in params.values() if not p.requires_grad]
-    try:
-        for p in frozen:
-            p.requires_grad_(True)
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
-
-
 def stop_gradient_at(position: int):
     """An intervention ``fn(tensor, ctx)`` that detaches the vector at absolute ``position`` (out of place):
     ``[batch, pos, ...]`` -> same values, no gradient through that position."""
