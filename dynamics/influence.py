@@ -318,6 +318,9 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
 
 
 # ----------------------------------------------------------------------------------------- the Majority experiment
+VARIANTS = ("standard", "myopic", "untied", "myopic+untied")
+
+
 @dataclasses.dataclass
 class MajorityConfig:
     """The Majority validation at CPU scale (the paper: 2 layers, d=128, 4 heads, Adam 1e-3, batch 256,
@@ -330,7 +333,9 @@ class MajorityConfig:
     steps: int = 600
     batch: int = 64
     lr: float = 1e-3
-    variant: str = "standard"           # "standard" | "myopic"
+    variant: str = "standard"           # "standard" | "myopic" | "untied" | "myopic+untied"
+    task: str = "majority"              # "majority" (probe is_majority_*) | "conditioned_majority" (probe prev_is_0)
+    split: int = 11     # m of m-untied training: the official split_index 10, shifted by our BOS (first output)
     probe_layer: int = 2
     probe_positions: tuple[int, ...] = (6, 7, 8, 9, 10)     # the digest's input positions 5-9, shifted by BOS
     influence_layer: int = 1    # pre-cached influence is structurally zero at the last layer (no attention after)
@@ -346,8 +351,12 @@ class MajorityConfig:
                 raise ValueError(f"MajorityConfig.{f} must be a positive integer, got {v!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"MajorityConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.variant not in ("standard", "myopic"):
-            raise ValueError(f"MajorityConfig.variant must be 'standard' or 'myopic', got {self.variant!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"MajorityConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.task not in ("majority", "conditioned_majority"):
+            raise ValueError(f"MajorityConfig.task must be 'majority' or 'conditioned_majority', got {self.task!r}")
+        if isinstance(self.split, bool) or not isinstance(self.split, int) or not 1 <= self.split <= 20:
+            raise ValueError(f"MajorityConfig.split must be an integer in 1..20, got {self.split!r}")
         for f in ("probe_layer", "influence_layer"):
             if not 1 <= getattr(self, f) <= self.n_layers:
                 raise ValueError(f"MajorityConfig.{f} must be in 1..{self.n_layers}, got {getattr(self, f)}")
@@ -367,6 +376,7 @@ class MajorityResult(Result):
     final_loss: float
     output_accuracy: float
     influence: FeatureInfluence | None
+    first_output_accuracy: float = float("nan")     # legal prediction of the first output token (official metric)
 
     kind = "majority"
 
@@ -377,7 +387,7 @@ class MajorityResult(Result):
     def figure(self):
         import plotly.express as px
         return px.line(self.to_frame(), x="position", y="probe_accuracy", markers=True,
-                       title=f"is_majority probe accuracy ({self.config['variant']})")
+                       title=f"{self.config.get('task', 'majority')} probe accuracy ({self.config['variant']})")
 
 
 def _gpt2(cfg: MajorityConfig, vocab: int):
@@ -386,7 +396,10 @@ def _gpt2(cfg: MajorityConfig, vocab: int):
     c = T.GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, vocab_size=vocab, n_positions=32,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
     hf = T.GPT2LMHeadModel(c)
-    hf.set_attn_implementation(register_myopic_attention() if cfg.variant == "myopic" else "eager")
+    hf.set_attn_implementation(register_myopic_attention() if "myopic" in cfg.variant else "eager")
+    if "untied" in cfg.variant:
+        from .untied import untie_gpt2
+        untie_gpt2(hf, cfg.split, seed=cfg.seed + 1)      # network B: an independent initialisation
     return hf.train()
 
 
@@ -400,8 +413,9 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
     from sklearn.linear_model import LogisticRegression
 
     from interp.progress import progress
-    from .tasks import majority
-    data = majority(cfg.steps * cfg.batch, seed=cfg.seed)
+    from .tasks import conditioned_majority, majority
+    gen = majority if cfg.task == "majority" else conditioned_majority
+    data = gen(cfg.steps * cfg.batch, seed=cfg.seed)
     hf = _gpt2(cfg, data.vocab_size)
     init = copy.deepcopy(hf.state_dict())
     opt = torch.optim.Adam(hf.parameters(), lr=cfg.lr)
@@ -416,12 +430,16 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
     model = interp.wrap(hf, backend="torch")
     site = f"blocks.{cfg.probe_layer - 1}.hook_resid_post"
     isite = f"blocks.{cfg.influence_layer - 1}.hook_resid_post"
-    held = majority(2 * cfg.n_probe, seed=cfg.seed + 10_000)
+    held = gen(2 * cfg.n_probe, seed=cfg.seed + 10_000)
     with torch.no_grad():
         logits, cache = model.run_with_cache(held.tokens, names=[site, isite])
     out_pos = list(held.output_positions)
     pred = logits[:, [p - 1 for p in out_pos]].argmax(-1)
-    legal = held.features[:, [p - 1 for p in out_pos]].gather(-1, pred[..., None]).squeeze(-1)
+    if cfg.task == "majority":      # legal next outputs: the running majority before each output
+        table = held.features[:, [p - 1 for p in out_pos]]
+    else:                           # conditioned majority: fixed by the inputs
+        table = held.labels["legal"][:, None].expand(-1, len(out_pos), -1)
+    legal = table.gather(-1, pred[..., None]).squeeze(-1)
     n_tr = cfg.n_probe
 
     def fit(s: str, p: int, features) -> tuple[float, torch.Tensor | None]:
@@ -436,7 +454,8 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
             scores.append(float(clf.score(X[n_tr:], y[n_tr:])))
             w = torch.tensor(clf.coef_[0], dtype=torch.float32) if f == 0 else w
         return float(sum(scores) / len(scores)), w
-    acc = {p: fit(site, p, range(held.features.shape[-1]))[0] for p in cfg.probe_positions}
+    probed = range(held.features.shape[-1]) if cfg.task == "majority" else [0]     # prev_is_0 (official probe)
+    acc = {p: fit(site, p, probed)[0] for p in cfg.probe_positions}
     ws = {p: fit(isite, p, [0])[1] for p in cfg.influence_positions} if track_influence else {}
     influence = None
     if track_influence:
@@ -448,10 +467,11 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
                 targets[p] = (c2[isite][:, p] @ ws[p]).view(steps, cfg.batch)
         hf.load_state_dict(init)
         hf.train()
-        probes = [("is_majority_0", isite, p, ws[p], targets[p]) for p in cfg.influence_positions]
+        probes = [(held.feature_names[0], isite, p, ws[p], targets[p]) for p in cfg.influence_positions]
         influence = train_with_influence(model, dict(hf.named_parameters()), batches[:steps], probes, lr=cfg.lr)
     return MajorityResult(config=dataclasses.asdict(cfg), probe_accuracy=acc, final_loss=float(loss.detach()),
-                          output_accuracy=float(legal.float().mean()), influence=influence)
+                          output_accuracy=float(legal.float().mean()), influence=influence,
+                          first_output_accuracy=float(legal[:, 0].float().mean()))
 
 
 def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
@@ -488,6 +508,24 @@ def majority_validation(seeds=range(10), **overrides) -> "pandas.DataFrame":  # 
     for p in sorted(set(df.position)):
         rows.append((f"influence_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
     return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])
+
+
+def majority_variants(task: str = "majority", variants=VARIANTS, seeds=range(3), **overrides) -> "pandas.DataFrame":  # noqa: F821
+    """Train each variant (standard / myopic / m-untied / myopic + m-untied) on ``task`` for each seed, without the
+    influence re-run. Returns one row per (variant, seed): mean probe accuracy over ``probe_positions`` at
+    ``probe_layer`` (``is_majority_*`` on Majority, ``prev_is_0`` on conditioned Majority), legal-output accuracy
+    and final training loss."""
+    import pandas as pd
+    rows = []
+    for s in seeds:
+        for v in variants:
+            r = run_majority(MajorityConfig(variant=v, task=task, seed=s, **overrides), track_influence=False)
+            rows.append({"task": task, "variant": v, "seed": s,
+                         "probe_accuracy": sum(r.probe_accuracy.values()) / len(r.probe_accuracy),
+                         "output_accuracy": r.output_accuracy, "first_output_accuracy": r.first_output_accuracy,
+                         "final_loss": r.final_loss,
+                         **{f"probe@{p}": a for p, a in r.probe_accuracy.items()}})
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------- Q(w) proxy

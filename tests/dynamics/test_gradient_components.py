@@ -155,3 +155,101 @@ def test_majority_paper_criteria():
     assert df.loc["influence_direct@15", "lo"] > 0                    # output position
     assert df.loc["influence_direct@8", "lo"] <= 0 <= df.loc["influence_direct@8", "hi"]   # input position
     assert df.loc["influence_precached+shared@8", "lo"] > 0
+
+
+def _untied_pair(n_layers=3, m=4, seed=0):
+    """An m-untied model and the official construction it must equal: network A on x[:, :m], network B on
+    x[:, m:] reading A's KV cache (two GPT-2s, B's position table set to A's: one table serves both)."""
+    import copy
+
+    import transformers as T
+
+    from interp.dynamics.untied import untie_gpt2
+    c = T.GPT2Config(n_layer=n_layers, n_embd=16, n_head=2, vocab_size=7, n_positions=16, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
+    torch.manual_seed(seed)
+    A = T.GPT2LMHeadModel(c).double()
+    torch.manual_seed(seed + 1)
+    B = T.GPT2LMHeadModel(c).double()
+    with torch.no_grad():   # non-identity norms in both networks
+        for net in (A, B):
+            for n, p in net.named_parameters():
+                if "ln_" in n:
+                    p.add_(0.3 * torch.randn_like(p))
+    B.transformer.wpe.weight.data.copy_(A.transformer.wpe.weight.data)
+    for net in (A, B):
+        net.set_attn_implementation("eager")
+    return untie_gpt2(copy.deepcopy(A), m, second=B), A, B
+
+
+def test_untied_equals_two_networks_with_kv_cache():
+    from interp.dynamics.untied import second_network_params
+    m = 4
+    U, A, B = _untied_pair(m=m)
+    ids = _ids(7, (2, 9), seed=3)
+    r1 = A(ids[:, :m], use_cache=True)
+    r2 = B(ids[:, m:], past_key_values=r1.past_key_values, use_cache=True)
+    ref = torch.cat([r1.logits, r2.logits], 1)
+    out = U(ids).logits
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    # gradients: the same parameters receive the same gradients (through the cache into A too)
+    lossfn = lambda lg: torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, 7), ids[:, 1:].reshape(-1))  # noqa: E731
+    ga = torch.autograd.grad(lossfn(ref), [A.transformer.h[0].attn.c_attn.weight, B.transformer.h[2].mlp.c_fc.weight,
+                                           A.transformer.wte.weight, B.transformer.wte.weight])
+    gu = torch.autograd.grad(lossfn(out), [U.transformer.h[0].attn.c_attn.a.weight, U.transformer.h[2].mlp.c_fc.b.weight,
+                                           U.transformer.wte.a.weight, U.transformer.wte.b.weight])
+    for x, y in zip(ga, gu):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-12)
+        assert x.abs().max() > 0
+    second = second_network_params(U)
+    assert len(second) == sum(1 for n, _ in B.named_parameters() if "wpe" not in n)
+    assert all(".b." in n for n in second)
+
+
+def test_untied_decomposition_second_network():
+    """i < m: the first network computes r_i, so the direct and pre-cached parts are exactly zero on the second
+    network's parameters (all of B's gradient is 'shared'), and B's parameters cannot move any feature at r_i
+    (∂r_i/∂θ_B = 0), so B's shared gradient has zero influence there. i >= m: B gets direct signal."""
+    from interp.dynamics.untied import second_network_params
+    m = 4
+    U, _, _ = _untied_pair(m=m)
+    model = interp.wrap(U, backend="torch")
+    ids = _ids(7, (3, 9), seed=4)
+    params = dict(U.named_parameters())
+    second = set(second_network_params(U))
+    for site, pos in [("blocks.0.hook_resid_post", 1), ("blocks.1.hook_resid_post", 2)]:
+        dec = decompose_gradient(model, ids, site, pos, params=params)
+        assert dec.max_abs_error() < 1e-12
+        assert max(float(dec[c][n].abs().max()) for c in ("direct", "precached") for n in second) < 1e-15  # round-off
+        assert max(float(dec["precached"][n].abs().max()) for n in params if n not in second) > 1e-4
+        assert max(float(dec["shared"][n].abs().max()) for n in second) > 1e-4   # B's own losses
+        kept = {}
+        with model.intervene({site: lambda t, ctx: kept.setdefault("r", t)}):
+            model.forward_with_grad(ids)
+        w = torch.randn(16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        g = torch.autograd.grad((kept["r"][:, pos] @ w).sum(), list(params.values()), allow_unused=True)
+        assert all(x is None or x.abs().max() == 0 for n, x in zip(params, g) if n in second)
+    dec = decompose_gradient(model, ids, "blocks.1.hook_resid_post", 6, params=params)
+    assert max(float(dec["direct"][n].abs().max()) for n in second) > 1e-4
+
+
+def test_untied_myopic_and_config():
+    """Myopic attention composes with untying (forward unchanged, pre-cached vanishes); config validation."""
+    from interp.dynamics import MajorityConfig
+    U, _, _ = _untied_pair(m=4)
+    ids = _ids(7, (2, 9), seed=5)
+    ref = U(ids).logits.detach()
+    U.set_attn_implementation(register_myopic_attention())
+    torch.testing.assert_close(U(ids).logits, ref, rtol=0, atol=1e-12)
+    dec = decompose_gradient(interp.wrap(U, backend="torch"), ids, "blocks.0.hook_resid_post", 2,
+                             params=dict(U.named_parameters()))
+    assert dec.norm("precached") / dec.norm("full") < 1e-6
+    with pytest.raises(ValueError, match="variant"):
+        MajorityConfig(variant="tied")
+    with pytest.raises(ValueError, match="task"):
+        MajorityConfig(task="parity")
+    with pytest.raises(ValueError, match="split"):
+        MajorityConfig(split=0)
+    from interp.dynamics.untied import untie_gpt2
+    with pytest.raises(ValueError, match="already untied"):
+        untie_gpt2(U, 4)

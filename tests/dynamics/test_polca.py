@@ -164,3 +164,52 @@ def test_addition_paper_criteria(tmp_path):
     s = res.summary("carry")
     assert s["polca_max_carry_homogeneity"] >= 0.8 and s["exact_max_carry_homogeneity"] <= 0.65
     assert s["polca_hidden_breakthrough_fraction"] > s["exact_hidden_breakthrough_fraction"]
+
+
+class _Quad(nn.Module):
+    """Per-example quadratics ``L_x(θ) = ½ θᵀA_xθ − g_xᵀθ`` of a 2-parameter θ (examples = indices)."""
+
+    def __init__(self, A, g):
+        super().__init__()
+        self.theta = nn.Parameter(torch.tensor([1.0, 1.0]))
+        self.A, self.g = A, g
+
+    def forward(self, idx):
+        A, g, th = self.A[idx], self.g[idx], self.theta
+        return 0.5 * torch.einsum("i,nij,j->n", th, A, th) - g @ th
+
+
+def _quad_loss(model, idx):
+    return model(idx)
+
+
+def test_two_parameter_quadratic_by_hand():
+    """Hand computation (issue #18): θ_t = (1, 1) -> θ_{t+1} = (0.5, 2), Δθ = (−0.5, 1).
+    x1: A = diag(4, 1), g = (1, 0): ∇L = (3, 1), ΔL = 2.0 − 1.5 = 0.5;
+    x2: A = diag(2, 3), g = (0, 1): ∇L = (2, 2), ΔL = 4.25 − 1.5 = 2.75.
+    Mean Hessian diag(3, 2): Algorithm 1 picks e1 (λ = 3) then e2.
+    POLCA₁ = ⟨b,∇L⟩⟨b,Δθ⟩: x1 (−1.5, 1), x2 (−1, 2); h = ½ bᵀA_x b ⟨b,Δθ⟩²: x1 (0.5, 0.5), x2 (0.25, 1.5);
+    sums 0.5 and 2.75 = the exact change (a quadratic whose Hessians share the basis' eigenvectors)."""
+    A = torch.stack([torch.diag(torch.tensor([4.0, 1.0])), torch.diag(torch.tensor([2.0, 3.0])),
+                     torch.tensor([[2.0, 1.0], [1.0, 2.0]])])
+    g = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    model = _Quad(A, g)
+    space = ParamSpace(model)
+    th0, th1 = torch.tensor([1.0, 1.0]), torch.tensor([0.5, 2.0])
+    two = torch.tensor([0, 1])
+    B = build_basis(space, _quad_loss, two, torch.stack([th0, th1]), at=[0, 1], k=1, n_iter=2)
+    torch.testing.assert_close(B.abs(), torch.eye(2), atol=1e-6, rtol=0)
+    p1, h = second_order(space, _quad_loss, two, B, th0, th1)
+    torch.testing.assert_close(p1, torch.tensor([[-1.5, 1.0], [-1.0, 2.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(h, torch.tensor([[0.5, 0.5], [0.25, 1.5]]), atol=1e-6, rtol=0)
+    change = exact_losses(space, _quad_loss, two, torch.stack([th0, th1]))
+    torch.testing.assert_close(change[:, 1] - change[:, 0], torch.tensor([0.5, 2.75]))
+    torch.testing.assert_close((p1 + h).sum(1), torch.tensor([0.5, 2.75]), atol=1e-6, rtol=0)
+    traj = polca_trajectories(space, _quad_loss, two, B, torch.stack([th0, th1]))
+    torch.testing.assert_close(traj[:, :, -1], p1 + h)
+    # x3: A = [[2, 1], [1, 2]] is not diagonal in the basis: POLCA keeps only the diagonal curvature terms, so it
+    # misses the cross term s1·s2·A_12 = (−0.5)(1)(1): POLCA 2.75 (= −1.5 + 0.25 + 3 + 1) vs exact 5.25 − 3 = 2.25
+    p1, h = second_order(space, _quad_loss, torch.tensor([2]), torch.eye(2), th0, th1)
+    torch.testing.assert_close(p1 + h, torch.tensor([[-1.25, 4.0]]), atol=1e-6, rtol=0)
+    ex3 = exact_losses(space, _quad_loss, torch.tensor([2]), torch.stack([th0, th1]))
+    torch.testing.assert_close(ex3[0, 1] - ex3[0, 0], torch.tensor(2.25))
