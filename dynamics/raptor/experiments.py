@@ -22,7 +22,7 @@ from interp.io import atomic_write_json
 from interp.progress import progress
 
 from .model import Raptor, RaptorConfig
-from .phases import layer_distances, phases
+from .phases import LayerDistances, distances_from_stack, layer_distances, phases, token_summaries
 from .train import RaptorTrainConfig, evaluate_raptor, teacher_activations, train_raptor
 
 __all__ = ["digits_images", "fashion_mnist_images", "real_image_split", "dinov2_experiment", "train_digits_teacher", "digits_recipe", "ABLATIONS"]
@@ -122,7 +122,21 @@ def dinov2_experiment(out: str | Path, n_train: int = 500, n_test: int = 300, si
     out.mkdir(parents=True, exist_ok=True)
     model = interp.load("zoo:dinov2-s14", backend="torch")
     dataset, x_tr, y_tr, x_te, y_te = real_image_split(dataset, n_train, n_test, size, seed)
-    dist = layer_distances(model, torch.cat([x_tr, x_te]), batch_size=50)
+    acts_path = out / "teacher_acts.safetensors"
+    if acts_path.is_file():
+        from safetensors.torch import load_file
+        cached = load_file(str(acts_path))
+        acts_tr, acts_te = cached["train"], cached["test"]
+    else:
+        from safetensors.torch import save_file
+        acts_tr = teacher_activations(model, x_tr, batch_size=50)
+        acts_te = teacher_activations(model, x_te, batch_size=50)
+        tmp = acts_path.with_name(acts_path.name + ".tmp")
+        save_file({"train": acts_tr.contiguous(), "test": acts_te.contiguous()}, str(tmp))
+        tmp.replace(acts_path)
+    # the same numbers as layer_distances(model, images) (block outputs = acts[1:]), without a second pass
+    cos, mse = distances_from_stack(token_summaries(torch.cat([acts_tr, acts_te], dim=1)[1:]))
+    dist = LayerDistances(cosine=cos, mse=mse, n_images=acts_tr.shape[1] + acts_te.shape[1])
     summary: dict = {"dataset": dataset, "n_train": n_train, "n_test": n_test, "size": size,
                      "cosine": dist.cosine.tolist(), "mse": dist.mse.tolist(), "phases": {}}
     for method in ("maxcut", "dp"):
@@ -132,8 +146,6 @@ def dinov2_experiment(out: str | Path, n_train: int = 500, n_test: int = 300, si
             p = phases(dist, n_phases=k, method=method)
             summary["phases"][f"{method}/k={k}"] = p.parts
     atomic_write_json(out / "phases.json", summary)
-    acts_tr = teacher_activations(model, x_tr, batch_size=50)
-    acts_te = teacher_activations(model, x_te, batch_size=50)
     L = model.cfg.n_layers
     base = dict(d_model=model.cfg.d_model, n_heads=model.cfg.n_heads)
     tcfg = RaptorTrainConfig(stage1_steps=steps, stage2_steps=steps, batch_size=batch_size, lr=lr, seed=seed)
@@ -213,7 +225,6 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
     x = (x - 0.5) / 0.5
     perm = np.random.default_rng(seed).permutation(len(y))
     tr, te = perm[:1400], perm[1400:]
-    rng = np.random.default_rng(seed + 1)
     results = {}
     for p in p_drops:
         sub = out / f"p{p}"
@@ -240,15 +251,18 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
                                   replace(tcfg, anneal=False, stage2_steps=0)),
                 "k2 TF->AR stage 1 only": run("k2 TF-AR stage1", RaptorConfig.from_phases(parts, **base),
                                               replace(tcfg, stage2_steps=0))}
+        rand = []
+        rng = np.random.default_rng(seed + 1)  # the same random splits for every teacher (and every process)
+        for i in range(n_random):
+            th = int(rng.integers(2, L - 1))  # both phases >= 2 layers; a repeated split reuses its run
+            if [th] == rows["k2"]["thresholds"]:
+                rand.append(rows["k2"])       # the same config and seed as the max-cut run: the same result
+            else:
+                rand.append(run(f"k2 random th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
         for k in extra_k:  # more phases (reported, not a criterion of the recipe)
             pk = phases(dist, n_phases=k, method="maxcut")
             pk = pk if pk.contiguous else phases(dist, n_phases=k, method="dp")
-            rows[f"k{k}"] = run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base))
-            rows[f"k{k}"]["parts"] = pk.parts
-        rand = []
-        for i in range(n_random):
-            th = int(rng.integers(2, L - 1))  # both phases >= 2 layers; a repeated split reuses its run
-            rand.append(run(f"k2 random th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
+            rows[f"k{k}"] = dict(run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base)), parts=pk.parts)
         results[p] = dict(test_acc=test_acc, mean_offdiag_cos_distance=float(off.mean()),
                           mean_offdiag_similarity=float(1 - off.mean()), maxcut_k2=maxcut.parts, dp_k2=dp.parts,
                           phases_frac01=phases(dist, frac=0.1).parts, runs=rows,

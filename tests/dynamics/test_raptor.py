@@ -305,3 +305,32 @@ def test_audit_check_on_a_tiny_vit(planted):
     rendered = check.render(res)
     assert len(rendered.figures) == 2 and "speed jumps" in rendered.html.lower()
     assert check.to_json(res)["schema"] == "interp.checks.raptor/1"
+
+
+# ------------------------------------------------------------------------------------ experiment plumbing
+def test_real_image_split_and_teacher_cache(tmp_path):
+    from pathlib import Path
+
+    from interp.dynamics.raptor.experiments import (FASHION_MNIST_ROOT, digits_images, fashion_mnist_images,
+                                                    real_image_split, train_digits_teacher)
+    name, xtr, ytr, xte, yte = real_image_split("digits", n_train=7, n_test=5, size=28)
+    assert name == "digits" and xtr.shape == (7, 3, 28, 28) and xte.shape == (5, 3, 28, 28)
+    x, y = digits_images(28)
+    perm = np.random.default_rng(0).permutation(len(y))
+    assert torch.equal(xtr, x[perm[:7]]) and np.array_equal(yte, y[perm[7:12]])
+    if Path(FASHION_MNIST_ROOT).is_dir():
+        name, xtr, ytr, xte, yte = real_image_split("auto", n_train=6, n_test=4, size=56)
+        assert name == "fashion-mnist" and xtr.shape == (6, 3, 56, 56) and set(ytr) <= set(range(10))
+        raw, _ = fashion_mnist_images("t10k", 4, size=28)
+        # grey replicated over the channels, then the ImageNet normalisation per channel
+        assert torch.allclose(raw[:, 0] * 0.229 + 0.485, raw[:, 1] * 0.224 + 0.456, atol=1e-5)
+    with pytest.raises(ValueError, match="dataset"):
+        real_image_split("cifar")
+    # a trained digits teacher is cached (safetensors) and reused; another key retrains
+    idx = np.arange(64)
+    a = train_digits_teacher(0.0, n_layers=2, d_model=16, n_heads=2, epochs=1, train_idx=idx, cache=tmp_path / "t")
+    assert (tmp_path / "t" / "model.safetensors").is_file()
+    b = train_digits_teacher(0.0, n_layers=2, d_model=16, n_heads=2, epochs=1, train_idx=idx, cache=tmp_path / "t")
+    assert all(torch.equal(v, w) for v, w in zip(a.state_dict().values(), b.state_dict().values()))
+    c = train_digits_teacher(0.0, n_layers=2, d_model=16, n_heads=2, epochs=2, train_idx=idx, cache=tmp_path / "t")
+    assert not all(torch.equal(v, w) for v, w in zip(a.state_dict().values(), c.state_dict().values()))
