@@ -1,0 +1,214 @@
+"""One registry rule set for zoo entries, steering methods, audit checks and backends.
+
+Each of the four registries is an :class:`interp.registry.Registry`; the same cases run on all of them:
+a duplicate name is refused, an unknown name suggests the closest ones, a broken plug-in is named with its
+cause (also by the public ``get`` functions), and listing imports no plug-in. Plug-ins are declared the
+way an installed package declares them: a ``*.dist-info/entry_points.txt`` on ``sys.path``.
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from interp import zoo
+from interp.audit import registry as audit_registry
+from interp.loading import BACKEND_REGISTRY
+from interp.registry import PluginError, Registry, UnknownNameError
+from interp.steering import base as steering_base
+from interp.zoo import registry as zoo_registry
+
+LAZY = "interp_regtest_lazy"  # a plug-in module that must not be imported by listing
+MISSING = "interp_regtest_missing"  # a plug-in module that does not exist
+
+LAZY_SOURCE = textwrap.dedent('''
+    from interp.steering import SteeringMethod
+    from interp.zoo import ZooEntry
+
+    def _build(out, params):
+        raise RuntimeError("not built in these tests")
+
+    ENTRY = ZooEntry(name="regtest-lazy", description="plug-in", source="test", architecture="none", size="0",
+                     builder=_build)
+
+    def FAMILY():
+        return [ZooEntry(name=f"regtest-fam-{i}", description="family", source="test", architecture="none",
+                         size="0", builder=_build) for i in range(2)]
+
+    class Method(SteeringMethod):
+        name = "regtest_lazy"
+
+        def fit(self, model, data, val=None):
+            raise NotImplementedError
+
+    class Check:
+        name = "regtest_lazy"
+
+        def run(self, model, data):
+            return None
+
+        def render(self, result):
+            return None
+
+    class Backend:
+        def __init__(self, hf_model, tokenizer):
+            self.hf_model, self.tokenizer = hf_model, tokenizer
+''')
+
+
+def _entry(name: str) -> zoo.ZooEntry:
+    return zoo.ZooEntry(name=name, description="", source="", architecture="", size="", builder=lambda o, p: None)
+
+
+def _method(name: str) -> type:
+    return type(f"M_{name}", (steering_base.SteeringMethod,), {"name": name})
+
+
+def _check(name: str) -> type:
+    return type(f"C_{name}", (), {"name": name, "run": lambda self, m, d: None, "render": lambda self, r: None})
+
+
+def _backend(name: str):
+    return lambda: type(f"B_{name}", (), {})
+
+
+#: (registry, entry-point group, make a valid object named n, a built-in name, a typo of it, public get)
+CASES = {
+    "zoo": (zoo_registry.ZOO, "interp.zoo", _entry, "minilm-l6", "minilm-l7", zoo.get_entry),
+    "steering": (steering_base.METHODS, "interp.steering", _method, "diff_in_means", "diff_in_mean",
+                 steering_base.get),
+    "checks": (audit_registry.CHECKS, "interp.checks", _check, "heads", "head", audit_registry.get_check),
+    "backends": (BACKEND_REGISTRY, "interp.backends", _backend, "torch", "torh", BACKEND_REGISTRY.get),
+}
+TARGETS = {"interp.zoo": "ENTRY", "interp.steering": "Method", "interp.checks": "Check", "interp.backends": "Backend"}
+NAMES = {"interp.zoo": ("regtest-lazy", "regtest-broken"), "interp.steering": ("regtest_lazy", "regtest_broken"),
+         "interp.checks": ("regtest_lazy", "regtest_broken"), "interp.backends": ("regtest_lazy", "regtest_broken")}
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """An installed-looking package declaring, in every group, one working and one broken plug-in."""
+    dist = tmp_path / "interp_regtest-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: interp-regtest\nVersion: 0.1\n")
+    lines = []
+    for group, attr in TARGETS.items():
+        lazy, broken = NAMES[group]
+        lines += [f"[{group}]", f"{lazy} = {LAZY}:{attr}", f"{broken} = {MISSING}:{attr}"]
+        if group == "interp.zoo":
+            lines.append(f"regtest-family = {LAZY}:FAMILY")  # one entry point, several entries
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / f"{LAZY}.py").write_text(LAZY_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(LAZY, None)
+    yield
+    for reg, group, *_ in CASES.values():
+        for n in (*NAMES[group], "regtest-fam-0", "regtest-fam-1"):
+            reg.unregister(n)
+        reg._failed.clear()
+    sys.modules.pop(LAZY, None)
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_duplicate_refused(kind):
+    reg, _, make, *_ = CASES[kind]
+    name = f"regtest-dup-{kind}" if kind == "zoo" else f"regtest_dup_{kind}"
+    first = make(name)
+    try:
+        assert reg.register(first, name) is first and reg.register(first, name) is first  # same object: fine
+        with pytest.raises(ValueError, match=f"{name!r} is already registered"):
+            reg.register(make(name), name)
+        assert reg.get(name) is first
+        other = make(name)
+        reg.register(other, name, replace=True)
+        assert reg.get(name) is other
+    finally:
+        reg.unregister(name)
+    assert name not in reg.available()
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_unknown_name_suggests_closest(kind):
+    reg, _, _, known, typo, public_get = CASES[kind]
+    for get in (reg.get, public_get):
+        with pytest.raises((KeyError, ValueError)) as info:
+            get(typo)
+        msg = str(info.value)
+        assert f"unknown {reg.kind} {typo!r}" in msg and f"did you mean {known!r}" in msg and known in msg
+    assert isinstance(info.value, reg.error)
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_broken_plugin_named_with_cause(kind, plugins):
+    reg, group, _, _, _, public_get = CASES[kind]
+    lazy, broken = NAMES[group]
+    for get in (reg.get, public_get):
+        with pytest.raises(PluginError) as info:
+            get(broken)
+        msg = str(info.value)
+        assert f"plug-in {broken!r}" in msg and f"{MISSING}:{TARGETS[group]}" in msg
+        assert "ModuleNotFoundError" in msg and MISSING in msg
+        assert isinstance(info.value, ImportError) and isinstance(info.value, KeyError)
+    # the broken one hides nothing: it stays listed, and the working plug-in of the same package loads
+    assert broken in reg.available() and lazy in reg.available()
+    assert reg.get(lazy).__module__ == LAZY if kind != "zoo" else reg.get(lazy).name == lazy
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_listing_does_not_import(kind, plugins):
+    reg, group, *_ = CASES[kind]
+    lazy, broken = NAMES[group]
+    names = reg.available()
+    assert {lazy, broken} <= set(names) and names == sorted(names)
+    assert LAZY not in sys.modules and lazy in reg
+    reg.get(lazy)  # getting it is what imports it
+    assert LAZY in sys.modules
+
+
+def test_load_all_warns_per_broken_plugin_and_public_listings(plugins, monkeypatch):
+    """Where names are known only after import (zoo families) or a broken plug-in must be reported when
+    listing (steering), the public listing loads the plug-ins: one warning per broken plug-in, naming it."""
+    monkeypatch.setattr(zoo_registry, "_plugins_loaded", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = zoo.available()
+        steering_names = steering_base.available()
+        steering_base.available()  # a second listing does not warn again
+    assert {"regtest-lazy", "regtest-fam-0", "regtest-fam-1", "regtest-broken", "minilm-l6"} <= set(names)
+    assert "regtest-family" not in names  # a loaded family is listed by its members
+    assert {"regtest_lazy", "regtest_broken", "repit"} <= set(steering_names)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert sum("'regtest-broken'" in m for m in msgs) == 1 and sum("'regtest_broken'" in m for m in msgs) == 1
+    assert zoo.get_entry("zoo:regtest-fam-1").description == "family"
+    with pytest.raises(KeyError, match="declares a family.*regtest-fam-0, regtest-fam-1"):
+        zoo.get_entry("regtest-family")
+
+
+def test_family_member_found_without_listing_first(plugins):
+    """``get`` of a name no entry point declares loads the family plug-ins (the zoo's expand rule)."""
+    with pytest.warns(RuntimeWarning, match="'regtest-broken'.*ModuleNotFoundError"):
+        assert zoo_registry.ZOO.get("regtest-fam-0").name == "regtest-fam-0"
+
+
+def test_plugin_clashing_with_a_registered_name_fails_by_the_duplicate_rule(plugins):
+    clash = zoo.register(_entry("regtest-lazy"))
+    try:
+        with pytest.raises(PluginError, match="'regtest-lazy'.*already registered as a different object"):
+            zoo_registry.ZOO._load("regtest-lazy", zoo_registry.ZOO.entry_points()["regtest-lazy"])
+        assert zoo.get_entry("regtest-lazy") is clash
+    finally:
+        zoo.unregister("regtest-lazy")
+
+
+def test_registry_basics_without_entry_points():
+    reg: Registry[int] = Registry("widget")
+    with pytest.raises(TypeError, match="non-empty string name"):
+        reg.register(3)
+    reg.register(3, "three")
+    with pytest.raises(TypeError, match="must be a string"):
+        reg.get(3)  # type: ignore[arg-type]
+    with pytest.raises(UnknownNameError, match=r"unknown widget 'thre' \(did you mean 'three'\?\); available: three"):
+        reg.get("thre")
+    assert reg.available() == ["three"] and reg.available(load=True) == ["three"] and reg.load_all() == {}
