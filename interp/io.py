@@ -478,11 +478,20 @@ def _tensor_dict(tensors: "Mapping[str, Any]") -> dict:
     return out
 
 
-def _paths(path: str | os.PathLike, stem: str | None) -> tuple[Path, Path]:
-    """``(tensor file, JSON file)``: ``folder/stem.*`` when ``stem`` is given, else ``path`` itself as the stem."""
+def _paths(path: str | os.PathLike, stem: str | None, tensor_file: str | None = None,
+           json_file: str | None = None) -> tuple[Path, Path]:
+    """``(tensor file, JSON file)``: ``folder/stem.*`` when ``stem`` is given, else ``path`` itself as the stem;
+    ``tensor_file`` / ``json_file`` name a file inside the folder ``path`` explicitly."""
     p = Path(path)
     base = p / stem if stem is not None else (p.with_suffix("") if p.suffix in (".json", ".safetensors") else p)
-    return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+    return (p / tensor_file if tensor_file is not None else base.with_name(base.name + ".safetensors"),
+            p / json_file if json_file is not None else base.with_name(base.name + ".json"))
+
+
+def _meta_json(meta: "Mapping[str, Any]", indent: int | None) -> str:
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a mapping (a JSON object), got {type(meta).__name__}")
+    return json.dumps(dict(meta), indent=indent, default=_json_default)
 
 
 def save_tensors_json(path: str | os.PathLike, tensors: "Mapping[str, Any]", meta: "Mapping[str, Any]", *,
@@ -498,14 +507,8 @@ def save_tensors_json(path: str | os.PathLike, tensors: "Mapping[str, Any]", met
     """
     from safetensors.torch import save
 
-    t_path, j_path = _paths(path, stem)
-    if tensor_file is not None:
-        t_path = Path(path) / tensor_file
-    if json_file is not None:
-        j_path = Path(path) / json_file
-    if not isinstance(meta, Mapping):
-        raise TypeError(f"meta must be a mapping (a JSON object), got {type(meta).__name__}")
-    text = json.dumps(dict(meta), indent=indent, default=_json_default)
+    t_path, j_path = _paths(path, stem, tensor_file, json_file)
+    text = _meta_json(meta, indent)
     td = _tensor_dict(tensors)
     if td:
         atomic_write_bytes(t_path, save(td))
@@ -520,12 +523,17 @@ def _read_json(f: Path, what: str) -> dict:
         raise MissingFileError(f"{f}: missing (expected the JSON file of a saved {what})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SerializationError(f"{f}: unreadable ({exc})") from None
+    return _json_object(text, f, what)
+
+
+def _json_object(text: str, f: Path, what: str, place: str = "") -> dict:
+    """``text`` parsed as a JSON object; otherwise a :class:`SerializationError` naming ``f`` (and ``place``)."""
     try:
         meta = json.loads(text)
     except ValueError as exc:
-        raise SerializationError(f"{f}: malformed JSON ({exc}); the saved {what} is damaged or truncated") from None
+        raise SerializationError(f"{f}: malformed JSON{place} ({exc}); the saved {what} is damaged or truncated") from None
     if not isinstance(meta, dict):
-        raise SerializationError(f"{f}: holds a JSON {type(meta).__name__}, not the object of a saved {what}")
+        raise SerializationError(f"{f}:{place} holds a JSON {type(meta).__name__}, not the object of a saved {what}")
     return meta
 
 
@@ -587,11 +595,7 @@ def load_tensors_json(path: str | os.PathLike, *, stem: str | None = None, tenso
     naming the file and the problem (missing, malformed JSON, not a safetensors file, a missing key or
     tensor, a wrong shape or dtype).
     """
-    t_path, j_path = _paths(path, stem)
-    if tensor_file is not None:
-        t_path = Path(path) / tensor_file
-    if json_file is not None:
-        j_path = Path(path) / json_file
+    t_path, j_path = _paths(path, stem, tensor_file, json_file)
     meta = _read_json(j_path, what)
     check_meta(meta, required, j_path)
     if tensors_optional and not t_path.exists():
@@ -613,11 +617,7 @@ def save_tensors(path: str | os.PathLike, tensors: "Mapping[str, Any]", meta: "M
     """One ``.safetensors`` file holding ``tensors`` and, in its metadata, ``meta`` as JSON (atomic write)."""
     from safetensors.torch import save
 
-    extra = None
-    if meta is not None:
-        if not isinstance(meta, Mapping):
-            raise TypeError(f"meta must be a mapping (a JSON object), got {type(meta).__name__}")
-        extra = {SAFETENSORS_META_KEY: json.dumps(dict(meta), default=_json_default)}
+    extra = None if meta is None else {SAFETENSORS_META_KEY: _meta_json(meta, None)}
     return atomic_write_bytes(path, save(_tensor_dict(tensors), metadata=extra))
 
 
@@ -627,14 +627,7 @@ def load_tensors(path: str | os.PathLike, *, what: str = "object", required: "It
     like :func:`load_tensors_json` (``meta`` is ``{}`` when the file carries none)."""
     f = Path(path)
     found, raw = _read_safetensors(f, what, device)
-    meta: dict = {}
-    if SAFETENSORS_META_KEY in raw:
-        try:
-            meta = json.loads(raw[SAFETENSORS_META_KEY])
-        except ValueError as exc:
-            raise SerializationError(f"{f}: malformed JSON in its metadata ({exc})") from None
-        if not isinstance(meta, dict):
-            raise SerializationError(f"{f}: its metadata holds a JSON {type(meta).__name__}, not an object")
+    meta = _json_object(raw[SAFETENSORS_META_KEY], f, what, " in its metadata") if SAFETENSORS_META_KEY in raw else {}
     check_meta(meta, required, f)
     check_tensors(found, tensors, f)
     return found, meta
