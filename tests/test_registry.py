@@ -212,3 +212,23 @@ def test_registry_basics_without_entry_points():
     with pytest.raises(UnknownNameError, match=r"unknown widget 'thre' \(did you mean 'three'\?\); available: three"):
         reg.get("thre")
     assert reg.available() == ["three"] and reg.available(load=True) == ["three"] and reg.load_all() == {}
+
+
+def test_zoo_cli_lists_around_a_broken_plugin(plugins, monkeypatch, tmp_path):
+    """``interp zoo list`` shows every entry and says which plug-in is broken and why; ``build`` of it names
+    the cause and exits 2."""
+    from typer.testing import CliRunner
+
+    from interp.zoo.cli import app
+
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(zoo_registry, "_plugins_loaded", False)
+    runner = CliRunner()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = runner.invoke(app, ["list"])
+    assert res.exit_code == 0, res.output
+    assert "minilm-l6" in res.output and "regtest-fam-1" in res.output and "regtest-lazy" in res.output
+    assert "broken: zoo entry plug-in 'regtest-broken'" in res.output and "ModuleNotFoundError" in res.output
+    res = runner.invoke(app, ["build", "regtest-broken"])
+    assert res.exit_code == 2 and "failed to load: ModuleNotFoundError" in res.output

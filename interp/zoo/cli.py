@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..registry import PluginError
 from . import registry
 
 app = typer.Typer(help="Built-in model zoo: list the entries, build (and cache) one, or show what it is.",
@@ -21,15 +22,29 @@ def _entry_or_exit(name: str) -> str:
         raise typer.Exit(code=2) from None
 
 
+def _built(name: str) -> bool:
+    try:
+        return registry.cached_path(name) is not None
+    except PluginError:  # a broken plug-in has nothing built to verify
+        return False
+
+
 @app.command("list")
 def list_entries() -> None:
     """List the zoo entries, whether each is cached, and what it is."""
-    rows = [registry.info(n) for n in registry.available()]
+    rows, broken = [], []
+    for n in registry.available():
+        try:
+            rows.append(registry.info(n))
+        except PluginError as err:  # a broken plug-in hides nothing: its row says why
+            broken.append(str(err))
     width = max((len(r.name) for r in rows), default=4)
     typer.echo(f"{'name':<{width}}  {'cached':<6}  {'architecture':<17}  {'size':<28}  build")
     for r in rows:
         typer.echo(f"{r.name:<{width}}  {'yes' if r.path else 'no':<6}  {r.architecture:<17}  {r.size:<28}  "
                    f"{'slow (minutes)' if r.slow else 'fast'}")
+    for b in broken:
+        typer.echo(f"broken: {b}", err=True)
     typer.echo(f"\ncache: {registry.zoo_dir()}  (set ${registry.CACHE_ENV} to move it)")
 
 
@@ -52,7 +67,7 @@ def verify(name: Optional[str] = typer.Argument(None, help="zoo entry name (defa
 
     Prints one line per entry; exits 1 if any is damaged (the line names the file and the rebuild command).
     """
-    names = [_entry_or_exit(name)] if name else [n for n in registry.available() if registry.cached_path(n)]
+    names = [_entry_or_exit(name)] if name else [n for n in registry.available() if _built(n)]
     if name and registry.cached_path(names[0]) is None:
         typer.echo(f"error: zoo entry {names[0]!r} is not built (run: interp zoo build {names[0]})", err=True)
         raise typer.Exit(code=1)
