@@ -227,8 +227,8 @@ class PathFinding:
     variant: str = "short"
     path_len: int | None = None
     n_nodes: int | None = None
-    n_dead_out: int = 2
-    n_dead_in: int = 1
+    n_dead_out: int = 1
+    n_dead_in: int = 0
     name: str | None = None
 
     def __post_init__(self):
@@ -237,7 +237,7 @@ class PathFinding:
         if self.path_len is None:
             object.__setattr__(self, "path_len", 4 if self.variant == "short" else 6)
         if self.n_nodes is None:
-            object.__setattr__(self, "n_nodes", 40 if self.variant == "short" else 60)
+            object.__setattr__(self, "n_nodes", 24 if self.variant == "short" else 36)
         if self.name is None:
             object.__setattr__(self, "name", f"pf-{self.variant}")
         if self.path_len < 3:
