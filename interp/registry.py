@@ -86,12 +86,12 @@ class Registry(Generic[T]):
         return obj
 
     def unregister(self, name: str) -> None:
-        """Forget ``name`` in this process (no error if absent); a declared plug-in of that name loads again
-        on the next :meth:`get`."""
+        """Forget ``name`` in this process (no error if absent); a plug-in declared under that name loads again
+        on the next :meth:`get` (a member of a family stays forgotten: its plug-in is not loaded again)."""
         with self._lock:
             self._items.pop(name, None)
             for key, names in list(self._loaded.items()):
-                if name in names:
+                if names == (name,):
                     del self._loaded[key]
 
     # -- listing
