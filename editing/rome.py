@@ -444,6 +444,25 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
                 tau=tau, n_active=int((k > 0).sum()), d_key=len(k), log=log)
 
 
+def restrict(edit: Edit, tau: float | None, ablate: bool = False, site: _Site | None = None) -> Edit:
+    """The TCPE mask of an unmasked edit: ``edit.delta`` with the rows outside ``S = {a : k*_a > 0, k*_a ≥ τ}``
+    zeroed (``ablate``: inside). Same ``k*``, ``v*``, ``u`` as ``edit``, so several τ share one ``compute_v``
+    (:func:`rank_one` with ``tau`` gives the same delta). ``site``: the unedited site, for the exact residual;
+    without it the residual is ``‖k*·ΔW_removed‖/‖v*‖`` added to ``edit.residual`` (exact up to the full
+    edit's own residual)."""
+    keep = _mask_rows(edit.k_star, tau, ablate)
+    delta = edit.delta * keep[:, None].float()
+    if site is not None:
+        out = edit.k_star @ (site.W() + delta) + site.b()
+        res = float((out - edit.v_star).norm() / edit.v_star.norm().clamp_min(1e-12))
+    else:
+        res = edit.residual + float((edit.k_star @ (edit.delta - delta)).norm() / edit.v_star.norm().clamp_min(1e-12))
+    method = "tcpe_ablate" if ablate else ("tcpe" if tau is not None and tau >= 0 else edit.method)
+    return Edit(method=method, site=edit.site, layer=edit.layer, request=dict(edit.request), delta=delta,
+                rows=keep.nonzero().flatten(), k_star=edit.k_star, v_star=edit.v_star, u=edit.u, residual=res,
+                tau=tau, n_active=edit.n_active, d_key=edit.d_key, log=dict(edit.log))
+
+
 def rome(model, request: EditRequest, layer: int, C: torch.Tensor | None = None, texts: Sequence[str] = (),
          config: EditConfig | None = None, templates: Sequence[str] | None = None, apply: bool = True) -> Edit:
     """ROME on MLP ``layer`` (key: ``mlp.hook_post``; ``C`` from ``texts`` when not given). Applied unless
@@ -529,4 +548,4 @@ def edit_batch(fn, requests: Sequence[EditRequest], *args, **kwargs) -> list[Edi
 
 
 __all__ = ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-           "compute_key", "second_moment", "compute_v", "rank_one", "rome", "tcpe", "fine_tune", "edit_batch"]
+           "compute_key", "second_moment", "compute_v", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]

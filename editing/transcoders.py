@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from interp.io import MissingFileError, load_json, load_tensors, output_dir, save_tensors_json
+from interp.io import MissingFileError, load_json, load_tensors, output_dir, save_tensors, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -319,6 +319,111 @@ def _steps_per_epoch(n_tokens: int, batch_size: int) -> int:
     return max(1, n_tokens // batch_size)
 
 
+class _Trainer:
+    """The training loop shared by :func:`train_transcoder` (pairs harvested on the fly) and
+    :func:`train_transcoder_from_store` (pairs read from an activation store): Adam, the λ warm-up and lr
+    decay schedules, dead-feature bookkeeping and resampling (module docstring)."""
+
+    def __init__(self, tc: Transcoder, cfg: TranscoderTrainingConfig, total: int) -> None:
+        self.tc, self.cfg, self.total = tc, cfg, total
+        self.warm = max(1, int(cfg.l1_warmup_frac * total))
+        decay_start = int((1 - cfg.lr_decay_frac) * total)
+        self.opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: 1.0 if s < decay_start else max(0.0, (total - s) / max(1, total - decay_start)))
+        self.last_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # token counter at the last firing
+        self.hist = TranscoderTraining(config=dataclasses.asdict(cfg))
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.step, self.seen, self.first = 0, 0, True
+
+    def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One optimiser step on inputs ``x [b, d_in]`` and MLP outputs ``y [b, d_out]``."""
+        tc, cfg = self.tc, self.cfg
+        x, y = x.to(tc.W_enc.dtype), y.to(tc.W_enc.dtype)
+        if self.first:  # b_dec starts at the mean output (geometric-median-like init of sae-lens, mean version)
+            with torch.no_grad():
+                tc.b_dec.copy_(y.mean(0).to(tc.b_dec.dtype))
+            self.first = False
+        lam = cfg.l1_coefficient * min(1.0, (self.step + 1) / self.warm)
+        z = tc.encode(x)
+        recon = tc.decode(z)
+        err = (recon - y).pow(2).sum(-1)
+        mse = err.mean()
+        l1 = (z * tc.W_dec.norm(dim=1)).sum(-1).mean()
+        loss = mse + lam * l1
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.sched.step()
+        hist = self.hist
+        with torch.no_grad():
+            fired = (z > 0).any(0)
+            self.seen += len(x)
+            self.last_fired[fired] = self.seen
+            hist.loss.append(float(loss)), hist.mse.append(float(mse))
+            hist.l0.append(float((z > 0).float().sum(-1).mean())), hist.l1_coefficient.append(lam)
+            if (cfg.resample_dead and self.step > 0 and self.step % cfg.resample_every == 0
+                    and self.step < 0.8 * self.total and self.seen >= cfg.dead_window):
+                dead = (self.seen - self.last_fired >= cfg.dead_window).nonzero().flatten()
+                if len(dead):
+                    _resample(tc, self.opt, dead, x, y - recon.detach(), err.detach(), self.gen)
+                    self.last_fired[dead] = self.seen
+                hist.resampled.append(int(len(dead)))
+        self.step += 1
+
+    def finish(self) -> tuple[Transcoder, TranscoderTraining]:
+        self.hist.n_tokens = self.seen
+        self.tc.eval()
+        return self.tc, self.hist
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: Path, position: dict) -> None:
+        """Atomically write weights, Adam moments, dead-feature counters, RNG and history to ``path``."""
+        tensors = {f"tc.{k}": v.detach().cpu().contiguous() for k, v in self.tc.state_dict().items()}
+        names = ["W_enc", "b_enc", "W_dec", "b_dec"]
+        params = dict(self.tc.named_parameters())
+        steps = {}
+        for n in names:
+            st = self.opt.state.get(params[n])
+            if st:
+                tensors[f"adam.{n}.exp_avg"] = st["exp_avg"].contiguous()
+                tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+                steps[n] = float(st["step"])
+        tensors["last_fired"] = self.last_fired
+        tensors["rng"] = self.gen.get_state()
+        h = self.hist
+        meta = {"step": self.step, "seen": self.seen, "first": self.first, "adam_steps": steps, "position": position,
+                "total": self.total, "config": dataclasses.asdict(self.cfg),
+                "hist": {"loss": h.loss, "mse": h.mse, "l0": h.l0, "l1_coefficient": h.l1_coefficient,
+                         "resampled": h.resampled}}
+        with output_dir(path, overwrite=True, writer="interp.editing.transcoder_checkpoint") as tmp:
+            save_tensors(tmp / "state.safetensors", tensors, meta)
+
+    def load(self, path: Path) -> dict:
+        """Restore a checkpoint written by :meth:`save`; returns its data position."""
+        t, meta = load_tensors(path / "state.safetensors", what="transcoder checkpoint",
+                               required=("step", "config", "total", "position"))
+        if meta["config"] != dataclasses.asdict(self.cfg) or meta["total"] != self.total:
+            raise ValueError(f"checkpoint {path} was written with another configuration; use a new folder")
+        self.tc.load_state_dict({k[3:]: v for k, v in t.items() if k.startswith("tc.")})
+        params = dict(self.tc.named_parameters())
+        for n, st in meta["adam_steps"].items():
+            self.opt.state[params[n]] = {"step": torch.tensor(st), "exp_avg": t[f"adam.{n}.exp_avg"].clone(),
+                                         "exp_avg_sq": t[f"adam.{n}.exp_avg_sq"].clone()}
+        self.last_fired = t["last_fired"].clone()
+        self.gen.set_state(t["rng"])
+        self.step, self.seen, self.first = meta["step"], meta["seen"], meta["first"]
+        import warnings
+        with warnings.catch_warnings():  # the lr schedule is a pure function of the step: replay it
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(self.step):
+                self.sched.step()
+        h = meta["hist"]
+        self.hist.loss, self.hist.mse, self.hist.l0 = h["loss"], h["mse"], h["l0"]
+        self.hist.l1_coefficient, self.hist.resampled = h["l1_coefficient"], h["resampled"]
+        return meta["position"]
+
+
 def train_transcoder(model, layer: int, texts: Sequence[str], config: TranscoderTrainingConfig | None = None,
                      transcoder: Transcoder | None = None) -> tuple[Transcoder, TranscoderTraining]:
     """Train a transcoder of MLP ``layer`` on the tokens of ``texts`` (activations harvested through the
@@ -334,15 +439,7 @@ def train_transcoder(model, layer: int, texts: Sequence[str], config: Transcoder
     n_tok = sum(int(model.tokenize(c, max_length=cfg.max_length)["attention_mask"].sum())
                 for c in _texts_in_batches(texts, cfg.text_batch_size))
     total = _steps_per_epoch(n_tok, cfg.batch_size) * cfg.n_epochs
-    warm = max(1, int(cfg.l1_warmup_frac * total))
-    decay_start = int((1 - cfg.lr_decay_frac) * total)
-    opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 1.0 if s < decay_start else max(0.0, (total - s) / max(1, total - decay_start)))
-    last_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # token counter at the last firing
-    hist = TranscoderTraining(config=dataclasses.asdict(cfg))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    step, seen, first = 0, 0, True
+    tr = _Trainer(tc, cfg, total)
     bar = progress(total=total, desc=f"transcoder L{layer}")
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -352,47 +449,75 @@ def train_transcoder(model, layer: int, texts: Sequence[str], config: Transcoder
                 buf_x.append(x), buf_y.append(y)
                 size += len(x)
                 if size >= cfg.buffer_batches * cfg.batch_size:
-                    yield from _drain(buf_x, buf_y, cfg.batch_size, gen, keep_tail=True)
+                    yield from _drain(buf_x, buf_y, cfg.batch_size, tr.gen, keep_tail=True)
                     size = sum(len(t) for t in buf_x)
-            yield from _drain(buf_x, buf_y, cfg.batch_size, gen, keep_tail=False)
+            yield from _drain(buf_x, buf_y, cfg.batch_size, tr.gen, keep_tail=False)
 
     for x, y in batches():
-        if step >= total:
+        if tr.step >= total:
             break
-        if first:  # b_dec starts at the mean output (geometric-median-like init of sae-lens, mean version)
-            with torch.no_grad():
-                tc.b_dec.copy_(y.mean(0).to(tc.b_dec.dtype))
-            first = False
-        lam = cfg.l1_coefficient * min(1.0, (step + 1) / warm)
-        z = tc.encode(x)
-        recon = tc.decode(z)
-        err = (recon - y).pow(2).sum(-1)
-        mse = err.mean()
-        l1 = (z * tc.W_dec.norm(dim=1)).sum(-1).mean()
-        loss = mse + lam * l1
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            fired = (z > 0).any(0)
-            seen += len(x)
-            last_fired[fired] = seen
-            hist.loss.append(float(loss)), hist.mse.append(float(mse))
-            hist.l0.append(float((z > 0).float().sum(-1).mean())), hist.l1_coefficient.append(lam)
-            if (cfg.resample_dead and step > 0 and step % cfg.resample_every == 0 and step < 0.8 * total
-                    and seen >= cfg.dead_window):
-                dead = (seen - last_fired >= cfg.dead_window).nonzero().flatten()
-                if len(dead):
-                    _resample(tc, opt, dead, x, y - recon.detach(), err.detach(), gen)
-                    last_fired[dead] = seen
-                hist.resampled.append(int(len(dead)))
-        step += 1
+        tr.update(x, y)
         bar.update(1)
     bar.close()
-    hist.n_tokens = seen
-    tc.eval()
-    return tc, hist
+    return tr.finish()
+
+
+def train_transcoder_from_store(store, layer: int, config: TranscoderTrainingConfig | None = None,
+                                checkpoint: str | Path | None = None, checkpoint_every: int = 200,
+                                max_steps: int | None = None, transcoder: Transcoder | None = None
+                                ) -> tuple[Transcoder, TranscoderTraining]:
+    """Train a transcoder of MLP ``layer`` from an :class:`interp.store.ActivationStore` (or its path) holding
+    ``blocks.{l}.ln2.hook_normalized`` and ``blocks.{l}.hook_mlp_out`` (harvest them with
+    :func:`interp.store.harvest`). ``config.n_epochs`` passes over the store, shuffled by the store's reader
+    (seed ``config.seed + epoch``); ``batch_size`` rows per step.
+
+    ``checkpoint``: a folder written atomically every ``checkpoint_every`` steps (weights, Adam moments,
+    dead-feature counters, RNG, history, data position); when it exists, training resumes from it and the
+    result equals an uninterrupted run's. ``max_steps`` stops early (e.g. a time-boxed background run; the
+    checkpoint is written then), leaving the schedules sized for the full run.
+    """
+    from interp.store import ActivationStore
+    cfg = config or TranscoderTrainingConfig()
+    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    names = [hook_in(layer), hook_out(layer)]
+    for n in names:
+        if n not in store:
+            raise KeyError(f"{n!r} is not in the store {str(store.path)!r}; it holds {store.names}")
+    d_in, d_out = store.shapes[names[0]][-1], store.shapes[names[1]][-1]
+    torch.manual_seed(cfg.seed)
+    tc = transcoder or Transcoder(d_in, cfg.d_sae, d_out, hook_name=names[0], hook_name_out=names[1],
+                                  model_name=str(store.model.get("spec", "")), seed=cfg.seed)
+    per_epoch = max(1, len(store) // cfg.batch_size)
+    total = per_epoch * cfg.n_epochs
+    tr = _Trainer(tc, cfg, total)
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    pos = {"epoch": 0, "batch": 0}
+    if ckpt is not None and (ckpt / "state.safetensors").is_file():
+        pos = tr.load(ckpt)
+    stop = total if max_steps is None else min(total, max_steps)
+    bar = progress(total=total, initial=tr.step, desc=f"transcoder L{layer} (store)")
+    epoch = pos["epoch"]
+    while tr.step < stop and epoch < cfg.n_epochs:
+        for b, batch in enumerate(store.batches(cfg.batch_size, shuffle=True, seed=cfg.seed + epoch, names=names,
+                                                drop_last=True)):
+            if epoch == pos["epoch"] and b < pos["batch"]:
+                continue  # consumed before the checkpoint
+            if tr.step >= stop:
+                break
+            tr.update(batch[names[0]].float(), batch[names[1]].float())
+            bar.update(1)
+            if ckpt is not None and tr.step % checkpoint_every == 0:
+                tr.save(ckpt, {"epoch": epoch, "batch": b + 1})
+        else:
+            epoch += 1
+            pos = {"epoch": epoch, "batch": 0}
+            continue
+        pos = {"epoch": epoch, "batch": b}
+        break
+    bar.close()
+    if ckpt is not None:
+        tr.save(ckpt, pos if tr.step < total else {"epoch": cfg.n_epochs, "batch": 0})
+    return tr.finish()
 
 
 def _drain(buf_x: list, buf_y: list, batch: int, gen: torch.Generator, keep_tail: bool):
@@ -507,4 +632,4 @@ def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequen
 
 
 __all__ = ["Transcoder", "Spliced", "splice", "hook_in", "hook_out", "harvest_pairs", "TranscoderTrainingConfig",
-           "TranscoderTraining", "train_transcoder", "TranscoderMetrics", "evaluate_transcoder"]
+           "TranscoderTraining", "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder"]
