@@ -215,8 +215,11 @@ def train_digits_teacher(p_drop: float, n_layers: int = 8, d_model: int = 64, n_
 
 
 def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_random: int = 5, seed: int = 0,
-                  epochs: int = 60, extra_k=(3, 4)) -> dict:
-    """The digest's CPU-scale recipe; see the module docstring of :mod:`interp.dynamics.raptor`."""
+                  epochs: int = 60, extra_k=(3, 4), only=None) -> dict:
+    """The digest's CPU-scale recipe; see the module docstring of :mod:`interp.dynamics.raptor`.
+
+    ``only`` (run names such as ``"kL"``, ``"k2"``): train just those runs (to spread one recipe over several
+    processes sharing ``out``); the summary is then not computed. Finished runs are read back from ``out``."""
     import interp
     from scipy.stats import spearmanr
     out = Path(out)
@@ -242,6 +245,19 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
         tcfg = RaptorTrainConfig(stage1_steps=steps, stage2_steps=steps, batch_size=64, lr=1e-3, seed=seed)
         fn = model.apply_ln_final
         run = lambda name, rc, t=tcfg: _run(sub, name, acts_tr, y[tr], acts_te, y[te], rc, t, fn, seed)  # noqa: E731
+        if only is not None:
+            maxcut = phases(dist, n_phases=2, method="maxcut")
+            parts = maxcut.parts if maxcut.contiguous else phases(dist, n_phases=2, method="dp").parts
+            configs = {"kL": (RaptorConfig(n_layers=L, thresholds=list(range(1, L)), **base), tcfg),
+                       "k2": (RaptorConfig.from_phases(parts, **base), tcfg),
+                       "k2 TF only": (RaptorConfig.from_phases(parts, **base),
+                                      replace(tcfg, anneal=False, stage2_steps=0)),
+                       "k2 TF-AR stage1": (RaptorConfig.from_phases(parts, **base), replace(tcfg, stage2_steps=0))}
+            for name in only:
+                if name.startswith("k2 random th"):
+                    configs[name] = (RaptorConfig(n_layers=L, thresholds=[int(name[12:])], **base), tcfg)
+                results.setdefault(p, {})[name] = run(name, *configs[name])
+            continue
         maxcut = phases(dist, n_phases=2, method="maxcut")
         dp = phases(dist, n_phases=2, method="dp")
         parts = maxcut.parts if maxcut.contiguous else dp.parts
@@ -269,6 +285,8 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
                           random_mean_r2=float(np.mean([r["mean_r2"] for r in rand])),
                           random_r2=[r["mean_r2"] for r in rand], random_thresholds=[r["thresholds"] for r in rand])
         atomic_write_json(out / "summary.json", {str(k): v for k, v in results.items()})
+    if only is not None:
+        return results
     ps = list(results)
     results["spearman_similarity"] = float(spearmanr(ps, [results[p]["mean_offdiag_similarity"] for p in ps])[0])
     results["spearman_r2"] = float(spearmanr(ps, [results[p]["runs"]["k2"]["mean_r2"] for p in ps])[0])
