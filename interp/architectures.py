@@ -164,6 +164,36 @@ class NormLens(Lens):
         return Item(0).set(out, y)
 
 
+class HeadResult(Lens):
+    """``attn.hook_result``: each head's output ``z_h @ W_O[h]`` ``[..., head, d_model]``, without the output
+    bias (TransformerLens adds ``b_O`` after the sum over heads), read at the attention output projection
+    from its input ``z`` and its weight (``nn.Linear`` ``[d_model, H * d_head]`` or GPT-2's ``Conv1D``
+    ``[H * d_head, d_model]``). Computed in float32, as :meth:`interp.Cache.stack_head_results` does. A write
+    replaces the projection's output by ``sum_h result_h + b_O``."""
+
+    needs_input = True
+
+    def __init__(self, n_heads: int):
+        self.n_heads = n_heads
+
+    def _w_o(self, module) -> torch.Tensor:
+        w = module.weight.float()
+        if type(module).__name__ != "Conv1D":
+            w = w.T  # [in = H * d_head, d_model]
+        return w.unflatten(0, (self.n_heads, -1))  # [H, d_head, d_model]
+
+    def get_io(self, module, inp: torch.Tensor, out: Any) -> torch.Tensor:
+        z = inp.unflatten(-1, (self.n_heads, -1))
+        return torch.einsum("...he,hed->...hd", z.float(), self._w_o(module)).to(inp.dtype)
+
+    def set_io(self, module, inp: torch.Tensor, out: Any, value: torch.Tensor) -> Any:
+        y = value.float().sum(-2)
+        b = getattr(module, "bias", None)
+        if b is not None:
+            y = y + b.float()
+        return Item(0).set(out, y.to(Item(0).get(out).dtype))
+
+
 class Chain(Lens):
     def __init__(self, *lenses: Lens):
         self.lenses = lenses
@@ -189,9 +219,8 @@ class Site:
     """A canonical activation inside an HF module tree."""
 
     module: str
-    io: str  # "input" | "output"
+    io: str  # "input" | "output" | "attention" (inside the attention function: see backends/attention.py)
     lens: Lens = field(default_factory=Identity)
-    needs_eager: bool = False  # attention weights exist only under eager attention
 
     @property
     def needs_input(self) -> bool:
@@ -236,6 +265,7 @@ class ArchSpec:
     ln_final: str | None = None
     parallel: bool = False  # GPT-NeoX/Pythia parallel attention+MLP: there is no resid_mid
     vocab: int | None = None
+    rotary: bool = False  # rotary position embeddings: attn.hook_rot_q / hook_rot_k exist
 
     def sites(self) -> dict[str, Site]:
         """Canonical name -> Site for every hook this architecture offers, in execution order."""
@@ -266,8 +296,10 @@ class ArchSpec:
             else:
                 for i, h in enumerate(("q", "k", "v")):
                     s[f"attn.hook_{h}"] = Site(sub(self.qkv), "output", InterleavedQKV(self.n_heads, i))
-            s["attn.hook_pattern"] = Site(sub(self.attn), "output", Item(1, writable=False), needs_eager=True)
+            for kind in (("rot_q", "rot_k") if self.rotary else ()) + ("attn_scores", "pattern"):
+                s[f"attn.hook_{kind}"] = Site(sub(self.attn), "attention")
             s["attn.hook_z"] = Site(sub(self.o), "input", Heads(self.n_heads))
+            s["attn.hook_result"] = Site(sub(self.o), "output", HeadResult(self.n_heads))
             s["hook_attn_out"] = Site(sub(self.attn_out_norm or self.o), "output", first)
             if self.resid_mid_from:
                 s["hook_resid_mid"] = Site(sub(self.resid_mid_from), "output", first)
@@ -405,6 +437,7 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         ln_final=None if post_norm else path(name(comp.get("ln_final"))),
         parallel=bool(getattr(cfg, "use_parallel_residual", False)),
         vocab=getattr(tl, "d_vocab", None),
+        rotary=getattr(tl, "positional_embedding_type", None) == "rotary",
     )
     missing = [f for f in ("attn", "o", "mlp_out") if getattr(spec, f) is None]
     if missing or (layout != "split" and qkv is None):

@@ -435,7 +435,7 @@ class Model:
             return HookContext(name=name)
         n = None
         if tensor is not None and tensor.dim() >= 2:
-            n = tensor.shape[2] if parse(name)[1] in ("attn.hook_pattern", "attn.hook_attn_scores") else tensor.shape[1]
+            n = tensor.shape[2] if name.endswith(_KEY_BY_QUERY) else tensor.shape[1]
         qmask = p.query_mask(n) if n is not None else p.attention_mask
         return HookContext(name=name, attention_mask=qmask, pass_index=p.pass_index, past_length=p.past_length,
                            key_mask=p.attention_mask, generating=p.generating, run_id=p.run.run_id)
@@ -728,9 +728,12 @@ def next_token_loss(logits: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> 
     return (nll * keep).sum() / keep.sum().clamp_min(1)
 
 
+#: why a name is capture-only (every other canonical name, attn.hook_pattern/attn_scores/rot_q/rot_k/result
+#: included, is writable on every backend that offers it)
+#: hooks whose tensors are ``[batch, head, query_pos, key_pos]`` (the query axis is 2)
+_KEY_BY_QUERY = ("attn.hook_pattern", "attn.hook_attn_scores")
+
 _READ_ONLY_WHY = {
-    "attn.hook_pattern": "HF attention returns the pattern after using it; intervene on attn.hook_z or use "
-                         "backend='transformer_lens'",
     "ln1.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
     "ln2.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
     "ln_final.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",

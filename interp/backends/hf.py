@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from functools import partial
 from typing import Any, Iterator
 
 import torch
@@ -10,6 +11,9 @@ from torch import nn
 
 from ..architectures import ArchSpec, Site, arch_spec, norm_parts
 from ..model import HookSet, Model, ModelConfig
+from ..names import parse
+from ..run import current_pass
+from .attention import ImplSwitch, Slots
 
 
 class HFModel(Model):
@@ -148,12 +152,14 @@ class HFModel(Model):
 
     # ------------------------------------------------------------------ helpers for subclasses
     def _groups(self, hooks: HookSet) -> dict[tuple[str, str], list[tuple[str, Site, list]]]:
-        """Hooks grouped by (module path, "input"/"output"), in canonical order within a group."""
+        """Hooks grouped by (module path, "input"/"output"), in canonical order within a group (sites inside
+        the attention function are left out: :meth:`_attention_slots` installs those)."""
         groups: dict[tuple[str, str], list] = defaultdict(list)
         for name in self.sites:
             if name in hooks and hooks[name]:
                 site = self.sites[name]
-                groups[(site.module, site.io)].append((name, site, hooks[name]))
+                if site.io != "attention":
+                    groups[(site.module, site.io)].append((name, site, hooks[name]))
         unknown = [n for n in hooks if n not in self.sites]
         if unknown:
             from ..names import UnknownHookError, unknown_message
@@ -169,6 +175,10 @@ class HFModel(Model):
             lens = site.lens
             t = lens.get_io(module, inp, raw) if site.needs_input else lens.get(raw)
             t, changed = self._call_hooks(name, t, fns, lens.writable, pass_ctx)
+            # with a graph, the forward continues from the hooked tensor itself (a lens view such as the
+            # per-head z, or a derived tensor such as hook_result, is otherwise off the path and its
+            # gradient would be zero)
+            changed = changed or (lens.writable and t.requires_grad and torch.is_grad_enabled())
             if changed:
                 raw = lens.set_io(module, inp, raw, t) if site.needs_input else lens.set(raw, t)
                 changed_any = True
@@ -197,27 +207,83 @@ class HFModel(Model):
             kw.pop("position_ids", None)
         return kw
 
-    def _accepts(self, kwarg: str) -> bool:
-        import inspect
+    def _submodule(self, path: str) -> nn.Module:
+        """``hf_model.get_submodule(path)`` through the ``_modules`` dicts directly (always current; about
+        5x cheaper than ``get_submodule``'s attribute lookups, which cost ~60 us per hook per forward)."""
+        mod = self.hf_model
         try:
-            return kwarg in inspect.signature(self.hf_model.forward).parameters
-        except (TypeError, ValueError):
-            return False
+            for part in path.split("."):
+                mod = mod._modules[part]
+        except KeyError:
+            return self.hf_model.get_submodule(path)
+        return mod
 
-    def _eager_switch(self, hooks: HookSet) -> "_EagerSwitch":
-        """Attention weights exist only under eager attention: a switch to eager for every config of the
-        model if a pattern is hooked (``enter()`` / ``remove()``)."""
-        need = any(self.sites[n].needs_eager for n in hooks if n in self.sites and hooks[n])
-        return _EagerSwitch(self.hf_model if need else None)
+    def _accepts(self, kwarg: str) -> bool:
+        """Whether the HF model's forward takes ``kwarg`` (memoised per forward function: ``inspect.signature``
+        costs ~0.1 ms, paid on every forward before)."""
+        fwd = self.hf_model.forward
+        key = (getattr(fwd, "__func__", fwd), kwarg)
+        memo = self.__dict__.setdefault("_accepts_memo", {})
+        if key not in memo:
+            import inspect
+            try:
+                memo[key] = kwarg in inspect.signature(fwd).parameters
+            except (TypeError, ValueError):
+                memo[key] = False
+        return memo[key]
+
+    def _attention_hooks(self, hooks: HookSet) -> list[str]:
+        return [n for n in hooks if hooks[n] and n in self.sites and self.sites[n].io == "attention"]
+
+    def _attention_modules(self, layer: int) -> list[nn.Module]:
+        """The attention module of ``layer`` and every module inside it (the attention function is called
+        with the module that calls the interface: ``self_attn``, BERT's ``attention.self``, ...)."""
+        cache = self.__dict__.setdefault("_attn_modules", {})
+        if layer not in cache:
+            cache[layer] = list(self.hf_model.get_submodule(f"{self.spec.blocks}.{layer}.{self.spec.attn}").modules())
+        return cache[layer]
+
+    def _foreign(self, run) -> bool:
+        """A pass that is not ``run``'s (``run=None``: hooks of open contexts act in every pass)."""
+        if run is None:
+            return False
+        p = current_pass(self)
+        return p is None or p.run is not run
+
+    def _attention_install(self, hooks: HookSet, run=None, pass_ctx=None) -> tuple["ImplSwitch", "Slots"]:
+        """The hooks of ``attn.hook_rot_q/rot_k/attn_scores/pattern`` (see :mod:`interp.backends.attention`): a
+        switch of the model to the hook-calling attention implementation, and the per-module dispatch of
+        the hooks (both not yet entered; ``enter()`` / ``remove()``). Nothing to switch when none is hooked."""
+        names = self._attention_hooks(hooks)
+        if not names:
+            return ImplSwitch(None), Slots(())
+        by_layer: dict[int, dict[str, tuple[str, list, bool]]] = defaultdict(dict)
+        for n in names:
+            layer, hook = parse(n)
+            by_layer[layer][hook.rsplit("hook_", 1)[1]] = (n, hooks[n], self.sites[n].lens.writable)
+
+        def dispatch(table, kind: str, t: torch.Tensor):
+            entry = table.get(kind)
+            if entry is None or self._foreign(run):
+                return None
+            new, changed = self._call_hooks(entry[0], t, entry[1], entry[2], pass_ctx)
+            return new if changed else None
+        items = [(m, partial(dispatch, table)) for layer, table in by_layer.items()
+                 for m in self._attention_modules(layer)]
+        return ImplSwitch(self.hf_model), Slots(items)
 
     @contextlib.contextmanager
-    def _eager_if_needed(self, hooks: HookSet) -> Iterator[None]:
-        switch = self._eager_switch(hooks)
+    def _attention_hooks_installed(self, hooks: HookSet, run=None, pass_ctx=None) -> Iterator[None]:
+        switch, slots = self._attention_install(hooks, run, pass_ctx)
         try:
             switch.enter()
+            slots.enter()
             yield
         finally:
-            switch.remove()
+            try:
+                slots.remove()
+            finally:
+                switch.remove()
 
     def _sweep_hooks(self, fns: list[Any]) -> None:
         """Remove the hook functions ``fns`` wherever they are still registered on the module tree (an
@@ -245,32 +311,3 @@ def _project_output_off(module: nn.Module, r_hat: torch.Tensor) -> None:
     if b is not None:
         bf = b.float()
         b.copy_((bf - (bf @ r) * r).to(b.dtype))
-
-
-class _EagerSwitch:
-    """A temporary switch of every attention config of ``module`` to eager attention.
-
-    Each change is recorded before it is made, so ``remove()`` restores exactly what was changed,
-    whenever an interruption lands (also inside ``enter``); ``remove()`` is idempotent."""
-
-    def __init__(self, module: nn.Module | None) -> None:
-        self.module = module
-        self.changed: list[tuple[Any, str]] = []
-
-    def enter(self) -> None:
-        if self.module is None:
-            return
-        seen = set()
-        for m in self.module.modules():
-            c = getattr(m, "config", None)
-            if c is not None and id(c) not in seen and hasattr(c, "_attn_implementation"):
-                seen.add(id(c))
-                if c._attn_implementation != "eager":
-                    self.changed.append((c, c._attn_implementation))
-                    c._attn_implementation = "eager"
-
-    def remove(self) -> None:
-        while self.changed:
-            c, impl = self.changed[-1]
-            c._attn_implementation = impl
-            self.changed.pop()

@@ -45,7 +45,7 @@ class NNsightModel(HFModel):
                 probe = {k: (v[:1, :2] if ids is not None and v.shape[:2] == ids.shape else v[:1])
                          for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
                 probe.update({k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)})
-                with torch.no_grad(), self._eager_if_needed({n: [1] for n in self.sites}):
+                with torch.no_grad():
                     self.hf_model(**probe)
             finally:
                 for h in handles:
@@ -72,7 +72,8 @@ class NNsightModel(HFModel):
             keys = [k for k in keys if order.get(k, math.inf) <= order[stop_key]]
         result: list[Any] = []
         run_ctx = current_pass(self)  # nnsight runs the trace body in a worker thread: hand it over
-        with (torch.enable_grad() if grad else torch.no_grad()), self._eager_if_needed(hooks):
+        # hooks inside the attention function are called from the model's own forward, not through the trace
+        with (torch.enable_grad() if grad else torch.no_grad()), self._attention_hooks_installed(hooks, None, run_ctx):
             with self.nn.trace(**kwargs) as tracer:
                 for key in keys:
                     env = self._envoy(key[0])

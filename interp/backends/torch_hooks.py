@@ -27,13 +27,14 @@ class TorchModel(HFModel):
     def _install(self, hooks: HookSet, run=None) -> Callable[[], None]:
         """Register ``hooks``; with ``run``, they act only in passes of that run (a run's own hooks must
         not fire in another thread's forward of the same module), otherwise in every pass."""
-        switch = self._eager_switch(hooks)
-        handles: list[Any] = [switch]  # recorded before it acts: removal is safe at any point
+        switch, slots = self._attention_install(hooks, run)
+        handles: list[Any] = [switch, slots]  # recorded before they act: removal is safe at any point
         fns: list[Any] = []
         try:
             switch.enter()
+            slots.enter()
             for (path, io), entries in self._groups(hooks).items():
-                module = self.hf_model.get_submodule(path)
+                module = self._submodule(path)
                 if io == "output":
                     fns.append(partial(self._out_hook, entries, run))
                     handles.append(module.register_forward_hook(fns[-1], with_kwargs=True))
@@ -48,12 +49,6 @@ class TorchModel(HFModel):
             raise
         return partial(_remove, handles)
 
-    def _foreign(self, run) -> bool:
-        if run is None:
-            return False
-        p = current_pass(self)
-        return p is None or p.run is not run
-
     def _out_hook(self, entries, run, module, args, kwargs, output):
         if self._foreign(run):
             return None
@@ -65,10 +60,10 @@ class TorchModel(HFModel):
         if self._foreign(run):
             return None
         if args:
-            new, changed = self._apply(entries, args[0])
+            new, changed = self._apply(entries, args[0], None, module, args[0])
             return ((new, *args[1:]), kwargs) if changed else None
         key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-        new, changed = self._apply(entries, kwargs[key])
+        new, changed = self._apply(entries, kwargs[key], None, module, kwargs[key])
         return (args, {**kwargs, key: new}) if changed else None
 
     def _push(self, hooks: HookSet):
