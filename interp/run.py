@@ -48,6 +48,8 @@ class PassContext:
     pass_index: int
     attention_mask: torch.Tensor | None
     past_length: int = 0
+    #: query masks already sliced in this pass, by their length (every hook of a pass asks for the same one)
+    _query_masks: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def generating(self) -> bool:
@@ -55,9 +57,10 @@ class PassContext:
 
     def query_mask(self, n: int) -> torch.Tensor | None:
         """The mask of the ``n`` positions this pass computes: ``[batch, n]`` (the last ``n`` columns)."""
-        if self.attention_mask is None:
-            return None
-        return self.attention_mask[:, -n:] if n <= self.attention_mask.shape[1] else None
+        got = self._query_masks.get(n)
+        if got is None and self.attention_mask is not None and n <= self.attention_mask.shape[1]:
+            got = self._query_masks[n] = self.attention_mask[:, -n:]
+        return got
 
 
 _STACK: contextvars.ContextVar[tuple[PassContext, ...]] = contextvars.ContextVar("interp_pass_stack", default=())
