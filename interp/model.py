@@ -645,9 +645,11 @@ class Model:
     def _generate_ids(self, ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos):
         """One generation loop for every backend.
 
-        Pass 0 reads the prompt; pass ``k`` reads the ``k``-th new token against the key-value cache
-        (on backends that have one; otherwise the whole sequence is recomputed and interventions then
-        apply to every position of every pass). Hooks see each pass with its own context: the mask of
+        Pass 0 reads the prompt; pass ``k`` reads the ``k``-th new token against the key-value cache.
+        Every built-in backend has one for causal LMs (torch/nnsight: HF's cache; TransformerLens: the
+        bridge's HF cache or a HookedTransformer's own), so hooks see only the positions a pass computes;
+        a plug-in backend without ``_kv_cache`` recomputes the whole sequence each pass, and interventions
+        then apply to every position of every pass. Hooks see each pass with its own context: the mask of
         the whole sequence so far, ``past_length``, ``pass_index``; ``positions=[-1]`` is the last
         prompt token in pass 0 and the new token afterwards, so a steering vector at ``[-1]`` touches
         each token once, exactly as in a KV-cached Hugging Face ``generate`` under hooks.
