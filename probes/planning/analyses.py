@@ -152,7 +152,10 @@ def _layers_of_h(model: Model, config: CodeConfig) -> list[int]:
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
+    """Mean and spread (ddof=1; 0 for one value, NaN when a value is infinite)."""
     v = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(v)):
+        return float(v.mean()), float("nan")
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
@@ -328,22 +331,26 @@ class BranchResult(Result):
 def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> BranchResult:
     """The branch-awareness analysis on a task whose examples have two (or more) ``answers`` and a ``decoy``.
 
-    The model continues each prompt greedily by as many tokens as the longest answer; a continuation that
-    equals one answer (word by word) is *correct* and the first other answer is its alternative; only those
+    The model continues each prompt greedily by as many tokens as the longest answer has; a continuation whose
+    first words (or first tokens) are one answer's is *solved* and the first other answer is its alternative; only those
     examples enter the MIs (accuracy = ``task.is_correct`` over all examples)."""
     config = config or BranchConfig()
     examples = task.examples(config.n_examples, seed=config.seed)
     if not all(len(e.answers) >= 2 and e.decoy for e in examples):
         raise ValueError("branch awareness needs examples with >= 2 answers and a decoy")
     prompts = [e.prompt for e in examples]
-    n_new = max(len(a.split()) for e in examples for a in e.answers)
+    answer_ids = _text_ids(model, [a for e in examples for a in e.answers])
+    n_new = max(len(t) for t in answer_ids)
     gen = _generate(model, prompts, n_new, False, 1.0, config.seed, config.batch_size)
     texts = [_decode(model, g) for g in gen]
     acc = float(np.mean([bool(task.is_correct(e, t)) for e, t in zip(examples, texts)]))
     used, alts, gens = [], [], []
-    for i, (e, t) in enumerate(zip(examples, texts)):
+    it = iter(answer_ids)
+    for i, (e, t, g) in enumerate(zip(examples, texts, gen)):
         words = t.split()
-        hit = [j for j, a in enumerate(e.answers) if words[:len(a.split())] == a.split()]
+        ids = [next(it) for _ in e.answers]
+        hit = [j for j, a in enumerate(e.answers) if words[:len(a.split())] == a.split()
+               or torch.equal(g[:len(ids[j])], ids[j])]
         if hit:
             used.append(i)
             gens.append(e.answers[hit[0]])

@@ -201,10 +201,10 @@ def normalized_mi(values, i_max: float | None = None) -> np.ndarray:
     """The paper's normalised MI: ``values / I_max`` with ``I_max`` the largest value of the same analysis.
 
     ``values`` are (usually null-corrected) MIs of one analysis, any shape; ``i_max`` defaults to their
-    maximum (NaNs ignored). Only ratios within one analysis are meaningful. Returns zeros when
+    maximum (NaNs ignored and kept). Only ratios within one analysis are meaningful. Returns zeros when
     ``I_max <= 0`` (nothing above the null)."""
     v = np.asarray(values, dtype=np.float64)
     m = float(np.nanmax(v)) if i_max is None else float(i_max)
     if not np.isfinite(m) or m <= 0:
-        return np.zeros_like(v)
+        return np.where(np.isnan(v), np.nan, 0.0)
     return v / m
