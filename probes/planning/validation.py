@@ -27,7 +27,8 @@ from .mi import mutual_information, shuffled_null
 from .states import StateSets
 from .vqvae import TrainConfig, VQVAEConfig, train_vqvae
 
-__all__ = ["true_symmetric_channel_mi", "symbol_sets", "EstimatorSanityResult", "estimator_sanity"]
+__all__ = ["true_symmetric_channel_mi", "symbol_sets", "EstimatorSanityResult", "estimator_sanity", "horizon_criteria",
+           "decay_criteria", "HORIZON_RUN", "BRANCH_RUN", "VALIDATION_VQ"]
 
 
 def true_symmetric_channel_mi(noise: float, n_symbols: int) -> float:
@@ -119,3 +120,43 @@ def estimator_sanity(noise_levels: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
     return EstimatorSanityResult(noise=list(noise_levels), true_mi=true, mi=mi, null_mean=nm, null_std=ns,
                                  corrected=corrected, spearman=rho, independent_z=float(indep), n_codes=n_codes, n=n,
                                  codes_used=hist["codes_used"])
+
+
+# ----------------------------------------------------------------------------------------- paper criteria
+#: settings of the measured validation runs (docs/planning.md; the slow tests use the same)
+VALIDATION_VQ = {"d_model": 64, "d_latent": 32, "n_encoder_layers": 2}
+HORIZON_RUN = {"n_examples": 2000, "n_codes": 32, "max_tau": 10, "vqvae": VALIDATION_VQ, "train": {"steps": 800},
+               "n_perm": 20, "n_seeds": 1}
+BRANCH_RUN = {"n_examples": 2000, "n_codes": 32, "vqvae": VALIDATION_VQ, "train": {"steps": 800}, "n_perm": 20,
+              "n_seeds": 3}
+
+
+def horizon_criteria(result, early: Sequence[int] = (0, 1, 2, 3), late_from: int = 6) -> dict:
+    """Digest recipe 2 on a :class:`~interp.probes.planning.analyses.HorizonResult`.
+
+    ``early_mean`` / ``late_mean``: mean null-corrected MI over ``τ in early`` / ``τ >= late_from``;
+    ``ratio = early_mean / late_mean`` (``inf`` when the late mean is not above 0); ``late_within_noise``:
+    every late ``|corrected| <= 3 null std``; ``early_significant``: every early corrected MI ``> 3 null std``.
+    ``passed`` = ratio >= 3, late within noise, early significant."""
+    taus = list(result.taus)
+    c, s = np.asarray(result.corrected), np.asarray(result.null_std)
+    ei = [taus.index(t) for t in early if t in taus]
+    li = [i for i, t in enumerate(taus) if t >= late_from]
+    em, lm = float(c[ei].mean()), float(c[li].mean())
+    ratio = em / lm if lm > 0 else float("inf")
+    late_ok = bool(np.all(np.abs(c[li]) <= 3 * s[li]))
+    early_ok = bool(np.all(c[ei] > 3 * s[ei]))
+    return {"early_mean": em, "late_mean": lm, "ratio": ratio, "late_within_noise": late_ok,
+            "early_significant": early_ok, "passed": bool(ratio >= 3 and late_ok and early_ok)}
+
+
+def decay_criteria(result) -> dict:
+    """Digest/paper qualitative shape: ``decays`` when nMI at the last τ is below half of nMI at τ = 1;
+    ``flat_or_rising`` when, for τ > 1, nMI never drops below 0.5 of its value at τ = 1 (within the curve's
+    defined range) -- the paper's CFG (decay to ~1/5 by τ = 10) vs path-finding (flat or rising)."""
+    taus = list(result.taus)
+    n = np.asarray(result.nmi)
+    i1 = taus.index(1)
+    later = n[i1 + 1:]
+    return {"nmi_tau1": float(n[i1]), "nmi_last": float(n[-1]), "min_after_1": float(later.min()) if len(later) else float("nan"),
+            "decays": bool(n[-1] < 0.5 * n[i1]), "flat_or_rising": bool(len(later) and later.min() >= 0.5 * n[i1])}
