@@ -283,6 +283,8 @@ class ArchSpec:
                         s[f"{ln}.hook_{part}"] = Site(sub(path), "output", NormLens(part, self.norm_kind, self.norm_offset))
             if self.act:
                 s["mlp.hook_pre"] = Site(sub(self.act), "input")
+            elif self.mlp_in and not self.mlp_gate:  # the activation is a function (ESM): its input is mlp_in's output
+                s["mlp.hook_pre"] = Site(sub(self.mlp_in), "output", first)
             if self.mlp_gate and self.mlp_in:
                 s["mlp.hook_pre_linear"] = Site(sub(self.mlp_in), "output", first)
             if self.qkv_layout == "split":
@@ -367,6 +369,8 @@ def arch_spec(model: nn.Module) -> ArchSpec:
     cfg = _hf_config(model)
     if cfg.model_type == "dinov2":
         return _dinov2_spec(model, cfg)
+    if cfg.model_type == "esm":
+        return _esm_spec(model, cfg)
     adapter_cfg = cfg
     archs = list(getattr(cfg, "architectures", None) or [])
     wanted = _FOR_TYPE.get(cfg.model_type)
@@ -493,4 +497,30 @@ def _dinov2_spec(model: nn.Module, cfg) -> ArchSpec:
         o="attention.o_proj", ln1="norm1", ln2="norm2", mlp_in="mlp.fc1", mlp_out="mlp.fc2",
         act=_act_path(model.get_submodule(f"{blocks}.0"), "mlp"),
         attn_out_norm="layer_scale1", mlp_out_norm="layer_scale2", ln_final=f"{prefix}layernorm",
+    )
+
+
+def _esm_spec(model: nn.Module, cfg) -> ArchSpec:
+    """ESM / ESM-2 (``EsmForMaskedLM``, ``EsmModel``; not covered by TransformerLens): pre-norm blocks whose
+    output modules add the residual themselves (``attention.output`` = ``dense`` + residual, ``output`` =
+    ``dense`` + residual), the MLP activation a function (``mlp.hook_pre`` is the output of
+    ``intermediate.dense``), a final ``emb_layer_norm_after``, rotary embeddings (ESM-2) or learned absolute
+    positions (ESM-1b). ESM scales the query by ``1/sqrt(d_head)`` *before* rotary, so ``attn.hook_rot_q`` is
+    that scaled, rotated query and ``hook_attn_scores`` is ``rot_q @ rot_k^T``."""
+    blocks = resolve_path(model, "encoder.layer")
+    if blocks is None:
+        raise ValueError(f"cannot find the ESM blocks (encoder.layer) of {type(model).__name__}")
+    prefix = blocks[: -len("encoder.layer")]
+    n_heads = cfg.num_attention_heads
+    final = f"{prefix}encoder.emb_layer_norm_after"
+    has_final = final in dict(model.named_modules())
+    lm = "lm_head" in dict(model.named_children())
+    return ArchSpec(
+        family="esm", n_layers=cfg.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_heads,
+        d_model=cfg.hidden_size, d_head=cfg.hidden_size // n_heads, embed=f"{prefix}embeddings",
+        blocks=blocks, attn="attention", q="attention.self.query", k="attention.self.key",
+        v="attention.self.value", o="attention.output.dense", ln1="attention.LayerNorm", ln2="LayerNorm",
+        mlp_in="intermediate.dense", mlp_out="output.dense", ln_final=final if has_final else None,
+        rotary=getattr(cfg, "position_embedding_type", "absolute") == "rotary",
+        vocab=cfg.vocab_size if lm else None,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "gemma2", "bert", "vit", "dinov2")
+ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "gemma2", "bert", "vit", "dinov2", "esm")
 VOCAB = 259  # 256 byte symbols + bos, eos, pad
 
 
@@ -59,6 +59,10 @@ def tiny_config(arch: str, n_layers: int = 2, d_model: int = 64, n_heads: int = 
     if arch == "bert":
         return T.BertConfig(**common, intermediate_size=4 * d_model, vocab_size=VOCAB, max_position_embeddings=128,
                             pad_token_id=258, architectures=["BertForMaskedLM"])
+    if arch == "esm":  # ESM-2 layout: rotary, pre-norm, token dropout, final emb_layer_norm_after
+        return T.EsmConfig(**common, intermediate_size=4 * d_model, vocab_size=VOCAB, max_position_embeddings=128,
+                           position_embedding_type="rotary", token_dropout=True, emb_layer_norm_before=False,
+                           pad_token_id=258, mask_token_id=257, architectures=["EsmForMaskedLM"])
     if arch == "vit":
         return T.ViTConfig(**common, intermediate_size=4 * d_model, image_size=32, patch_size=8,
                            num_labels=10, architectures=["ViTForImageClassification"])

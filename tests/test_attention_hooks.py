@@ -84,12 +84,13 @@ def test_values_equal_the_bridge(arch, side):
         assert diff(got, alone[name][0]) < 1e-5, name
 
 
-@pytest.mark.parametrize("arch", ["bert", "vit", "dinov2", "gpt_neox", "gpt2"])
+@pytest.mark.parametrize("arch", ["bert", "vit", "dinov2", "gpt_neox", "gpt2", "esm"])
 @pytest.mark.parametrize("backend", ["torch", "nnsight"])
 def test_scores_and_pattern_by_hand(arch, backend):
     """Where the bridge does not fire them: scores are ``q k^T / sqrt(d_head)`` (rotated q/k for GPT-NeoX,
-    whose rotation leaves position 0 and the non-rotary dimensions as they are), masked entries ``-inf``,
-    and the pattern equals HF eager attention's ``output_attentions``."""
+    whose rotation leaves position 0 and the non-rotary dimensions as they are, and for ESM, which scales the
+    query by ``1/sqrt(d_head)`` before rotating it), masked entries ``-inf``, and the pattern equals HF eager
+    attention's ``output_attentions``."""
     model = model_on(arch, backend)
     hf = model.hf_model
     vision = arch in ("vit", "dinov2")
@@ -106,14 +107,15 @@ def test_scores_and_pattern_by_hand(arch, backend):
     mask = batch.get("attention_mask")
     d = model.cfg.d_head
     for layer in range(model.cfg.n_layers):
-        pre = "rot_" if arch == "gpt_neox" else ""
+        pre = "rot_" if arch in ("gpt_neox", "esm") else ""
         q, k = cache[f"blocks.{layer}.attn.hook_{pre}q"], cache[f"blocks.{layer}.attn.hook_{pre}k"]
-        if arch == "gpt_neox":
-            raw_q = cache[f"blocks.{layer}.attn.hook_q"]
-            rot = int(d * 0.25)  # rotary_pct of the tiny config
-            assert torch.allclose(q[:, 0], raw_q[:, 0], atol=1e-6) and torch.equal(q[..., rot:], raw_q[..., rot:])
+        scale = 1.0 if arch == "esm" else d ** -0.5
+        if pre:
+            raw_q = cache[f"blocks.{layer}.attn.hook_q"] / (d ** 0.5 if arch == "esm" else 1.0)
+            rot = int(d * 0.25) if arch == "gpt_neox" else d  # rotary_pct of the tiny GPT-NeoX config
+            assert torch.allclose(q[:, 0], raw_q[:, 0], atol=1e-6) and torch.allclose(q[..., rot:], raw_q[..., rot:])
             assert (q[:, 1:, :, :rot] - raw_q[:, 1:, :, :rot]).abs().max() > 1e-3
-        want = torch.einsum("bqhd,bkhd->bhqk", q, k) / d ** 0.5
+        want = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
         scores = cache[f"blocks.{layer}.attn.hook_attn_scores"]
         blocked = torch.isneginf(scores)
         assert (scores - want)[~blocked].abs().max() < 1e-5
@@ -125,7 +127,7 @@ def test_scores_and_pattern_by_hand(arch, backend):
         assert ((pattern - ref.attentions[layer]) * keep).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "dinov2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "dinov2", "esm"])
 def test_head_result_sums_to_attn_out(arch):
     """``hook_result`` is ``z_h @ W_O[h]``: equal to ``cache.stack_head_results`` and across backends, and its
     sum over heads plus ``b_O`` is the attention output."""
@@ -258,3 +260,47 @@ def test_gradients_through_pattern_with_left_padding(backend):
     for name in ("blocks.1.attn.hook_pattern", "blocks.0.attn.hook_rot_k", "blocks.0.attn.hook_result"):
         g = res.grads[name]
         assert torch.isfinite(g).all() and g.abs().max() > 0, name
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_esm_padding_and_writes(side):
+    """ESM (torch and nnsight): padded rows equal the text run alone on real positions (position ids from the
+    mask drive its rotary embeddings), and writes inside attention agree across the two backends."""
+    models = [model_on("esm", b) for b in ("torch", "nnsight")]
+    batch = models[0].tokenize(TEXTS, padding_side=side)
+    real = batch["attention_mask"][1].bool()
+    names = new_names(models[0]) + ["blocks.2.hook_resid_post"]
+    _, cache = models[0].run_with_cache(batch, names=names)
+    _, alone = models[0].run_with_cache(TEXTS[1], names=names)
+    for name in alone:
+        got = cache[name][1]
+        got = got[:, real][:, :, real] if name.endswith(("scores", "pattern")) else got[real]
+        assert diff(got, alone[name][0]) < 1e-5, name
+    outs = []
+    for model in models:
+        with model.intervene(_edits("esm", model)):
+            outs.append(model(batch))
+    assert (outs[0] - outs[1])[batch["attention_mask"].bool()].abs().max() < 1e-5
+    assert (outs[0] - models[0](batch))[batch["attention_mask"].bool()].abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_protein_mlm_zoo_entry_loads_on_hf_backends():
+    """``interp.load("zoo:protein-mlm-toy-8")`` (built here if the cache is cold: ~30 s) on torch and nnsight:
+    the last block's residual through the final norm is HF's last hidden state, and both backends agree."""
+    import interp.models.reverse_distillation  # noqa: F401 - registers the protein zoo entries
+    seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "MKV"]
+    res = {}
+    for backend in ("torch", "nnsight"):
+        model = interp.load("zoo:protein-mlm-toy-8", backend=backend)
+        assert model.cfg.family == "esm" and not model.cfg.is_causal_lm
+        res[backend] = model.run_with_cache(seqs)
+    out, cache = res["torch"]
+    batch = model.prepare(seqs)
+    with torch.no_grad():
+        ref = model.hf_model(**model._kwargs(batch), output_hidden_states=True)
+    mask = batch["attention_mask"].bool()
+    last = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    final = model.apply_ln_final(last)
+    assert (final - ref.hidden_states[-1])[mask].abs().max() < 1e-5
+    assert (res["nnsight"][0] - out)[mask].abs().max() < 1e-6

@@ -11,7 +11,7 @@ from interp.architectures import arch_spec
 from interp.testing import ARCHITECTURES, tiny_model
 
 BACKENDS = ("torch", "nnsight", "transformer_lens")
-NO_TL = {"dinov2"}  # TransformerLens has no DINOv2 adapter
+NO_TL = {"dinov2", "esm"}  # TransformerLens has no DINOv2 or ESM adapter
 TEXTS = ["Hello world, this is a test.", "Hi"]
 TL_ONLY = {"attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores"}
 

@@ -26,7 +26,7 @@ class HFModel(Model):
         hf_cfg = getattr(hf_model, "config", None)
         vocab = getattr(hf_cfg, "vocab_size", None) if hf_cfg is not None else None
         is_lm = hasattr(hf_model, "get_output_embeddings") and hf_model.get_output_embeddings() is not None \
-            and self.spec.family not in ("bert",)
+            and self.spec.family not in ("bert", "esm")  # masked LMs: no generation
         modality = "vision" if self.spec.family in ("vit", "dinov2") else "text"
         super().__init__(tokenizer, ModelConfig(self.spec.family, self.spec.n_layers, self.spec.n_heads,
                                                 self.spec.n_kv_heads, self.spec.d_model, self.spec.d_head,
