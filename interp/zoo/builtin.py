@@ -127,7 +127,7 @@ def _register_planning() -> tuple[ZooEntry, ...]:
         out.append(register(ZooEntry(
             name=spec["name"], description=spec["description"],
             source=f"trained locally on interp.probes.planning.tasks ({task['kind']} task)",
-            architecture="LlamaForCausalLM", size=spec.get("size", "small (< 1M params)"),
+            architecture="LlamaForCausalLM", size=spec.get("size", "~0.27M params"),
             builder=_lazy(".planning:build_planning"), params=spec["params"])))
     return tuple(out)
 
