@@ -304,3 +304,24 @@ def test_protein_mlm_zoo_entry_loads_on_hf_backends():
     final = model.apply_ln_final(last)
     assert (final - ref.hidden_states[-1])[mask].abs().max() < 1e-5
     assert (res["nnsight"][0] - out)[mask].abs().max() < 1e-6
+
+
+def test_sliding_window_masks_match_the_bridge():
+    """Mistral with a 4-token sliding window, left padding: scores keep at most 4 finite keys per query row,
+    equal to the bridge's, and a scores write agrees across backends."""
+    caches, outs = {}, {}
+    for backend in BACKENDS:
+        hf, tok = tiny_model("mistral", seed=1, n_layers=3, perturb_norms=True)
+        hf.config.sliding_window = 4
+        model = interp.wrap(hf, tok, backend=backend)
+        batch = model.tokenize(TEXTS, padding_side="left")
+        _, caches[backend] = model.run_with_cache(batch, names=["blocks.1.attn.hook_attn_scores", "blocks.1.attn.hook_pattern"])
+        with model.intervene({"blocks.2.attn.hook_attn_scores": interp.Scale(0.3)}):
+            outs[backend] = model(batch)
+    scores = caches["torch"]["blocks.1.attn.hook_attn_scores"]
+    assert int(torch.isfinite(scores).sum(-1).max()) == 4 and int(torch.isfinite(scores[0, 0, -1]).sum()) == 4
+    real = batch["attention_mask"].bool()
+    for backend in BACKENDS[1:]:
+        for name in caches["torch"]:
+            assert diff(caches[backend][name], caches["torch"][name]) < 1e-5, (backend, name)
+        assert (outs[backend] - outs["torch"])[real].abs().max() < 1e-4, backend
