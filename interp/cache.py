@@ -13,7 +13,7 @@ _SHORT = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_p
           "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "q": "attn.hook_q", "k": "attn.hook_k",
           "v": "attn.hook_v", "z": "attn.hook_z", "pattern": "attn.hook_pattern", "attn": "attn.hook_pattern",
           "scores": "attn.hook_attn_scores", "attn_scores": "attn.hook_attn_scores", "rot_q": "attn.hook_rot_q",
-          "rot_k": "attn.hook_rot_k", "pre": "mlp.hook_pre", "pre_linear": "mlp.hook_pre_linear",
+          "rot_k": "attn.hook_rot_k", "result": "attn.hook_result", "pre": "mlp.hook_pre", "pre_linear": "mlp.hook_pre_linear",
           "post": "mlp.hook_post", "mlp_post": "mlp.hook_post", "scale": "hook_scale",
           "normalized": "hook_normalized", "embed": "hook_embed"}
 

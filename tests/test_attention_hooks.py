@@ -143,6 +143,7 @@ def test_head_result_sums_to_attn_out(arch):
         result = torch.stack([cache[f"blocks.{l}.attn.hook_result"] for l in range(n)])  # [L, b, p, H, d]
         stacked = cache.stack_head_results().unflatten(0, (n, H)).permute(0, 2, 3, 1, 4)
         assert (result - stacked).abs().max() < 1e-6, backend
+        assert torch.equal(cache["result", 1], cache["blocks.1.attn.hook_result"])  # TransformerLens shorthand
         if arch != "dinov2":  # DINOv2's layer scale sits between the projection and hook_attn_out
             total = result.sum(-2) + model.weight("b_O")[:, None, None]
             out = torch.stack([cache[f"blocks.{l}.hook_attn_out"] for l in range(n)])
