@@ -256,3 +256,32 @@ def test_untied_myopic_and_config():
     from interp.dynamics.untied import untie_gpt2
     with pytest.raises(ValueError, match="already untied"):
         untie_gpt2(U, 4)
+
+
+def test_domain_contexts_interleave_and_corpora():
+    from interp.dynamics.q_domains import domain_contexts
+
+    class Tok:      # one token per character
+        def __call__(self, t):
+            return {"input_ids": [ord(c) for c in t]}
+    toks, dom = domain_contexts(Tok(), {"x": "abcdefgh", "y": "ABCDEFGHIJ"}, n_ctx=2, length=3)
+    assert toks.tolist() == [[97, 98, 99], [65, 66, 67], [100, 101, 102], [68, 69, 70]]
+    assert dom.tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="only 2 contexts"):
+        domain_contexts(Tok(), {"x": "abcdefgh"}, n_ctx=3, length=3)
+
+
+@pytest.mark.slow
+def test_q_domains_smollm2(tmp_path):
+    """Validation 3 on the real zoo:smollm2-135m (SAE on blocks.8.hook_resid_post; ~25 min on one loaded core).
+    Measured: median Q 1.18 over 48 features; top-10 Q features put 0.72 of their activation mass on code + legal
+    text vs 0.55 for all measured features and 0.43 for the bottom 10; Spearman(Q, code+legal preference) 0.29."""
+    from interp.dynamics import run_q_domains
+    r = run_q_domains(n_ctx=100, sae_steps=600, n_features=48, q_contexts=2, q_length=24, q_position=12,
+                      extreme=0.2, folder=tmp_path)
+    s = {row["group"]: row for row in r.summary}
+    assert (r.q > 0).all() and r.sae_stats["fvu"] < 0.3
+    top = next(k for k in s if k.startswith("top"))
+    assert s[top]["code+legal share"] > s["all"]["code+legal share"]
+    assert r.sae_stats["spearman_Q_vs_formal_pref"] > 0
+    assert len(r.to_frame()) == 48 and r.figure().data
