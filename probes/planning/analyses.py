@@ -184,6 +184,8 @@ class HorizonResult(Result):
     n_codes: int
     config: dict
     vqvae: dict
+    codes: dict = field(default_factory=dict)          # cell -> codes [n] of the first VQ-VAE seed ("H", "tau0", ...)
+    example_index: np.ndarray | None = None            # which of task.examples(n_examples, seed) were used [n]
 
     def to_frame(self):
         import pandas as pd
@@ -250,9 +252,12 @@ def horizon_curve(model: Model, task, config: HorizonConfig | None = None) -> Ho
     groups = {"H": {"H": sets["H"]}, "last": {f"tau{t}": sets[f"tau{t}"] for t in taus}}
     per_seed = []
     vq_summary: dict = {}
+    first: dict = {}
     for s in range(config.n_seeds):
         codes, summ = fit_codes(groups, config, seed=s)
         vq_summary[f"seed{s}"] = summ
+        if s == 0:
+            first = {"H": codes["H"]["H"], **codes["last"]}
         zh = codes["H"]["H"]
         per_seed.append([mi_with_null(zh, codes["last"][f"tau{t}"], n_perm=config.n_perm, seed=s) for t in taus])
     arr = np.asarray(per_seed)  # [seeds, taus, 3]
@@ -263,7 +268,7 @@ def horizon_curve(model: Model, task, config: HorizonConfig | None = None) -> Ho
     return HorizonResult(task=getattr(task, "name", type(task).__name__), taus=taus, mi=mi, null_mean=null_mean,
                          null_std=null_std, corrected=corrected, nmi=_nmi(corrected), seed_std=seed_std,
                          accuracy=acc, n=len(seqs), n_codes=config.n_codes, config=_config_dict(config),
-                         vqvae=vq_summary)
+                         vqvae=vq_summary, codes=first, example_index=np.asarray(keep))
 
 
 def _nmi(values: np.ndarray) -> np.ndarray:
@@ -300,6 +305,8 @@ class BranchResult(Result):
     ratios: list
     config: dict
     vqvae: dict
+    codes: dict = field(default_factory=dict)          # "H", "alt", "decoy", "generated" -> codes [n] (seed 0)
+    example_index: np.ndarray | None = None            # solved examples used [n]
 
     def to_frame(self):
         import pandas as pd
@@ -384,11 +391,13 @@ def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> 
     groups = {"H": {"H": h_sets}, "path": path_sets}
     rng = np.random.default_rng(config.seed)
     swap = rng.random(len(ex)) < 0.5
-    ratios, controls, rows, summaries = [], [], [], {}
+    ratios, controls, rows, summaries, first = [], [], [], {}, {}
     for s in range(config.n_seeds):
         codes, summ = fit_codes(groups, config, seed=s)
         summaries[f"seed{s}"] = summ
         zh, za, zd, zg = codes["H"]["H"], codes["path"]["alt"], codes["path"]["decoy"], codes["path"]["generated"]
+        if s == 0:
+            first = {"H": zh, "alt": za, "decoy": zd, "generated": zg}
         a = mi_with_null(zh, za, n_perm=config.n_perm, seed=s)
         d = mi_with_null(zh, zd, n_perm=config.n_perm, seed=s)
         g = mutual_information(zh, zg)
@@ -406,7 +415,7 @@ def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> 
                         control_ratio_std=c_std, mi_alt=float(m[0]), mi_decoy=float(m[1]), mi_generated=float(m[2]),
                         null_alt=float(m[3]), null_decoy=float(m[4]), null_std=float(m[5]), accuracy=acc,
                         n=len(ex), n_codes=config.n_codes, ratios=ratios, config=_config_dict(config),
-                        vqvae=summaries)
+                        vqvae=summaries, codes=first, example_index=np.asarray(used))
 
 
 # ----------------------------------------------------------------------------------------- block x layer map
