@@ -326,3 +326,25 @@ def test_sliding_window_masks_match_the_bridge():
         for name in caches["torch"]:
             assert diff(caches[backend][name], caches["torch"][name]) < 1e-5, (backend, name)
         assert (outs[backend] - outs["torch"])[real].abs().max() < 1e-4, backend
+
+
+@pytest.mark.parametrize("arch", ["bert", "vit", "dinov2"])
+def test_encoder_writes_agree_on_hf_backends(arch):
+    """Encoders (no bridge pattern/scores): pattern, scores and head-result writes agree between torch and
+    nnsight, change the output, and a head-result ablation equals ablating that head's z."""
+    vision = arch in ("vit", "dinov2")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)) if vision else TEXTS
+    outs = []
+    for backend in ("torch", "nnsight"):
+        model = model_on(arch, backend)
+        with model.intervene(_edits(arch, model)):
+            outs.append(model(x))
+        with model.intervene({"blocks.1.attn.hook_result": interp.Ablate(heads=[0, 3])}):
+            a = model(x)
+        with model.intervene({"blocks.1.attn.hook_z": interp.Ablate(heads=[0, 3])}):
+            b = model(x)
+        assert (a - b).abs().max() < 1e-5
+    clean = model(x)
+    real = torch.ones(clean.shape[:2], dtype=torch.bool) if vision else model.prepare(x)["attention_mask"].bool()
+    assert (outs[0] - clean)[real].abs().max() > 1e-3 and (a - clean)[real].abs().max() > 1e-3
+    assert (outs[0] - outs[1])[real].abs().max() < 1e-5
