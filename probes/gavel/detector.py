@@ -34,7 +34,7 @@ from interp.results import Result
 
 from .rules import Rule
 
-__all__ = ["DetectorConfig", "WindowGRU", "CEDetector", "make_windows", "compute_triggers", "train_detector",
+__all__ = ["DetectorConfig", "WindowGRU", "CEDetector", "make_windows", "compute_triggers", "train_detector", "masked_bce",
            "CalibrationLabels", "labels_for_rule", "Calibration", "calibrate", "TrainingHistory"]
 
 
@@ -144,12 +144,21 @@ class TrainingHistory(Result):
         return fig
 
 
+def masked_bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy over the known targets: ``logits``, ``targets [N, C]``, NaN targets left out
+    (all targets known: equal to ``BCEWithLogitsLoss()``)."""
+    known = ~torch.isnan(targets)
+    loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.nan_to_num(targets), reduction="none")
+    return (loss * known).sum() / known.sum().clamp_min(1)
+
+
 def train_detector(windows: torch.Tensor, targets: torch.Tensor, ces: Sequence[str], config: DetectorConfig | None = None,
                    spec=None) -> tuple["CEDetector", TrainingHistory]:
     """Fit a :class:`CEDetector` on labelled windows.
 
     ``windows [N, window, d]`` (full windows), ``targets [N, C]`` multi-label 0/1 (an all-zero row is a
-    window showing none of the CEs). Returns the detector at its best validation epoch and the history.
+    window showing none of the CEs; NaN marks a label left out of the loss, e.g. a window that only partly
+    covers a CE's sentence). Returns the detector at its best validation epoch and the history.
     """
     config = config or DetectorConfig()
     ces = list(ces)
@@ -174,7 +183,7 @@ def train_detector(windows: torch.Tensor, targets: torch.Tensor, ces: Sequence[s
     net.mean.copy_(flat.mean(0))
     net.std.copy_(flat.std(0).clamp_min(1e-6))
     opt = torch.optim.Adam(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    lossf = nn.BCEWithLogitsLoss()
+    lossf = masked_bce
     best, best_state, best_epoch, bad = math.inf, None, 0, 0
     hist_tr, hist_val = [], []
     bar = progress(range(config.max_epochs), desc="gavel detector")

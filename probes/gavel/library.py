@@ -17,7 +17,7 @@ assistant turns are built from CE sentences and neutral sentences:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from .rules import Rule, parse_rule
@@ -139,6 +139,125 @@ CE_TEMPLATES: dict[str, list[str]] = {
     ],
 }
 
+
+#: more sentence templates per CE, written later to vary the detector-training data (never in test
+#: conversations): templates 0-4 join the training split, 5-7 form the validation split (calibration and
+#: choices such as the layer range), so calibration sees sentences the detector was not trained on, as the
+#: held-out test does. Written as paraphrases of the CE's meaning from its name and description, without
+#: looking at test results.
+EXTRA_TEMPLATES: dict[str, list[str]] = {
+    "content_creation": [
+        "I've written a short blog post on {topic} for you:",
+        "As you requested, here is the text message I came up with:",
+        "Here is the invitation I wrote, feel free to edit it:",
+        "This is the script I prepared for your video about {topic}:",
+        "I generated a caption and a short description for you:",
+        "Here is the first version of the speech you asked for:",
+        "I composed this reply for you to post on the forum:",
+        "Okay, here's the flyer wording I made for {topic}:",
+    ],
+    "click_or_enter": [
+        "Select the blue button to get started.",
+        "Visit the page and fill in the login form.",
+        "Type your username and password into the box.",
+        "Hit the confirm button on the website.",
+        "Use the link in the email to reset your access.",
+        "Go to the portal and key in the one-time code.",
+        "Scan the code and input your card number on the screen.",
+        "Press continue and sign in with your account.",
+    ],
+    "personal_information": [
+        "We require your bank account number and routing number.",
+        "Please note your date of birth and the last four digits of your SSN.",
+        "Your credit card number and the security code on the back are needed.",
+        "Tell us your maiden name and your first pet's name.",
+        "We must record your home address and mobile number.",
+        "Your tax ID and employer details are needed for the file.",
+        "List your email login and the answers to your security questions.",
+        "Your full name, birth date and ID card number are required for the check.",
+    ],
+    "provide_or_give": [
+        "Send over the paperwork when you can.",
+        "Please furnish the missing details in your response.",
+        "Submit the information in the reply form.",
+        "Offer them whatever they request during the call.",
+        "Kindly pass those details along to our office.",
+        "Let us have the documents by {day}, please.",
+        "Please give our representative the answers they need.",
+        "Reply with the details and hand them to the clerk.",
+    ],
+    "payment_tools": [
+        "We only accept payment through Zelle or Venmo.",
+        "Get a Google Play card worth {amount} and share the numbers.",
+        "The charge must be paid in cryptocurrency such as USDT.",
+        "Use MoneyGram to pay the {amount} fee.",
+        "Top up a reloadable Visa card with {amount}.",
+        "Pay using a Steam gift card from any shop.",
+        "Deposit the cash at a bitcoin ATM near you.",
+        "Buy store vouchers and text us the PIN numbers.",
+    ],
+    "send_or_transfer": [
+        "Forward {amount} to the account number we gave you.",
+        "Move the funds to this account by {day}.",
+        "Wire {amount} to our partner right away.",
+        "Please send the payment to the address below.",
+        "Transfer your savings into the protected account.",
+        "Send the amount over before {day}.",
+        "Route the money to the new account we opened for you.",
+        "Deposit {amount} into the account listed here.",
+    ],
+    "making_threat": [
+        "If you don't pay, I'll post your photos everywhere.",
+        "You'll be sorry when I show up at your door.",
+        "I'm going to ruin you, {name}.",
+        "Cross me again and you'll lose everything.",
+        "I will find you and make you suffer.",
+        "Say anything to the police and your kids will pay.",
+        "Don't test me, or you will get what's coming.",
+        "I'll make sure everyone at your job knows what you did.",
+    ],
+    "emotionally_engaging": [
+        "Talking to you is the best part of my day, {name}.",
+        "I think I'm falling for you.",
+        "You make me feel safe and loved.",
+        "I can't stop thinking about you, sweetheart.",
+        "You're the only one who truly gets me.",
+        "Every message from you makes me smile.",
+        "I've been dreaming of the day we finally meet, my love.",
+        "You are my everything and I adore you.",
+    ],
+    "trust_seeding": [
+        "You can count on me, I'm a certified advisor from {org}.",
+        "This is an official notice and fully authorised.",
+        "I'm from {org}'s fraud department, so this is safe.",
+        "We're a trusted partner with excellent reviews.",
+        "Don't worry, this process is approved and protected.",
+        "As a government-registered firm, we are fully legitimate.",
+        "I'm a senior officer at {org} and I vouch for this.",
+        "Thousands of people trust us every day, and so can you.",
+    ],
+    "buy_or_purchase": [
+        "Grab the {item} today while stocks last.",
+        "Add the {item} to your cart and check out.",
+        "You need to buy a new {item} right away.",
+        "Shop for the {item} on our site now.",
+        "Get yourself the {item} before the price goes up.",
+        "Pay for the {item} in the online store.",
+        "Order a {item} for me, please.",
+        "Buy the {item} and keep the receipt.",
+    ],
+}
+EXTRA_NEUTRAL = [
+    "The bakery sells fresh bread every morning.",
+    "Most cats sleep for more than twelve hours a day.",
+    "The park has a small lake with ducks.",
+    "Our team finished the report on {topic}.",
+    "The bus was a few minutes late on {day}.",
+    "Tomatoes grow best in full sun.",
+    "The concert hall was renovated last year.",
+    "Here are three tips for staying organised.",
+]
+
 NEUTRAL = [
     "The weather on {day} looks mild with a light breeze.",
     "A good recipe for soup starts with onions and garlic.",
@@ -210,23 +329,54 @@ class LabelledConversation:
     ces: list[str]  #: CEs shown by its assistant turns
     kind: str  #: positive / hard / random
     scenario: str | None
+    #: where each CE sentence is: ``(message index, char start, char end, CE)`` in that message's content
+    spans: list = field(default_factory=list)
 
 
-def _conversation(rng: random.Random, ces: Sequence[str], split: str) -> list[dict]:
+def _pool(ce: str | None, split: str) -> list[str]:
+    """Templates of ``ce`` (None: neutral) for a split: ``train`` (templates 0-5), ``test`` (6-7), ``more``
+    (train + extra 0-4: detector training), ``val`` (extra 5-7: calibration and validation choices)."""
+    if split not in ("train", "test", "more", "val"):
+        raise ValueError(f"split must be 'train', 'test', 'more' or 'val', got {split!r}")
+    if ce is None:
+        return {"train": NEUTRAL, "test": NEUTRAL, "more": NEUTRAL + EXTRA_NEUTRAL[:5],
+                "val": EXTRA_NEUTRAL[5:] + NEUTRAL[:3]}[split]
+    base, extra = CE_TEMPLATES[ce], EXTRA_TEMPLATES[ce]
+    return {"train": base[:6], "test": base[6:], "more": base[:6] + extra[:5], "val": extra[5:]}[split]
+
+
+def _turn(rng: random.Random, group: Sequence[str], split: str, msg_index: int) -> tuple[str, list]:
+    """One assistant turn: a sentence per CE of ``group`` and one neutral sentence at a random place."""
+    sents = [(_fill(rng, rng.choice(_pool(c, split))), c) for c in group]
+    neutral = NEUTRAL if split in ("train", "test") else _pool(None, split)
+    sents.insert(rng.randrange(len(sents) + 1), (_fill(rng, rng.choice(neutral)), None))
+    text, spans, pos = "", [], 0
+    for i, (sent, c) in enumerate(sents):
+        if i:
+            text += " "
+            pos += 1
+        if c is not None:
+            spans.append((msg_index, pos, pos + len(sent), c))
+        text += sent
+        pos += len(sent)
+    return text, spans
+
+
+def _conversation_spans(rng: random.Random, ces: Sequence[str], split: str) -> tuple[list[dict], list]:
     ces = list(ces)
     rng.shuffle(ces)
     half = (len(ces) + 1) // 2
-    turns = [ces[:half], ces[half:]]
-    msgs = []
-    for i, group in enumerate(turns):
+    msgs, spans = [], []
+    for i, group in enumerate([ces[:half], ces[half:]]):
         msgs.append({"role": "user", "content": rng.choice(USER_OPENERS if i == 0 else USER_FOLLOWUPS)})
-        pool = CE_TEMPLATES if group else {}
-        sents = [_fill(rng, rng.choice(CE_TEMPLATES[c][:6] if split == "train" else CE_TEMPLATES[c][6:]))
-                 for c in group]
-        sents.insert(rng.randrange(len(sents) + 1), _fill(rng, rng.choice(NEUTRAL)))
-        del pool
-        msgs.append({"role": "assistant", "content": " ".join(sents)})
-    return msgs
+        text, sp = _turn(rng, group, split, len(msgs))
+        spans += sp
+        msgs.append({"role": "assistant", "content": text})
+    return msgs, spans
+
+
+def _conversation(rng: random.Random, ces: Sequence[str], split: str) -> list[dict]:
+    return _conversation_spans(rng, ces, split)[0]
 
 
 def _assignments(rule: Rule) -> tuple[list[list[str]], list[list[str]]]:
@@ -247,12 +397,11 @@ def scenario_conversations(rng: random.Random, rule: Rule, n_pos: int, n_hard: i
     pos_sets, neg_sets = _assignments(rule)
     others = [c for c in others if c not in rule.condition_ces]
     out = []
-    for _ in range(n_pos):
-        s = list(rng.choice(pos_sets)) + ([rng.choice(others)] if others and rng.random() < 0.3 else [])
-        out.append(LabelledConversation(_conversation(rng, s, split), s, "positive", rule.name))
-    for _ in range(n_hard):
-        s = list(rng.choice(neg_sets)) + ([rng.choice(others)] if others and rng.random() < 0.3 else [])
-        out.append(LabelledConversation(_conversation(rng, s, split), s, "hard", rule.name))
+    for kind, n, sets in (("positive", n_pos, pos_sets), ("hard", n_hard, neg_sets)):
+        for _ in range(n):
+            s = list(rng.choice(sets)) + ([rng.choice(others)] if others and rng.random() < 0.3 else [])
+            msgs, spans = _conversation_spans(rng, s, split)
+            out.append(LabelledConversation(msgs, s, kind, rule.name, spans))
     return out
 
 
@@ -261,7 +410,23 @@ def neutral_conversations(rng: random.Random, n: int, split: str, ces: Sequence[
     out = []
     for _ in range(n):
         s = [rng.choice(list(ces))] if ces and rng.random() < 0.5 else []
-        out.append(LabelledConversation(_conversation(rng, s, split), s, "random", None))
+        msgs, spans = _conversation_spans(rng, s, split)
+        out.append(LabelledConversation(msgs, s, "random", None, spans))
+    return out
+
+
+def training_conversations(rng: random.Random, n: int, split: str = "more", max_ces: int = 2
+                           ) -> list[LabelledConversation]:
+    """CE training data written like the scenario conversations (two assistant turns) with sentence spans:
+    each conversation shows 0..``max_ces`` CEs drawn uniformly (a fifth of them none), so windows can be
+    labelled from the sentences they cover (:func:`token_ce_labels`)."""
+    names = list(CE_TEMPLATES)
+    out = []
+    for _ in range(n):
+        k = 0 if rng.random() < 0.2 else rng.randint(1, max_ces)
+        s = rng.sample(names, k)
+        msgs, spans = _conversation_spans(rng, s, split)
+        out.append(LabelledConversation(msgs, s, "train", None, spans))
     return out
 
 

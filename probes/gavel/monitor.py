@@ -19,7 +19,11 @@ window and, when it fires, its action is taken:
 Every event records the rule, action, the generated-token positions and text of the windows whose
 probabilities made each CE fire, those probabilities, and the CE scores. The sliding window persists over
 ``generate`` calls (turns of one conversation) until :meth:`Monitor.reset`; with ``score_prompt=True`` the
-prompt's tokens are scored in pass 0 as well (for conversations that started unmonitored).
+prompt's tokens are scored in pass 0 as well (for conversations that started unmonitored), and with
+``score_prompt="assistant"`` only the prompt's assistant tokens are (the earlier assistant turns of a chat
+prompt, the new turn's header and a ``prefill``; the tokens the detectors were trained on): the prompt is
+then tokenised message by message, as :func:`~interp.probes.gavel.encode_conversation` does.
+``generate(..., prefill=text)`` starts the assistant turn with ``text`` (a prefilled turn the model continues).
 
 Choices: one conversation per call (batch 1); the last token of a generation is never fed back through the
 model, so its readout does not exist: the monitor scores the tail (fewer than ``window`` tokens since the
@@ -109,12 +113,14 @@ class Monitor:
     """
 
     def __init__(self, model, detector: CEDetector, rules: RuleSet | Sequence[Rule], history: int = 8,
-                 score_prompt: bool = False):
+                 score_prompt: bool | str = False):
         if detector.spec is None:
             raise ValueError("the detector has no FeatureSpec (train it with spec=...) so the monitor cannot know "
                              "which layers to read")
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
             raise ValueError(f"history must be a positive integer (windows), got {history!r}")
+        if score_prompt not in (True, False, "assistant"):
+            raise ValueError(f"score_prompt must be True, False or 'assistant', got {score_prompt!r}")
         self.model, self.detector, self.history, self.score_prompt = model, detector, history, score_prompt
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(list(rules))
         if not len(self.rules):
@@ -142,6 +148,7 @@ class Monitor:
         self._spans: list[list[int]] = []
         self._events: list[dict] = []
         self._no_more_redirects = False
+        self._prompt_mask: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------ hooks
     def _embed_hook(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
@@ -156,6 +163,10 @@ class Monitor:
         z = tensor.detach()[0]  # [pos, H, d]
         if ctx.attention_mask is not None:
             z = z[ctx.attention_mask[0].bool()]
+        if ctx.pass_index == 0 and self._prompt_mask is not None:
+            z = z[self._prompt_mask.to(z.device)]
+            if not len(z):
+                return tensor
         if self._kv is not None:
             H, d = z.shape[-2:]
             z = z.reshape(z.shape[0], self._kv, H // self._kv, d).mean(-2)
@@ -228,17 +239,42 @@ class Monitor:
         sim = torch.nn.functional.normalize(E, dim=-1) @ torch.nn.functional.normalize(W, dim=-1).T
         return sim.argmax(-1).tolist()
 
-    def generate(self, prompt, max_new_tokens: int = 64, system_prompt: str | None = None,
+    def generate(self, prompt, max_new_tokens: int = 64, system_prompt: str | None = None, prefill: str | None = None,
                  **generate_kwargs: Any) -> MonitorOutput:
-        """Generate one assistant turn for ``prompt`` (text or chat messages) under the rules."""
+        """Generate one assistant turn for ``prompt`` (text or chat messages) under the rules; ``prefill``: text
+        the assistant turn starts with (part of the prompt; the returned text is what follows it)."""
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], str):
             raise ValueError("Monitor.generate takes one conversation (a string or a list of messages), not a batch")
         self._new_call()
-        return self._generate(prompt, max_new_tokens, system_prompt, generate_kwargs, redirect_ok=True)
+        return self._generate(prompt, max_new_tokens, system_prompt, generate_kwargs, redirect_ok=True, prefill=prefill)
 
-    def _generate(self, prompt, max_new_tokens, system_prompt, kw, redirect_ok: bool) -> MonitorOutput:
+    def _prompt_ids(self, prompt, system_prompt, prefill) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt ids ``[T]`` and the mask ``[T]`` of its assistant tokens (message-wise tokenisation)."""
+        from .features import encode_conversation
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        msgs = [dict(m) for m in prompt if m.get("role") != "system" or system_prompt is None]
+        if system_prompt is not None:
+            msgs = [{"role": "system", "content": system_prompt}] + msgs
+        ids, keep = encode_conversation(self.model, msgs, roles=("assistant",))
+        tok = self.model.tokenizer
+        full = render_prompt(self.model, msgs)
+        hist = tok.apply_chat_template(msgs, tokenize=False) if getattr(tok, "chat_template", None) else \
+            "".join(f"{m['role']}: {m['content']}\n" for m in msgs)
+        if not full.startswith(hist):
+            raise ValueError("score_prompt='assistant' needs a chat template whose history is a prefix of the "
+                             "generation prompt")
+        tail = tok(full[len(hist):] + (prefill or ""), add_special_tokens=False)["input_ids"]
+        ids = torch.cat([ids, torch.tensor(tail, dtype=torch.long)])
+        keep = torch.cat([keep, torch.ones(len(tail), dtype=torch.bool)])
+        return ids, keep
+
+    def _generate(self, prompt, max_new_tokens, system_prompt, kw, redirect_ok: bool, prefill=None) -> MonitorOutput:
         self._no_more_redirects = not redirect_ok
-        text_prompt = render_prompt(self.model, prompt, system_prompt)
+        if self.score_prompt == "assistant":
+            text_prompt, self._prompt_mask = self._prompt_ids(prompt, system_prompt, prefill)
+        else:
+            text_prompt = render_prompt(self.model, prompt, system_prompt) + (prefill or "")
         hooks = {name: self._z_hook for name in self.names}
         hooks["hook_embed"] = self._embed_hook
         stop: _Stop | None = None
@@ -279,7 +315,7 @@ class Monitor:
         first = MonitorOutput(text=gen_text, stopped=True, action="redirect", **base)
         self._new_call()
         self._no_more_redirects = True
-        again = self._generate(prompt, max_new_tokens, rule.system_prompt, kw, redirect_ok=False)
+        again = self._generate(prompt, max_new_tokens, rule.system_prompt, kw, redirect_ok=False, prefill=prefill)
         return MonitorOutput(text=again.text, generated_text=again.generated_text, token_ids=again.token_ids,
                              stopped=again.stopped, action="redirect", events=first.events + again.events,
                              window_probs=again.window_probs, window_spans=again.window_spans, ces=again.ces,

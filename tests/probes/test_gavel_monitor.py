@@ -114,3 +114,36 @@ def test_monitor_validation(setup):
         Monitor(model, det, [parse_rule("all of {x}")], history=0)
     with pytest.raises(ValueError, match="not a batch"):
         Monitor(model, det, [parse_rule("all of {x}")]).generate(["a", "b"])
+
+
+def test_score_prompt_assistant_scores_only_assistant_tokens_and_prefill(setup):
+    model, spec, _, _ = setup
+    msgs = [{"role": "user", "content": "zzzzzzzzzz"}, {"role": "assistant", "content": "hello there"},
+            {"role": "user", "content": "more"}]
+    mon = Monitor(model, detector(spec, torch.zeros(2, 1), [1, 1]), [parse_rule("all of {x}", name="r", action="block")],
+                  score_prompt="assistant")
+    ids, keep = mon._prompt_ids(msgs, None, "pre")
+    text = "user: zzzzzzzzzz\nassistant: hello there\nuser: more\nassistant:pre"  # no chat template: plain lines
+    assert model.tokenizer.decode(ids.tolist()) == text
+    a = text.index("assistant: hello")
+    b = a + len("assistant: hello there\n")
+    c = text.index("assistant:pre")
+    assert torch.nonzero(keep).flatten().tolist() == list(range(a, b)) + list(range(c, len(text)))
+    feats = conversation_features(model, [(ids, torch.ones(len(ids), dtype=torch.bool))], spec)[0]  # [T, F]
+    user_row, asst_row = feats[3], feats[a + 12]  # a token of the user turn, one of "hello there"
+    rule = [parse_rule("all of {x}", name="r", action="block")]
+    for row, mode, fires in ((user_row, "assistant", False), (user_row, True, True), (asst_row, "assistant", True)):
+        det = CEDetector(Lookup([row, row + 1e3]), ["x", "y"], DetectorConfig(), spec=spec)
+        det.thresholds = torch.tensor([0.5, 0.5])
+        out = Monitor(model, det, rule, score_prompt=mode).generate(msgs, max_new_tokens=6, prefill="pre",
+                                                                    stop_at_eos=False)
+        assert out.stopped == fires, (mode, fires)
+        if fires:
+            assert out.events[0]["in_prompt"] and out.events[0]["token"] == 0
+    # unfired: the generation continues the prefilled prompt exactly as plain generation does
+    det = CEDetector(Lookup([feats[0] + 1e3, feats[0] + 1e3]), ["x", "y"], DetectorConfig(), spec=spec)
+    out = Monitor(model, det, rule, score_prompt="assistant").generate(msgs, max_new_tokens=6, prefill="pre",
+                                                                       stop_at_eos=False)
+    assert out.token_ids == model.generate(ids, max_new_tokens=6, return_text=False, stop_at_eos=False)[0].tolist()
+    with pytest.raises(ValueError, match="score_prompt"):
+        Monitor(model, det, rule, score_prompt="user")
