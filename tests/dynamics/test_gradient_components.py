@@ -298,3 +298,19 @@ def test_majority_untied_lowers_probe():
     assert acc["standard"].mean() >= 0.9
     for v in ("untied", "myopic+untied"):
         assert acc[v].mean() <= acc["standard"].mean() - 0.1, v
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced at CPU scale: after 1500 steps of batch 64 (seed 0, d=64; 96k sequences, the paper trains 3000 "
+    "steps of 256) the *standard* model has not learned conditioned Majority either: first-output legal accuracy "
+    "0.786 standard vs 0.752 myopic, against 0.720 for predicting the unconditioned input majority (400 steps, "
+    "seeds 0-1: 0.759/0.785 standard, 0.749/0.742 myopic); so 'standard solves it, myopic fails' cannot be shown"))
+def test_conditioned_majority_myopic_fails():
+    """Validation 2, last clause: the myopic model fails on conditioned Majority (the official metric: legal
+    accuracy of the first output token) while the standard model solves it. ~16 min per variant on a loaded core."""
+    from interp.dynamics import majority_variants
+    df = majority_variants("conditioned_majority", variants=("standard", "myopic"), seeds=[0], steps=1500)
+    first = df.set_index("variant").first_output_accuracy
+    assert first["standard"] >= 0.9
+    assert first["myopic"] <= 0.77          # at most the unconditioned-majority heuristic (0.72) + 0.05
