@@ -12,5 +12,5 @@ from .q_domains import QDomainResult, domain_corpora, run_q_domains  # noqa: F40
 from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_token_loss,  # noqa: F401
                     analyse, breakthrough_step, build_basis, cluster_direction, exact_losses, first_order,
                     homogeneity, lanczos_top, load_checkpoints, plateau_step, polca_trajectories, run_addition,
-                    second_order)
+                    second_order, span_diagnostics)
 from .tasks import TaskBatch, addition, conditioned_majority, majority  # noqa: F401

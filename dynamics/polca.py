@@ -13,7 +13,8 @@ returns per-example losses ``[n]``):
   derivative is one forward-mode JVP per basis vector for all examples at once);
   :func:`second_order` — the exact per-example term ``½ bᵀH(x)b ⟨b, Δθ⟩²`` (forward-over-forward AD; the digest's
   CPU recommendation instead of the paper's Eq. 4 approximation).
-* :func:`polca_trajectories` — ``L_b(x, θ_t) = Σ_{i<t} POLCA(x,b;θ_i)`` ``[n, k, T]``; :func:`drop_oscillating`.
+* :func:`polca_trajectories` — ``L_b(x, θ_t) = Σ_{i<t} POLCA(x,b;θ_i)`` ``[n, k, T]``; :func:`drop_oscillating`;
+  :func:`span_diagnostics` (how much of each step the basis spans, and POLCA vs exact changes along it).
 * :func:`cluster_direction` (HDBSCAN per direction after dropping examples whose projected loss rises),
   :func:`breakthrough_step`, :func:`homogeneity`, :func:`plateau_step`, and :func:`analyse` (typed result).
 
@@ -231,6 +232,47 @@ def exact_losses(model, loss_fn: LossFn, examples, thetas: torch.Tensor) -> torc
     f = space.losses(loss_fn, examples)
     with torch.no_grad():
         return torch.stack([f(th) for th in thetas], -1)
+
+
+def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thetas: torch.Tensor) -> dict:
+    """Where POLCA's tracking of the exact per-example loss change is lost, interval by interval.
+
+    For each checkpoint interval ``Δθ = θ_{t+1} − θ_t`` and ``s = Bᵀ Δθ``: the POLCA terms (first and exact second
+    order, ``[n, k, T-1]``), the exact change of moving along each ``b`` alone ``L(θ_t + b s_b) − L(θ_t)``
+    (``[n, k, T-1]``), the exact change of moving by the in-span part ``L(θ_t + B s) − L(θ_t)`` (``[n, T-1]``), and
+    the fraction ``‖B s‖/‖Δθ‖`` (``[T-1]``). Returns those tensors and R² against the exact per-example change
+    (``"r2"``: total over all intervals and per interval, for POLCA 1st+2nd, 1st only, Σ_b exact along b, and exact
+    in span; ``"r2_taylor"``: POLCA vs exact along b per (x, b, t); ``"r2_zero"``: of predicting no change).
+    The Taylor terms can only be as good as the span: if ``exact_in_span`` misses the change, so does POLCA."""
+    space = model if isinstance(model, ParamSpace) else ParamSpace(model)
+    f = space.losses(loss_fn, examples)
+    with torch.no_grad():
+        base = torch.stack([f(th) for th in thetas], -1)                      # [n, T]
+    p1s, hs, along, span, frac = [], [], [], [], []
+    for t in progress(range(thetas.shape[0] - 1), desc="POLCA span"):
+        a, h = second_order(space, loss_fn, examples, basis, thetas[t], thetas[t + 1])
+        p1s.append(a)
+        hs.append(h)
+        d = thetas[t + 1] - thetas[t]
+        st = basis.T @ d
+        with torch.no_grad():
+            along.append(torch.stack([f(thetas[t] + basis[:, j] * st[j]) - base[:, t] for j in range(basis.shape[1])], 1))
+            span.append(f(thetas[t] + basis @ st) - base[:, t])
+        frac.append(float((basis @ st).norm() / d.norm().clamp_min(1e-30)))
+    p1, h = torch.stack(p1s, -1), torch.stack(hs, -1)
+    along, span = torch.stack(along, -1), torch.stack(span, -1)
+    true_inc = base[:, 1:] - base[:, :-1]
+
+    def r2(p: torch.Tensor, y: torch.Tensor) -> float:
+        return float(1 - ((p - y) ** 2).sum() / ((y - y.mean()) ** 2).sum().clamp_min(1e-30))
+    preds = {"polca": (p1 + h).sum(1), "polca_first_order": p1.sum(1), "exact_along_each_b": along.sum(1),
+             "exact_in_span": span}
+    return {"first": p1, "second": h, "exact_along_b": along, "exact_in_span": span, "frac_in_span": torch.tensor(frac),
+            "r2": {k: {"total": r2(v.sum(-1), true_inc.sum(-1)), "per_interval": r2(v.flatten(), true_inc.flatten())}
+                   for k, v in preds.items()},
+            "r2_taylor": r2((p1 + h).flatten(), along.flatten()),
+            "r2_zero": {"total": r2(torch.zeros(base.shape[0]), true_inc.sum(-1)),
+                        "per_interval": r2(torch.zeros_like(true_inc).flatten(), true_inc.flatten())}}
 
 
 def drop_oscillating(traj: torch.Tensor) -> torch.Tensor:

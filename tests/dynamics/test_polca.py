@@ -213,3 +213,24 @@ def test_two_parameter_quadratic_by_hand():
     torch.testing.assert_close(p1 + h, torch.tensor([[-1.25, 4.0]]), atol=1e-6, rtol=0)
     ex3 = exact_losses(space, _quad_loss, torch.tensor([2]), torch.stack([th0, th1]))
     torch.testing.assert_close(ex3[0, 1] - ex3[0, 0], torch.tensor(2.25))
+
+
+def test_span_diagnostics_on_quadratic():
+    """Complete eigenbasis of commuting quadratics: POLCA, the exact change along each b and in the span all equal
+    the exact change (R² = 1, the whole step in span). One basis vector (e1): the span holds |Δθ_1|/|Δθ| of the step
+    and POLCA equals the exact change along e1 (a quadratic: second order is exact), but not the total change."""
+    from interp.dynamics import span_diagnostics
+    A = torch.stack([torch.diag(torch.tensor([4.0, 1.0])), torch.diag(torch.tensor([2.0, 3.0])),
+                     torch.diag(torch.tensor([1.0, 5.0]))])
+    g = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    space = ParamSpace(_Quad(A, g))
+    thetas = torch.tensor([[1.0, 1.0], [0.5, 2.0], [0.0, 1.5]])
+    ex = torch.arange(3)
+    d = span_diagnostics(space, _quad_loss, ex, torch.eye(2), thetas)
+    assert all(abs(v["total"] - 1) < 1e-5 and abs(v["per_interval"] - 1) < 1e-5
+               for k, v in d["r2"].items() if k != "polca_first_order")
+    torch.testing.assert_close(d["frac_in_span"], torch.ones(2))
+    e1 = span_diagnostics(space, _quad_loss, ex, torch.tensor([[1.0], [0.0]]), thetas)
+    torch.testing.assert_close(e1["frac_in_span"], torch.tensor([0.5 / 1.25 ** 0.5, 0.5 / 0.5 ** 0.5]))
+    torch.testing.assert_close((e1["first"] + e1["second"])[:, 0], e1["exact_along_b"][:, 0], atol=1e-6, rtol=0)
+    assert abs(e1["r2_taylor"] - 1) < 1e-5 and e1["r2"]["polca"]["total"] < 0.9
