@@ -338,6 +338,10 @@ def test_digits_tf_only_is_clearly_worse(digits_recipe_result):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced for p = 0.4 at 60 Raptor steps per unit: max-cut k = 2 R² minus the mean of 5 random contiguous "
+    "splits +0.041 / +0.006 / -0.014 for p = 0 / 0.2 / 0.4 (max-cut {0-2}, {3-7} for all three; random thresholds "
+    "4, 4, 5, 6, 2; p = 0.4: max-cut 0.417 vs random 0.444 / 0.444 / 0.437 / 0.435 / 0.397)"))
 def test_digits_maxcut_beats_random_partitions(digits_recipe_result):
     for p in P_DROPS:
         r = digits_recipe_result[p]
