@@ -277,7 +277,8 @@ def digits_recipe(out: str | Path, p_drops=(0.0, 0.2, 0.4), steps: int = 300, n_
                 rand.append(run(f"k2 random th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
         for k in extra_k:  # more phases (reported, not a criterion of the recipe)
             pk = phases(dist, n_phases=k, method="maxcut")
-            pk = pk if pk.contiguous else phases(dist, n_phases=k, method="dp")
+            if not pk.contiguous or len(pk.parts) != k:  # max-cut may stop early (no cluster splits into >= 2 + 2)
+                pk = phases(dist, n_phases=k, method="dp")
             rows[f"k{k}"] = dict(run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base)), parts=pk.parts)
         results[p] = dict(test_acc=test_acc, mean_offdiag_cos_distance=float(off.mean()),
                           mean_offdiag_similarity=float(1 - off.mean()), maxcut_k2=maxcut.parts, dp_k2=dp.parts,
