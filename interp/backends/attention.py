@@ -100,16 +100,22 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     blocked = _blocked(module, attention_mask, Q, K, scores)
+    dead = None  # rows with every key masked (left-padding queries): [B|1, 1|H, Q, 1]
     if blocked is not None:
         if isinstance(blocked, tuple):  # an additive float mask: its finite part is added
             add, blocked = blocked
             scores = scores + add.to(scores.dtype)
         scores = scores.masked_fill(blocked, float("-inf"))
+        dead = blocked.all(-1, keepdim=True)  # from the mask: a head axis smaller than the scores'
     if slots:
-        scores, _ = _fire(slots, "attn_scores", scores)
-    dead = torch.isneginf(scores).all(-1, keepdim=True)  # rows with every key masked (padding queries)
-    pattern = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1, dtype=torch.float32)
-    pattern = pattern.masked_fill(dead, 0.0).to(value.dtype)
+        scores, changed = _fire(slots, "attn_scores", scores)
+        if changed:  # a write may mask more
+            dead = torch.isneginf(scores).all(-1, keepdim=True)
+    if dead is not None and bool(dead.any()):
+        pattern = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1, dtype=torch.float32)
+        pattern = pattern.masked_fill(dead, 0.0).to(value.dtype)
+    else:
+        pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if dropout and module.training:
         pattern = nn.functional.dropout(pattern, p=dropout)
     if slots:
