@@ -107,7 +107,7 @@ class CodeTask:
     def words(self) -> list[str]:
         return ([f"A{i}" for i in range(self.n_api)] + [f"B{i}" for i in range(self.n_api)] + list(TYPES)
                 + [p for ps in PARAMS.values() for p in ps] + list(LOCALS) + list(PUNCT) + list(SEED_WORDS)
-                + ["is", "a"])
+                + ["is"])  # ("a" is a local; ROME's KL prompt "{} is a" tokenizes)
 
     def src_sig(self, i: int) -> tuple[str, str]:
         return self.sig[self.perm[i]]

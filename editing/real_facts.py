@@ -201,9 +201,26 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
     return out
 
 
+def training_documents() -> list[str]:
+    """The transcoder's real-text mix: KJV passages of 12 verses (Ruth held out) with a block of 6 instructions
+    of :func:`interp.data.refusal_instructions` (modern English) after every 4 passages."""
+    from interp.data import kjv_text, refusal_instructions
+    lines = kjv_text().splitlines()
+    kjv = ["\n".join(lines[i:i + 12]) for i in range(0, len(lines), 12)]
+    ins = [x.text for x in refusal_instructions()]
+    blocks = ["\n".join(ins[i:i + 6]) for i in range(0, len(ins), 6)]
+    docs, j = [], 0
+    for i, d in enumerate(kjv):
+        docs.append(d)
+        if i % 4 == 3 and j < len(blocks):
+            docs.append(blocks[j])
+            j += 1
+    return docs
+
+
 def _null():
     import contextlib
     return contextlib.nullcontext()
 
 
-__all__ = ["RELATIONS", "Fact", "all_facts", "known_facts", "top1", "perplexity", "RealEditComparison", "compare_real"]
+__all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "known_facts", "top1", "perplexity", "RealEditComparison", "compare_real"]

@@ -16,6 +16,7 @@ interp.set_progress(False)
 
 def test_task_planted_errors_and_compiler():
     task = CodeTask(seed=0)
+    assert len(set(task.words())) == len(task.words())                       # a word-level vocabulary, no clashes
     t, s = task.target_api, task.second_api
     ok_t, bad_t = task.perm[t], task.planted[t]
     assert bad_t != ok_t and task.sig[bad_t][0] == task.sig[ok_t][0] and task.sig[bad_t][1] != task.sig[ok_t][1]
