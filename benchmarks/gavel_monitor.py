@@ -44,6 +44,8 @@ def main() -> dict:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", default="12:27", help="start:stop of the layer range")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--detector", help="a trained CEDetector folder (e.g. benchmarks/results/gavel_smollm2_v2/"
+                    "detector): its layer range, size and CEs, with the library rules, replace the random one")
     ap.add_argument("--out", default=str(RESULTS / "gavel_monitor"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -58,6 +60,13 @@ def main() -> dict:
                      spec=spec, thresholds=torch.full((len(ces),), 1.01))
     rules = [parse_rule("all of {ce0, ce1} and 1 of {ce2, ce3}", name="r0", action="block"),
              parse_rule("all of {ce4} and 2 of {ce5, ce6, ce7}", name="r1", action="flag")]
+    if args.detector:  # the trained SmolLM2 detector and the library's four rules (thresholds lifted: never fires)
+        from interp.probes.gavel import library as lib
+        det = CEDetector.load(args.detector)
+        det.thresholds = torch.full((len(det.ces),), 1.01)
+        spec, cfg, ces = det.spec, det.config, det.ces
+        a, b = spec.layers[0], spec.layers[-1] + 1
+        rules = [parse_rule(t, ces, name=n, action="block") for n, t in list(lib.SCENARIOS.items()) + [lib.UNSEEN_SCENARIO]]
     mon = Monitor(model, det, rules)
     text = render_prompt(model, PROMPT)
     kw = dict(max_new_tokens=args.tokens, stop_at_eos=False)
@@ -90,7 +99,7 @@ def main() -> dict:
         times["detector_window"].append((time.perf_counter() - t) / 20)
     med = {k: statistics.median(v) for k, v in times.items()}
     per_tok = {k: med[k] / args.tokens * 1e3 for k in ("generate", "generate_monitor")}
-    res = {"model": args.model, "backend": args.backend, "tokens": args.tokens, "reps": args.reps,
+    res = {"detector": args.detector or "random", "gru": [cfg.rnn_layers, cfg.hidden], "model": args.model, "backend": args.backend, "tokens": args.tokens, "reps": args.reps,
            "layers": [a, b], "features": spec.width(model), "n_ces": len(ces), "threads": args.threads,
            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
            "median_s": med, "ms_per_token": per_tok,
@@ -105,7 +114,8 @@ def main() -> dict:
     md = ["# GAVEL monitor overhead", "",
           f"`{args.model}` ({args.backend}), {args.tokens} new tokens, greedy, {args.threads} thread(s), median of "
           f"{args.reps}; readout layers {a}..{b - 1} ({spec.width(model)} features), {len(ces)} CEs, detector "
-          "GRU 3×256 bidirectional on 5-token windows.", "",
+          f"GRU {cfg.rnn_layers}×{cfg.hidden} bidirectional on 5-token windows"
+          + (f" (trained: `{args.detector}`)." if args.detector else " (random weights)."), "",
           "| what | ms/token |", "|---|---|",
           f"| plain generate | {per_tok['generate']:.2f} |",
           f"| monitored generate | {per_tok['generate_monitor']:.2f} |",

@@ -9,8 +9,8 @@ Modes:
 * ``--extract SET`` fills the cache for one conversation set (``test``, ``val``, ``v2train``, ``v2cal``,
   ``mono``, ``v1``), to run sets in parallel processes;
 * ``--diagnose`` per-CE conversation-level AUCs on the held-out test set for protocol v1 and v2;
-* ``--choose`` layer range (6..14 vs the digest's rule 12..26) and detector size (2x64 vs the paper's 3x256)
-  on the validation set (validation templates; never the test set);
+* ``--choose "6,15,64,2;6,15,256,3"`` detector settings compared on the validation set (validation
+  templates; never the test set);
 * ``--eri-generate CE,CE`` ERI (the model rewrites neutral texts "in the manner of ⟨CE⟩"; readouts of the
   generated tokens) for a few CEs, written to the cache folder, with the wall time;
 * ``--eri-compare CE,CE`` per CE, a detector trained on ERI data vs one trained on the same number of
@@ -35,6 +35,12 @@ import torch
 import interp
 from interp.io import atomic_write_json
 
+#: ERI variant with the CE's meaning spelled out (the paper's prompt names the CE only; UNCERTAIN)
+ERI_DESCRIBED = "Rewrite the following text in the manner of {desc}:\n\n{{text}}"
+ERI_DESCRIPTIONS = {
+    "payment_tools": "payment tools (ask the reader to pay with gift cards, bitcoin or a wire transfer)",
+    "making_threat": "making a threat (threaten the reader with harm if they do not obey)",
+}
 RESULTS = Path(__file__).resolve().parent / "results"
 WIDE = (6, 15)  # layers 6..14 (the first protocol's range; a first cache over 6..26 is read as a fallback)
 FALLBACK = (Path("/tmp/gavel_h/cache"), (6, 27))
@@ -165,7 +171,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--extract")
     ap.add_argument("--slice")
-    ap.add_argument("--choose", action="store_true")
+    ap.add_argument("--choose", help='configs "start,stop,hidden,rnn_layers;..."')
     ap.add_argument("--diagnose", action="store_true")
     ap.add_argument("--final", nargs=4, metavar=("START", "STOP", "HIDDEN", "RNN_LAYERS"))
     ap.add_argument("--cache", default="/tmp/gavel_h/cache6_14")
@@ -175,6 +181,7 @@ def main():
     ap.add_argument("--n-mono-cal", type=int, default=8)
     ap.add_argument("--eri-generate")
     ap.add_argument("--eri-compare")
+    ap.add_argument("--eri-describe", action="store_true")
     ap.add_argument("--eri-config", default="6,15,64,2")
     ap.add_argument("--eri-texts", type=int, default=16)
     ap.add_argument("--eri-tokens", type=int, default=40)
@@ -217,41 +224,45 @@ def main():
     if ARGS.choose:
         val = validation_set()
         rows = []
-        for (a, b) in ((6, 15), (12, 27)):
-            for hidden, nl in ((64, 2), (256, 3)):
-                spec = FeatureSpec.range(a, b)
-                cfg = DetectorConfig(hidden=hidden, rnn_layers=nl, lr=1e-3 if hidden == 64 else 3e-4, max_epochs=20)
-                t = time.time()
-                det, hist = _train_v2(model, cache, spec, cfg)
-                probs = det.sequence_probs(cache.features(spec)([v.messages for v in val]))
-                rt = _rule_table(det, val, probs)
-                ce = per_ce_auc(det, probs, val)
-                row = {"layers": f"{a}..{b - 1}", "gru": f"{nl}x{hidden}", "mean_rule_auc": float(np.mean([r["auc"] for r in rt])),
-                       "min_rule_auc": float(np.min([r["auc"] for r in rt])),
-                       "mean_balanced_acc": float(np.mean([r["balanced_accuracy"] for r in rt])),
-                       "min_ce_auc": float(min(ce.values())), "rules": rt, "ce_auc": ce, "best_epoch": hist.best_epoch,
-                       "seconds": time.time() - t}
-                rows.append(row)
-                print({k: v for k, v in row.items() if k not in ("rules", "ce_auc")}, flush=True)
-                atomic_write_json(Path("/tmp/gavel_h/choose.json"), rows)
+        for conf in ARGS.choose.split(";"):
+            a, b, hidden, nl = (int(v) for v in conf.split(","))
+            spec = FeatureSpec.range(a, b)
+            cfg = DetectorConfig(hidden=hidden, rnn_layers=nl, lr=1e-3 if hidden == 64 else 3e-4, max_epochs=20)
+            t = time.time()
+            det, hist = _train_v2(model, cache, spec, cfg)
+            probs = det.sequence_probs(cache.features(spec)([v.messages for v in val]))
+            rt = _rule_table(det, val, probs)
+            ce = per_ce_auc(det, probs, val)
+            row = {"layers": f"{a}..{b - 1}", "gru": f"{nl}x{hidden}", "mean_rule_auc": float(np.mean([r["auc"] for r in rt])),
+                   "min_rule_auc": float(np.min([r["auc"] for r in rt])),
+                   "mean_balanced_acc": float(np.mean([r["balanced_accuracy"] for r in rt])),
+                   "min_ce_auc": float(min(ce.values())), "rules": rt, "ce_auc": ce, "best_epoch": hist.best_epoch,
+                   "seconds": time.time() - t}
+            rows.append(row)
+            print({k: v for k, v in row.items() if k not in ("rules", "ce_auc")}, flush=True)
+            print(json.dumps(rt), json.dumps(ce), flush=True)
+            atomic_write_json(Path(f"/tmp/gavel_h/choose_{conf.replace(',', '_')}.json"), rows)
         return
     if ARGS.eri_generate:
-        from interp.probes.gavel import elicit
+        from interp.probes.gavel import ERI_TEMPLATE, elicit
         rng = random.Random("gavel-eri/0")
         texts = [lib._fill(rng, rng.choice(lib.NEUTRAL + lib.EXTRA_NEUTRAL)) + " " + lib._fill(rng, rng.choice(lib.NEUTRAL))
                  for _ in range(ARGS.eri_texts)]
         spec = FeatureSpec.range(*WIDE)
         log = {}
+        tag = "eri_desc" if ARGS.eri_describe else "eri"
         for ce in ARGS.eri_generate.split(","):
             t = time.time()
-            gen, feats = elicit(model, ce, texts, spec, max_new_tokens=ARGS.eri_tokens, batch_size=ARGS.eri_texts)
+            template = ERI_DESCRIBED.format(desc=ERI_DESCRIPTIONS[ce]) if ARGS.eri_describe else ERI_TEMPLATE
+            gen, feats = elicit(model, ce, texts, spec, max_new_tokens=ARGS.eri_tokens, batch_size=ARGS.eri_texts,
+                                template=template)
             from safetensors.torch import save_file
             save_file({str(i): f.half().contiguous() for i, f in enumerate(feats) if len(f)},
-                      str(Path(ARGS.cache) / f"eri_{ce}.safetensors"))
+                      str(Path(ARGS.cache) / f"{tag}_{ce}.safetensors"))
             log[ce] = {"seconds": time.time() - t, "texts": texts, "generated": gen,
                        "tokens": [int(len(f)) for f in feats]}
             print(ce, f"{log[ce]['seconds']:.0f} s", gen[:3], flush=True)
-            atomic_write_json(Path(ARGS.cache) / "eri_log.json", log)
+            atomic_write_json(Path(ARGS.cache) / f"{tag}_log_{ARGS.eri_generate.replace(',', '_')}.json", log)
         return
     if ARGS.eri_compare:
         from safetensors.torch import load_file
@@ -270,16 +281,21 @@ def main():
         out = {}
         for ce in ARGS.eri_compare.split(","):
             c = ces.index(ce)
-            eri = load_file(str(Path(ARGS.cache) / f"eri_{ce}.safetensors"))
-            ef = [v[:, (a - WIDE[0]) * d:(b - WIDE[0]) * d].float() for v in eri.values()]
-            xe = torch.cat([make_windows(f, 5) for f in ef if len(f) >= 5])
+            srcs = {}
+            for tag in ("eri", "eri_desc"):
+                fpath = Path(ARGS.cache) / f"{tag}_{ce}.safetensors"
+                if fpath.is_file():
+                    ef = [v[:, (a - WIDE[0]) * d:(b - WIDE[0]) * d].float() for v in load_file(str(fpath)).values()]
+                    srcs[tag] = torch.cat([make_windows(f, 5) for f in ef if len(f) >= 5])
+            n_pos = min(len(v) for v in srcs.values())
             neg = x[(y.nan_to_num(1) == 0).all(1)]  # windows showing no CE at all
             others = x[(y[:, c] == 0) & (y.nan_to_num(0).sum(1) > 0)]  # windows of other CEs
             pos_t = x[y[:, c] == 1]
             g = torch.Generator().manual_seed(0)
-            pos_t = pos_t[torch.randperm(len(pos_t), generator=g)[:len(xe)]]
-            row = {"eri_windows": len(xe), "template_windows": len(pos_t), "negatives": len(neg) + len(others)}
-            for src, pos in (("eri", xe), ("template", pos_t)):
+            srcs["template"] = pos_t[torch.randperm(len(pos_t), generator=g)[:n_pos]]
+            row = {f"{k}_windows": len(v) for k, v in srcs.items()}
+            row["negatives"] = len(neg) + len(others)
+            for src, pos in srcs.items():
                 X = torch.cat([pos, neg, others])
                 Y = torch.cat([torch.ones(len(pos), 1), torch.zeros(len(neg) + len(others), 1)])
                 cfg = DetectorConfig(hidden=hidden, rnn_layers=nl, lr=1e-3 if hidden == 64 else 3e-4, max_epochs=20)
