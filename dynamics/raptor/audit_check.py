@@ -9,11 +9,10 @@ its per-layer R² and linear-probe accuracy. Entry point: ``raptor = "interp.dyn
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from interp.audit import AuditData, Check, Rendered
 from interp.results import Result

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from interp.io import atomic_write_json, load_tensors_json, output_dir, save_tensors_json
+from interp.io import load_tensors_json, output_dir, save_tensors_json
 
 __all__ = ["RaptorConfig", "RaptorBlock", "Raptor"]
 

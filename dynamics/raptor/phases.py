@@ -16,8 +16,6 @@ Layer indices are 0-based block indices: layer ``l`` is the output of block ``l`
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 

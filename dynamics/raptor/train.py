@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
