@@ -55,7 +55,7 @@ def test_losses_by_hand():
     cb = torch.nn.functional.normalize(model.codebook, dim=-1)
     g = cb @ cb.T
     want_cos = sum(float(g[i, j].detach()) ** 2 for i in range(4) for j in range(4) if i != j) / 12
-    assert float(out["cos"]) == pytest.approx(want_cos, rel=1e-5)
+    assert float(out["cos"].detach()) == pytest.approx(want_cos, rel=1e-5)
     x, layers, pos, mask = model._indices(sets, "cpu")
     r = model.latent(x, layers, pos, mask)
     d = ((r[:, None] - model.codebook[None]) ** 2).sum(-1)
@@ -85,9 +85,10 @@ def test_train_encode_padding_invariance_and_save_load(tmp_path):
     model.save(tmp_path / "vq")
     again = SetVQVAE.load(tmp_path / "vq")
     assert torch.equal(again.encode(sets), z)
-    # same seed, same model
-    model_b, _ = train_vqvae(sets, {"n_codes": 8, **TINY}, {"steps": 150, "eval_every": 50, "seed": 1})
-    assert torch.equal(model_b.encode(sets), z)
+    # same seed, same model (a short run suffices to check that the seed fixes everything)
+    runs = [train_vqvae(sets[:100], {"n_codes": 8, **TINY}, {"steps": 10, "eval_every": 5, "seed": 2})[0]
+            for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].state_dict().values(), runs[1].state_dict().values()))
 
 
 def test_harvest_excludes_padding_on_three_layers():
