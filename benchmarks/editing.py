@@ -3,9 +3,16 @@ transcoder training throughput, on the recipe's shapes (2-layer GPT-2, d_model 6
 word-level facts vocabulary; weights untrained: timing depends on shapes only).
 
 Edits use 5 sampled context templates, 25 ``compute_v`` steps (no early stop: ``nll_stop=0``), ``C`` precomputed
-(reported separately). Median of ``--reps``. sae-lens's own trainer is not compared: sae-lens 6 trains
-transcoders only through its ``LanguageModelSAETrainingRunner`` on a HookedTransformer from the hub (no
-offline path here). Run: ``.venv/bin/python benchmarks/editing.py``.
+(reported separately). Median of ``--reps``; each method's time is also given as a ratio to ROME on the MLP
+(same run, same machine load). TCPE with several τ shares one ``compute_v`` (``restrict``): its marginal cost per
+extra τ is the mask alone (``tcpe_extra_tau``).
+
+Transcoder training throughput, side by side on the same activation store (harvested once with
+``interp.store.harvest``; both read it through ``ActivationStore.batches``, same d_sae, batch and steps):
+ours (``train_transcoder_from_store``) against sae-lens's own trainer (``SAETrainer``) driven by
+``interp.store.train_transcoder`` (sae-lens 6 has no offline transcoder runner; that adapter is its trainer on
+a transcoder training class). Also ours harvesting on the fly (``train_transcoder``). Run:
+``.venv/bin/python benchmarks/editing.py``.
 """
 from __future__ import annotations
 
@@ -44,7 +51,31 @@ def main() -> None:
     t = time.perf_counter()
     tc, hist = train_transcoder(model, 0, texts, TranscoderTrainingConfig(d_sae=1024, batch_size=256, text_batch_size=64))
     dt = time.perf_counter() - t
-    rows["transcoder_training"] = {"seconds": dt, "tokens": hist.n_tokens, "tokens_per_s": hist.n_tokens / dt}
+    rows["transcoder_training (ours, harvest on the fly)"] = {"seconds": dt, "tokens": hist.n_tokens,
+                                                             "tokens_per_s": hist.n_tokens / dt}
+    import tempfile
+    from interp.editing import train_transcoder_from_store
+    from interp.store import SAETrainConfig, harvest
+    from interp.store import train_transcoder as sl_train_transcoder
+    with tempfile.TemporaryDirectory() as tmp:
+        names = ["blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out"]
+        harvest(model, texts, names, Path(tmp) / "store", context_size=16, batch_size=64, prepend_bos=True)
+        steps = 150
+        for rep in range(args.reps):  # interleaved, so both see the same machine load
+            t = time.perf_counter()
+            _, h = train_transcoder_from_store(Path(tmp) / "store", 0, TranscoderTrainingConfig(
+                d_sae=1024, batch_size=256, n_epochs=1), max_steps=steps)
+            ours = time.perf_counter() - t
+            t = time.perf_counter()
+            r = sl_train_transcoder(Path(tmp) / "store", names[0], names[1],
+                                    SAETrainConfig(d_sae=1024, steps=steps, batch_size=256, lr=1e-3, l1_coefficient=1.0))
+            theirs = time.perf_counter() - t
+            rows.setdefault("_store", []).append((len(h.mse) * 256 / ours, steps * 256 / theirs))
+        ours_tps = statistics.median(a for a, _ in rows["_store"])
+        theirs_tps = statistics.median(b for _, b in rows.pop("_store"))
+        rows["transcoder_training from a store: ours"] = {"tokens_per_s": ours_tps}
+        rows["transcoder_training from a store: sae-lens SAETrainer"] = {"tokens_per_s": theirs_tps,
+                                                                         "ours / sae-lens": ours_tps / theirs_tps}
     t = time.perf_counter()
     C_mlp = second_moment(MLPSite(model, 0), texts)
     C_tc = second_moment(TranscoderSite(model, 0, tc), texts)
@@ -58,13 +89,18 @@ def main() -> None:
         "rome": lambda: rome(model, req, 0, C=C_mlp, config=cfg, templates=templates, apply=False),
         "ft": lambda: fine_tune(model, req, 0, templates=templates[:1]).revert(model),
     }
-    for name, fn in methods.items():
-        ts = []
-        for _ in range(args.reps):
+    from interp.editing import TranscoderSite, rank_one, restrict
+    full = tcpe(model, req, 0, tc, tau=-1, C=C_tc, config=cfg, templates=templates, apply=False)
+    methods["tcpe_extra_tau"] = lambda: restrict(full, 0.5, site=TranscoderSite(model, 0, tc))
+    times = {name: [] for name in methods}
+    for _ in range(args.reps):  # interleaved repetitions: every method sees the same load drift
+        for name, fn in methods.items():
             t = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t)
-        rows[name] = {"seconds_per_edit": statistics.median(ts)}
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["rome"])
+    for name, ts in times.items():
+        rows[name] = {"seconds_per_edit": statistics.median(ts), "ratio_to_rome_mlp": statistics.median(ts) / base}
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": 1,
             "load_average": list(__import__("os").getloadavg())}
     atomic_write_json(RESULTS / "editing.json", {"meta": meta, "rows": rows})

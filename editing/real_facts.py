@@ -201,6 +201,23 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
     return out
 
 
+@torch.no_grad()
+def subject_activation_quantiles(model, layer: int, transcoder: Transcoder, facts: Sequence[Fact],
+                                 qs: Sequence[float] = (0.5, 0.9, 0.97)) -> tuple[dict, float]:
+    """Quantiles of the active transcoder features at the subject's last token of the facts' prompts, and the
+    mean number active there (the τ scale of TCPE on this transcoder: ``τ`` = a quantile keeps about
+    ``(1 − q)`` of the features a subject activates)."""
+    vals = []
+    with splice(model, layer, transcoder) as s:
+        for f in facts:
+            n = model.to_tokens(f.prompt.split(f.subject)[0] + f.subject).shape[1]
+            _, c = model.run_with_cache(f.prompt, names=[s.features], stop_at_layer=layer + 1)
+            z = c[s.features][0, n - 1]
+            vals.append(z[z > 0].float().cpu())
+    v = torch.cat(vals)
+    return {q: float(v.quantile(q)) for q in qs}, len(v) / max(len(facts), 1)
+
+
 def training_documents() -> list[str]:
     """The transcoder's real-text mix: KJV passages of 12 verses (Ruth held out) with a block of 6 instructions
     of :func:`interp.data.refusal_instructions` (modern English) after every 4 passages."""
@@ -223,4 +240,4 @@ def _null():
     return contextlib.nullcontext()
 
 
-__all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "known_facts", "top1", "perplexity", "RealEditComparison", "compare_real"]
+__all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1", "perplexity", "RealEditComparison", "compare_real"]

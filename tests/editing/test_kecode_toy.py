@@ -59,9 +59,9 @@ def test_error_clusters_and_embedding():
 @pytest.fixture(scope="module")
 def small():
     torch.set_num_threads(1)
-    model, task = train_code_model(steps=250, d_model=48, d_mlp=96, batch=48)
-    tc, _ = train_transcoder(model, 1, task.texts(300, seed=5), TranscoderTrainingConfig(
-        d_sae=192, batch_size=128, n_epochs=2, l1_coefficient=0.1, text_batch_size=64, resample_every=20,
+    model, task = train_code_model(steps=150, d_model=48, d_mlp=96, batch=32)
+    tc, _ = train_transcoder(model, 1, task.texts(200, seed=5), TranscoderTrainingConfig(
+        d_sae=192, batch_size=128, n_epochs=1, l1_coefficient=0.1, text_batch_size=64, resample_every=20,
         dead_window=1000))
     return model, task, tc
 
@@ -75,13 +75,13 @@ def test_compare_kecode_plumbing(small):
     try:
         res = compare_kecode(model, task, tc, 1, taus=(0.0, 1e9), config=EditConfig(n_templates=1, v_num_grad_steps=3),
                              ft_config=FineTuneConfig(steps=2), n_test=48, n_context=200)
-    except RuntimeError as exc:  # 250 steps may not learn the planted error: then the comparison refuses
+    except RuntimeError as exc:  # 150 steps may not learn the planted error: then the comparison refuses
         assert "planted error" in str(exc)
-        pytest.skip("planted error not learned at 250 steps")
+        pytest.skip("planted error not learned at 150 steps")
     df = res.to_frame().set_index("method")
     assert set(df.index) == {"tcpe(tau=0.0)", "tcpe(tau=1000000000.0)", "rome_tc", "rome", "ft"}
     for _, r in df.iterrows():
-        assert r.Score == pytest.approx((r.GN - r.CD) + (r.LoC - r.DT) + r.RE)
+        assert r.Score == pytest.approx((r.GN - r.CD) + (r.LoC - r.DT) + r.RE, nan_ok=True)
         assert r.RE == pytest.approx(100 * r.acc_after / r.acc_before)
     assert df.loc["tcpe(tau=1000000000.0)", "n_changed"] == 0                    # empty mask: no change at all
     none = df.loc["tcpe(tau=1000000000.0)"]
