@@ -28,7 +28,8 @@ from .states import StateSets
 from .vqvae import TrainConfig, VQVAEConfig, train_vqvae
 
 __all__ = ["true_symmetric_channel_mi", "symbol_sets", "EstimatorSanityResult", "estimator_sanity", "horizon_criteria",
-           "decay_criteria", "horizon_run_for", "HORIZON_RUN", "BRANCH_RUN", "VALIDATION_VQ"]
+           "decay_criteria", "horizon_run_for", "HORIZON_RUN", "BRANCH_RUN", "SMOLLM_RUN",
+           "VALIDATION_VQ"]
 
 
 def true_symmetric_channel_mi(noise: float, n_symbols: int) -> float:
@@ -129,6 +130,12 @@ HORIZON_RUN = {"n_examples": 2000, "n_codes": 32, "max_tau": 10, "vqvae": VALIDA
                "n_perm": 20, "n_seeds": 1}
 BRANCH_RUN = {"n_examples": 2000, "n_codes": 32, "vqvae": VALIDATION_VQ, "train": {"steps": 600}, "n_perm": 20,
               "n_seeds": 2}
+
+
+#: the block x layer map of zoo:smollm2-135m on 400 KJV passages of 100 words (3 anchors each)
+SMOLLM_RUN = {"n_examples": 1200, "n_codes": 16, "block_size": 8, "n_blocks": 3, "map_layers": (0, 10, 20, 29),
+              "anchors_per_text": 3, "max_tokens": 80, "vqvae": VALIDATION_VQ, "train": {"steps": 300}, "n_perm": 10,
+              "batch_size": 16}
 
 
 def horizon_run_for(task, **overrides) -> dict:
