@@ -36,6 +36,7 @@ Choices where the digest says UNKNOWN / UNCERTAIN (all documented):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -415,17 +416,27 @@ def load_image_set(name: str = "fashion-mnist", seed: int = 0, n_train: int = 15
     return xtr[tr], ytr[tr], xte[te], yte[te], names
 
 
-def load_fashion_mnist(split: str = "train", root: str = "/usr/share/datasets/fashion-mnist") -> tuple[np.ndarray, np.ndarray]:
-    """Fashion-MNIST images ``[n, 28, 28]`` uint8 and labels ``[n]`` from the idx ``*-ubyte.gz`` files."""
+def load_fashion_mnist(split: str = "train", root: str = "/usr/share/datasets/fashion-mnist",
+                       limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST images ``[n, 28, 28]`` uint8 and labels ``[n]`` from the idx ``*-ubyte.gz`` files (16-byte
+    image header, 8-byte label header); ``limit``: only the first ``limit`` images (decompresses only those).
+    Memoised per ``(split, root, limit)``; the arrays are read-only."""
+    if split not in ("train", "t10k"):
+        raise ValueError(f"split must be 'train' or 't10k', got {split!r}")
+    return _fashion_cached(split, str(root), None if limit is None else int(limit))
+
+
+@functools.lru_cache(maxsize=8)
+def _fashion_cached(split: str, root: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     import gzip
     from pathlib import Path
 
-    if split not in ("train", "t10k"):
-        raise ValueError(f"split must be 'train' or 't10k', got {split!r}")
     with gzip.open(Path(root) / f"{split}-images-idx3-ubyte.gz") as f:
-        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
+        data = f.read(-1 if limit is None else 16 + 784 * limit)
+        x = np.frombuffer(data, np.uint8, offset=16).reshape(-1, 28, 28)
     with gzip.open(Path(root) / f"{split}-labels-idx1-ubyte.gz") as f:
-        y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+        y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)[:len(x)]
+    y.setflags(write=False)
     return x, y
 
 

@@ -60,7 +60,7 @@ __all__ = [
     "SAEConfig", "train_sae", "encode", "monotonicity_loss", "concave_value", "target_distribution",
     "sdm_objective", "greedy_select", "kl_to_target", "quality_scores", "quality_bins", "random_select",
     "top_quality_select", "apricot_select", "brute_force_check", "BruteForceReport", "DigitsPool",
-    "make_digits_pool", "SDMConfig", "SDMResult", "experiment", "DEFAULT_BIN_WEIGHTS",
+    "make_digits_pool", "make_pool", "make_fashion_pool", "dinov2_featurizer", "SDMConfig", "SDMResult", "experiment", "DEFAULT_BIN_WEIGHTS",
 ]
 
 DEFAULT_BIN_WEIGHTS = (0.0, 0.01, 0.99)
@@ -380,6 +380,16 @@ def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0
     x, y = d.data.astype(np.float64) / 16.0, d.target.astype(np.int64)
     rng = np.random.default_rng(seed)
     x_rest, x_test, y_rest, y_test = train_test_split(x, y, test_size=test_frac, random_state=seed, stratify=y)
+    return make_pool(x_rest, y_rest, x_test, y_test, rng, dup_frac, noise_frac, target_per_class, dup_sigma, featurize)
+
+
+def make_pool(x_rest: np.ndarray, y_rest: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+              rng: np.random.Generator, dup_frac: float = 0.2, noise_frac: float = 0.1, target_per_class: int = 30,
+              dup_sigma: float = 0.05, featurize=None) -> DigitsPool:
+    """The imbalanced noisy pool from labelled pixels ``x_rest`` ``[n, P]`` in [0, 1] (labels 0..9): per class a
+    balanced target of ``target_per_class``, the rest kept in proportion ``(rank + 1) / 10`` (seeded class
+    ranks), ``dup_frac`` jittered near-duplicates, ``noise_frac`` flipped labels; ``featurize`` as in
+    :func:`make_digits_pool`; standardised on the pool."""
     tgt, pool = [], []
     rank = rng.permutation(10)                                            # class c keeps (rank[c] + 1) / 10
     for c in range(10):
@@ -404,6 +414,59 @@ def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0
     dup = np.zeros(len(xp), bool)
     dup[-n_dup:] = True
     return DigitsPool(std(xp), yp, clean, dup, std(x_tgt), std(x_test), y_test)
+
+
+def make_fashion_pool(seed: int = 0, per_class: int = 150, test_per_class: int = 60, dup_frac: float = 0.2,
+                      noise_frac: float = 0.1, target_per_class: int = 30, dup_sigma: float = 0.05, featurize=None,
+                      root: str = "/usr/share/datasets/fashion-mnist") -> DigitsPool:
+    """The same imbalanced noisy pool on Fashion-MNIST (Debian ``dataset-fashion-mnist``): ``per_class`` images
+    per class from a fixed seed-0 subset of the first 10,000 train images (target + pool source; the seed draws the class ranks,
+    target, duplicates and flips), ``test_per_class`` from t10k. Pixels ``[n, 784]`` in [0, 1]; ``featurize``
+    maps them to embeddings (e.g. :func:`dinov2_featurizer`)."""
+    from .misd import load_fashion_mnist
+
+    xtr, ytr = load_fashion_mnist("train", root=root, limit=10_000)       # >= 900 per class in the first 10k
+    xte, yte = load_fashion_mnist("t10k", root=root)
+    r0 = np.random.default_rng(0)
+    tr = np.concatenate([r0.permutation(np.flatnonzero(ytr == c))[:per_class] for c in range(10)])
+    te = np.concatenate([r0.permutation(np.flatnonzero(yte == c))[:test_per_class] for c in range(10)])
+    flat = lambda a: a.reshape(len(a), -1).astype(np.float64) / 255.0
+    return make_pool(flat(xtr[tr]), ytr[tr], flat(xte[te]), yte[te], np.random.default_rng(seed), dup_frac,
+                     noise_frac, target_per_class, dup_sigma, featurize)
+
+
+def dinov2_featurizer(model, side: int, cache: str | None = None, size: int = 56):
+    """A ``featurize`` map: pixels ``[n, side*side]`` in [0, 1] -> DINOv2 CLS features ``[n, 384]``
+    (:func:`models.misd.image_features`), memoised per image (SHA-1 of its uint8 pixels) in memory and, with
+    ``cache``, in a safetensors file (rewritten atomically after each call that adds images)."""
+    import hashlib
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from .misd import image_features
+
+    store: dict[str, torch.Tensor] = {}
+    if cache is not None and Path(cache).exists():
+        store.update(load_file(cache))
+
+    def featurize(a: np.ndarray) -> np.ndarray:
+        imgs = np.clip(np.round(np.asarray(a) * 255), 0, 255).astype(np.uint8).reshape(len(a), side, side)
+        keys = [hashlib.sha1(im.tobytes()).hexdigest() for im in imgs]
+        todo = sorted({k: i for i, k in enumerate(keys) if k not in store}.values())
+        if todo:
+            feats = image_features(model, imgs[todo], size=size)
+            store.update({keys[i]: f.clone() for i, f in zip(todo, feats)})
+            if cache is not None:
+                import os
+
+                Path(cache).parent.mkdir(parents=True, exist_ok=True)
+                tmp = f"{cache}.tmp{os.getpid()}"
+                save_file(store, tmp)
+                os.replace(tmp, cache)
+        return torch.stack([store[k] for k in keys]).numpy()
+
+    return featurize
 
 
 @dataclass
@@ -465,8 +528,10 @@ class SDMResult(Result):
         return fig
 
 
-def experiment(config: SDMConfig | None = None, featurize=None) -> SDMResult:
-    """``featurize``: optional pixel -> embedding map for the pool (see :func:`make_digits_pool`). For each seed: build the pool, train the SAE (MSE + L_mono), select ``budget`` items with SDM and the
+def experiment(config: SDMConfig | None = None, featurize=None, pool=None) -> SDMResult:
+    """``featurize``: optional pixel -> embedding map for the pool (see :func:`make_digits_pool`); ``pool``:
+    optional ``(seed, featurize) -> DigitsPool`` builder (default :func:`make_digits_pool`; e.g.
+    :func:`make_fashion_pool`). For each seed: build the pool, train the SAE (MSE + L_mono), select ``budget`` items with SDM and the
     baselines, and score each selection (KL to the target, balanced test accuracy of a logistic regression)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import balanced_accuracy_score
@@ -475,7 +540,7 @@ def experiment(config: SDMConfig | None = None, featurize=None) -> SDMResult:
     out = {k: {} for k in ("kl", "bacc", "noisy", "dup", "counts")}
     mono = []
     for seed in progress(list(config.seeds), desc="sdm seeds"):
-        data = make_digits_pool(seed, featurize=featurize)
+        data = (pool or make_digits_pool)(seed, featurize=featurize)
         sae, hist = train_sae(torch.from_numpy(data.x_pool), SAEConfig(**{**vars(config.sae), "seed": seed}))
         mono.append(hist["mono"])
         z_pool, z_tgt = encode(sae, torch.from_numpy(data.x_pool)), encode(sae, torch.from_numpy(data.x_target))

@@ -14,12 +14,14 @@ Public API::
     DPOConfig, dpo_loss, sequence_logprobs, encode_pairs, dpo_train, DPOHistory
     CaptureConfig, CaptureResult, capture_copying
     ToyConfig, ToyResult, toy_experiment, word_tokenizer
+    FACTS, Fact, SmolConfig, SmolResult, smollm_experiment   (LoRA-DPO of zoo:smollm2-135m)
 """
 from .capture import FUNCTION_WORDS, CaptureConfig, CaptureResult, capture_copying
 from .dpo import DPOConfig, DPOHistory, EncodedPairs, dpo_loss, dpo_train, encode_pairs, sequence_logprobs
 from .metrics import copy_fragments, copy_metrics, copy_score
 from .preference import Candidate, PreferenceConfig, PreferencePair, SampleScores, build_pairs, elo_tournament
 from .prompting import RefineConfig, RefineTrace, cp_link, cp_order, cp_refine, parse_extracted, parse_order, split_sentences
+from .smollm import FACTS, Fact, SmolConfig, SmolResult, smollm_experiment
 from .toy import ToyConfig, ToyResult, toy_experiment, word_tokenizer
 
 __all__ = [
@@ -27,5 +29,5 @@ __all__ = [
     "dpo_loss", "dpo_train", "encode_pairs", "sequence_logprobs", "copy_fragments", "copy_metrics", "copy_score",
     "Candidate", "PreferenceConfig", "PreferencePair", "SampleScores", "build_pairs", "elo_tournament",
     "RefineConfig", "RefineTrace", "cp_link", "cp_order", "cp_refine", "parse_extracted", "parse_order",
-    "split_sentences", "ToyConfig", "ToyResult", "toy_experiment", "word_tokenizer",
+    "split_sentences", "FACTS", "Fact", "SmolConfig", "SmolResult", "smollm_experiment", "ToyConfig", "ToyResult", "toy_experiment", "word_tokenizer",
 ]

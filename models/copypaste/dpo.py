@@ -8,6 +8,7 @@ log-probabilities summed over the response tokens only.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -135,27 +136,31 @@ class DPOHistory:
 
 
 def dpo_train(policy: torch.nn.Module, tokenizer, pairs: Sequence[PreferencePair], config: DPOConfig | None = None,
-              reference: torch.nn.Module | None = None) -> DPOHistory:
+              reference: torch.nn.Module | None = None, checkpoint: str | Path | None = None,
+              checkpoint_every: int = 1) -> DPOHistory:
     """Train ``policy`` (in place) with DPO on ``pairs``; ``reference`` defaults to a frozen copy of ``policy``
     taken before training (the reference log-probs are computed once, up front).
 
     ``policy`` is a causal LM called as ``policy(input_ids=..., attention_mask=...)`` returning logits or an
     object with ``.logits`` (a ``transformers`` model, a ``peft`` LoRA model). Only parameters with
     ``requires_grad`` are optimised (so a LoRA wrapper trains its adapters only).
+
+    ``checkpoint``: a ``.pt`` file written atomically every ``checkpoint_every`` optimiser steps (trainable
+    parameters, optimiser and schedule state, reference log-probs, history); when it exists the run resumes from it
+    (same pairs and config assumed; the batch order is drawn up front from the seed, so a resumed run takes the
+    same steps as an uninterrupted one). Loaded with ``torch.load(weights_only=True)``.
     """
     cfg = config or DPOConfig()
     gen = set_seed(cfg.seed)
     enc = encode_pairs(tokenizer, pairs, cfg.max_length)
-    ref = reference if reference is not None else copy.deepcopy(policy)
-    ref.eval()
-    with torch.no_grad():
-        ref_c = torch.cat([sequence_logprobs(_logits(ref, enc.chosen_ids[b], enc.chosen_mask[b]), enc.chosen_ids[b],
-                                             enc.chosen_response[b]) for b in minibatches(len(pairs), 16, shuffle=False)])
-        ref_r = torch.cat([sequence_logprobs(_logits(ref, enc.rejected_ids[b], enc.rejected_mask[b]),
-                                             enc.rejected_ids[b], enc.rejected_response[b])
-                           for b in minibatches(len(pairs), 16, shuffle=False)])
-    if reference is None:
-        del ref
+    state = torch.load(checkpoint, weights_only=True) if checkpoint is not None and Path(checkpoint).exists() else None
+    if state is not None:
+        ref_c, ref_r = state["ref_c"], state["ref_r"]
+        if ref_c.shape[0] != len(pairs):
+            raise ValueError(f"checkpoint {checkpoint} was written for {ref_c.shape[0]} pairs, got {len(pairs)}")
+    else:
+        ref_c, ref_r = _reference_logprobs(policy if reference is None else reference, enc, len(pairs),
+                                           copy_policy=reference is None)
     params = [p for p in policy.parameters() if p.requires_grad]
     if not params:
         raise ValueError("policy has no trainable parameter")
@@ -164,30 +169,75 @@ def dpo_train(policy: torch.nn.Module, tokenizer, pairs: Sequence[PreferencePair
     total = per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, total, cfg.warmup_frac, 0.0))
     hist = DPOHistory()
-    policy.train()
-    step_batches: list[torch.Tensor] = []
-    for epoch in progress(range(cfg.epochs), desc="DPO epochs", total=cfg.epochs):
+    steps: list[list[torch.Tensor]] = []
+    for _ in range(cfg.epochs):
         batches = list(minibatches(len(pairs), cfg.batch_size, gen))
-        for start in range(0, len(batches), cfg.grad_accum):
-            step_batches = batches[start:start + cfg.grad_accum]
-            n_step = sum(len(b) for b in step_batches)
-            opt.zero_grad(set_to_none=True)
-            losses, margins = [], []
-            for b in step_batches:
-                pc = sequence_logprobs(_logits(policy, enc.chosen_ids[b], enc.chosen_mask[b]), enc.chosen_ids[b],
-                                       enc.chosen_response[b])
-                pr = sequence_logprobs(_logits(policy, enc.rejected_ids[b], enc.rejected_mask[b]), enc.rejected_ids[b],
-                                       enc.rejected_response[b])
-                loss, margin = dpo_loss(pc, pr, ref_c[b], ref_r[b], cfg.beta)
-                (loss * len(b) / n_step).backward()
-                losses.append(loss.item() * len(b))
-                margins.append(margin)
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            sched.step()
-            m = torch.cat(margins)
-            hist.loss.append(sum(losses) / n_step)
-            hist.margin.append(m.mean().item())
-            hist.accuracy.append((m > 0).float().mean().item())
+        steps.extend(batches[start:start + cfg.grad_accum] for start in range(0, len(batches), cfg.grad_accum))
+    done = 0
+    if state is not None:
+        named = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(state["params"][n])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        done = int(state["done"])
+        hist = DPOHistory(loss=list(map(float, state["loss"])), margin=list(map(float, state["margin"])),
+                          accuracy=list(map(float, state["accuracy"])))
+    policy.train()
+    for k in progress(range(done, len(steps)), desc="DPO steps", total=len(steps) - done):
+        step_batches = steps[k]
+        n_step = sum(len(b) for b in step_batches)
+        opt.zero_grad(set_to_none=True)
+        losses, margins = [], []
+        for b in step_batches:
+            pc = sequence_logprobs(_logits(policy, enc.chosen_ids[b], enc.chosen_mask[b]), enc.chosen_ids[b],
+                                   enc.chosen_response[b])
+            pr = sequence_logprobs(_logits(policy, enc.rejected_ids[b], enc.rejected_mask[b]), enc.rejected_ids[b],
+                                   enc.rejected_response[b])
+            loss, margin = dpo_loss(pc, pr, ref_c[b], ref_r[b], cfg.beta)
+            (loss * len(b) / n_step).backward()
+            losses.append(loss.item() * len(b))
+            margins.append(margin)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        m = torch.cat(margins)
+        hist.loss.append(sum(losses) / n_step)
+        hist.margin.append(m.mean().item())
+        hist.accuracy.append((m > 0).float().mean().item())
+        if checkpoint is not None and ((k + 1) % checkpoint_every == 0 or k + 1 == len(steps)):
+            _save_checkpoint(checkpoint, policy, opt, sched, k + 1, hist, ref_c, ref_r)
     policy.eval()
     return hist
+
+
+def _reference_logprobs(ref: torch.nn.Module, enc: EncodedPairs, n: int, copy_policy: bool):
+    """Sequence log-probs ``[n]`` of the chosen and rejected responses under the (frozen) reference."""
+    if copy_policy:
+        ref = copy.deepcopy(ref)
+    was_training = ref.training
+    ref.eval()
+    with torch.no_grad():
+        ref_c = torch.cat([sequence_logprobs(_logits(ref, enc.chosen_ids[b], enc.chosen_mask[b]), enc.chosen_ids[b],
+                                             enc.chosen_response[b]) for b in minibatches(n, 16, shuffle=False)])
+        ref_r = torch.cat([sequence_logprobs(_logits(ref, enc.rejected_ids[b], enc.rejected_mask[b]),
+                                             enc.rejected_ids[b], enc.rejected_response[b])
+                           for b in minibatches(n, 16, shuffle=False)])
+    if not copy_policy and was_training:
+        ref.train()
+    return ref_c, ref_r
+
+
+def _save_checkpoint(path, policy, opt, sched, done, hist, ref_c, ref_r) -> None:
+    import io
+
+    from interp.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    torch.save({"params": {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad},
+                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "done": done,
+                "loss": torch.tensor(hist.loss), "margin": torch.tensor(hist.margin),
+                "accuracy": torch.tensor(hist.accuracy), "ref_c": ref_c, "ref_r": ref_r}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+

@@ -165,3 +165,68 @@ def test_pool_featurize_hook_applies_to_every_set():
     assert len(calls) == 3 and all(s[1] == 64 for s in calls)
     assert data.x_pool.shape[1] == data.x_target.shape[1] == data.x_test.shape[1] == 128
     assert abs(float(data.x_pool.mean())) < 1e-4
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+needs_fashion = pytest.mark.skipif(
+    not __import__("pathlib").Path(FASHION, "train-images-idx3-ubyte.gz").exists(),
+    reason=f"Fashion-MNIST absent ({FASHION}: Debian package dataset-fashion-mnist, installed by scripts/setup.sh as root)")
+
+
+@needs_fashion
+def test_fashion_pool_imbalanced_noisy():
+    from interp.models.sdm import make_fashion_pool
+
+    data = make_fashion_pool(3, per_class=60, test_per_class=10)
+    assert data.x_pool.shape[1] == 784 and len(data.x_target) == 300 and len(data.x_test) == 100
+    counts = np.bincount(data.clean_pool[~data.duplicate], minlength=10)
+    assert counts.max() >= 6 * counts.min()
+    assert abs((data.y_pool != data.clean_pool).mean() - 0.1) < 0.01
+    assert np.bincount(data.y_test).tolist() == [10] * 10
+
+
+class _StubImageModel:
+    """Stands in for DINOv2 (image_features reads ln_final.hook_normalized at position 0): feature = per-channel
+    mean of the normalised image, tiled to 6 dims; counts images seen."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def run_with_cache(self, x, names):
+        self.seen += len(x)
+        f = x.mean((2, 3))                                                   # [n, 3]
+        return None, {names[0]: torch.cat([f, f ** 2], 1)[:, None]}
+
+
+def test_dinov2_featurizer_memoises_per_image_and_on_disk(tmp_path):
+    from interp.models.sdm import dinov2_featurizer
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (5, 16)).astype(np.float64) / 255.0
+    m = _StubImageModel()
+    f = dinov2_featurizer(m, side=4, cache=str(tmp_path / "feat.safetensors"), size=14)
+    x1 = f(a)
+    assert x1.shape == (5, 6) and m.seen == 5
+    b = np.concatenate([a[[2, 0]], rng.integers(0, 256, (1, 16)) / 255.0])
+    x2 = f(b)
+    assert m.seen == 6 and np.allclose(x2[:2], x1[[2, 0]])                  # only the new image is computed
+    m2 = _StubImageModel()
+    x3 = dinov2_featurizer(m2, side=4, cache=str(tmp_path / "feat.safetensors"), size=14)(b)
+    assert m2.seen == 0 and np.allclose(x3, x2)                              # reloaded from the safetensors file
+    assert not np.allclose(x1[0], x1[1])
+
+
+@pytest.mark.slow
+@needs_fashion
+def test_fashion_dinov2_pool_criteria(tmp_path, monkeypatch):
+    import interp
+    from interp.models.sdm import dinov2_featurizer, make_fashion_pool
+
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path / "cache"))
+    feat = dinov2_featurizer(interp.load("zoo:dinov2-s14", backend="torch"), side=28,
+                             cache=str(tmp_path / "fashion_dinov2.safetensors"))
+    r = experiment(SDMConfig(apricot=False), featurize=feat, pool=make_fashion_pool)
+    kl = {m: np.mean(v) for m, v in r.kl.items()}
+    assert kl["sdm"] < kl["random"] and kl["sdm"] < kl["top_quality"]
+    bacc = {m: np.mean(v) for m, v in r.balanced_accuracy.items()}
+    assert bacc["sdm"] >= bacc["random"] + 0.02 and bacc["sdm"] >= bacc["top_quality"] + 0.02

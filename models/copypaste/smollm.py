@@ -1,0 +1,301 @@
+"""CopyPaste on a real LM: LoRA-DPO of ``zoo:smollm2-135m`` (SmolLM2-135M-Instruct) on RAG-style prompts whose
+contexts contradict facts the model knows.
+
+Pipeline (:func:`smollm_experiment`):
+
+1. facts: country capitals and landmark cities (:data:`FACTS`); the model "knows" a fact when its greedy closed-book
+   answer contains the answer string (chat template, no context);
+2. the known facts are split into training and evaluation facts; each evaluation fact gets a counterfactual
+   context (its answer replaced by another answer of the same relation) and its original context;
+3. Alg. 2 pairs on training samples (70 % counterfactual contexts): candidates = the model's own answer and a
+   memory-attributed answer (non-CopyPaste), a CP-Order answer (the context sentence, verbatim) and a CP-Link
+   answer (sentence + link); a faithfulness judge (context answer named, memorised answer not), ties by κ;
+   answer stamping ``"{response} Answer: {answer}"``;
+4. LoRA (r 16 on the attention and MLP projections) trained with our DPO (β = 0.3), checkpointed and resumable;
+5. before and after: faithfulness (share of answers naming the context's answer and not the memorised one) on
+   counterfactual and on original contexts, κ of the answers, and Alg. 3's contextual share through the capture
+   layer (:func:`capture_copying`).
+
+Choices (the paper trains 7-8B models on 7k RAG samples; this is a CPU-scale stand-in): LoRA learning rate 5e-4
+(the paper's 5e-5 with 2 epochs over thousands of pairs would not move 135M parameters in tens of steps), batch 2 x
+accumulation 4, 1 epoch; answers capped at 16 new tokens.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from interp.results import Result
+
+from .capture import CaptureConfig, capture_copying
+from .dpo import DPOConfig, dpo_train
+from .metrics import copy_metrics
+from .preference import Candidate, PreferenceConfig, build_pairs
+
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",
+    "United Kingdom": "London", "Ireland": "Dublin", "Netherlands": "Amsterdam", "Belgium": "Brussels",
+    "Austria": "Vienna", "Switzerland": "Bern", "Poland": "Warsaw", "Czech Republic": "Prague", "Hungary": "Budapest",
+    "Greece": "Athens", "Sweden": "Stockholm", "Norway": "Oslo", "Denmark": "Copenhagen", "Finland": "Helsinki",
+    "Russia": "Moscow", "Ukraine": "Kyiv", "Romania": "Bucharest", "Bulgaria": "Sofia", "Serbia": "Belgrade",
+    "Croatia": "Zagreb", "Turkey": "Ankara", "Egypt": "Cairo", "Kenya": "Nairobi", "Nigeria": "Abuja",
+    "Ethiopia": "Addis Ababa", "Morocco": "Rabat", "Ghana": "Accra", "Japan": "Tokyo", "China": "Beijing",
+    "South Korea": "Seoul", "India": "New Delhi", "Pakistan": "Islamabad", "Bangladesh": "Dhaka",
+    "Thailand": "Bangkok", "Vietnam": "Hanoi", "Indonesia": "Jakarta", "Philippines": "Manila",
+    "Malaysia": "Kuala Lumpur", "Iran": "Tehran", "Iraq": "Baghdad", "Saudi Arabia": "Riyadh", "Israel": "Jerusalem",
+    "Afghanistan": "Kabul", "Nepal": "Kathmandu", "Australia": "Canberra", "New Zealand": "Wellington",
+    "Canada": "Ottawa", "United States": "Washington", "Mexico": "Mexico City", "Cuba": "Havana",
+    "Brazil": "Brasilia", "Argentina": "Buenos Aires", "Chile": "Santiago", "Peru": "Lima", "Colombia": "Bogota",
+    "Venezuela": "Caracas", "Iceland": "Reykjavik", "Lebanon": "Beirut", "Syria": "Damascus", "Jordan": "Amman",
+    "Qatar": "Doha", "Mongolia": "Ulaanbaatar", "Sri Lanka": "Colombo", "Uruguay": "Montevideo",
+    "Ecuador": "Quito", "Bolivia": "La Paz", "Tunisia": "Tunis", "Algeria": "Algiers", "Senegal": "Dakar",
+    "Uganda": "Kampala", "Zimbabwe": "Harare", "Estonia": "Tallinn", "Latvia": "Riga", "Lithuania": "Vilnius",
+    "Slovakia": "Bratislava", "Slovenia": "Ljubljana", "Cambodia": "Phnom Penh", "Singapore": "Singapore",
+}
+LANDMARKS = {
+    "the Eiffel Tower": "Paris", "the Colosseum": "Rome", "Big Ben": "London", "the Statue of Liberty": "New York",
+    "the Brandenburg Gate": "Berlin", "the Sagrada Familia": "Barcelona", "the Acropolis": "Athens",
+    "the Kremlin": "Moscow", "the Golden Gate Bridge": "San Francisco", "the Sydney Opera House": "Sydney",
+    "the Leaning Tower": "Pisa", "the Louvre": "Paris", "the Forbidden City": "Beijing", "the Taj Mahal": "Agra",
+    "the Space Needle": "Seattle", "the Vatican": "Rome", "the Hollywood sign": "Los Angeles",
+    "the Burj Khalifa": "Dubai", "the CN Tower": "Toronto", "Buckingham Palace": "London",
+    "the White House": "Washington", "the Rialto Bridge": "Venice", "the Alhambra": "Granada",
+    "the Charles Bridge": "Prague", "the Blue Mosque": "Istanbul", "Times Square": "New York",
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact: ``subject``, ``relation`` (``"capital"`` or ``"landmark"``) and its ``answer``."""
+
+    subject: str
+    relation: str
+    answer: str
+
+    @property
+    def question(self) -> str:
+        return (f"What is the capital of {self.subject}?" if self.relation == "capital"
+                else f"In which city is {self.subject}?")
+
+    def sentence(self, answer: str) -> str:
+        """The context sentence stating ``answer`` (verbatim material for CP-Order)."""
+        return (f"The capital of {self.subject} is {answer}." if self.relation == "capital"
+                else f"{self.subject[0].upper() + self.subject[1:]} is located in {answer}.")
+
+    def context(self, answer: str) -> str:
+        """A two-sentence RAG passage stating ``answer``."""
+        if self.relation == "capital":
+            return f"{self.subject} is a country with a long history. {self.sentence(answer)} It is the seat of the national government."
+        return f"{self.subject[0].upper() + self.subject[1:]} is a famous landmark. {self.sentence(answer)} Many tourists visit it every year."
+
+
+FACTS = [Fact(k, "capital", v) for k, v in CAPITALS.items()] + [Fact(k, "landmark", v) for k, v in LANDMARKS.items()]
+
+
+@dataclass
+class SmolConfig:
+    """Sizes of the SmolLM2 run (see the module docstring for the choices)."""
+
+    n_eval: int = 30
+    n_train_samples: int = 160
+    n_pairs: int = 160
+    counterfactual_frac: float = 0.7
+    max_new_tokens: int = 16
+    lora_r: int = 16
+    lora_alpha: int = 32
+    top_k: int = 10
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=5e-4, batch_size=2, grad_accum=4, epochs=1,
+                                                             max_length=256))
+    seed: int = 0
+
+
+def chat_prompt(tokenizer, question: str, context: str | None) -> str:
+    """The chat-template prompt of a (RAG) question; the model answers in one short sentence."""
+    user = (f"Context: {context}\n\nAnswer the question using the context, in one short sentence.\nQuestion: {question}"
+            if context is not None else f"Answer in one short sentence.\nQuestion: {question}")
+    return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+
+
+def names(answer: str, text: str) -> bool:
+    """Whether ``text`` names ``answer`` (case-insensitive substring)."""
+    return answer.lower() in text.lower()
+
+
+def faithful(answer: str, memory: str, text: str) -> bool:
+    """Faithful to a context stating ``answer``: names it and (when it differs) not the memorised ``memory``."""
+    return names(answer, text) and (answer == memory or not names(memory, text))
+
+
+@dataclass
+class SmolResult(Result):
+    """Before / after metrics, DPO history, fact counts and example answers."""
+
+    kind = "copypaste_smollm"
+    metrics: dict[str, dict[str, float]]
+    dpo_loss: list[float]
+    dpo_reward_accuracy: list[float]
+    n_known: int
+    n_facts: int
+    n_pairs: int
+    examples: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"metric": k, **v} for k, v in self.metrics.items()])
+
+    def figure(self):
+        import plotly.graph_objects as go
+
+        df = self.to_frame()
+        return go.Figure([go.Bar(name=t, x=df["metric"], y=df[t]) for t in ("before", "after") if t in df])
+
+
+def _gen(model, prompts, max_new_tokens, batch_size=16) -> list[str]:
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        out.extend(model.generate(list(prompts[i:i + batch_size]), max_new_tokens=max_new_tokens))
+    return out
+
+
+def measure(model, tok, ev_facts, cf_answers, cfg: SmolConfig) -> tuple[dict[str, float], list[str]]:
+    """Faithfulness / κ on counterfactual and original contexts and the Alg. 3 contextual share (counterfactual)."""
+    cf_prompts = [chat_prompt(tok, f.question, f.context(c)) for f, c in zip(ev_facts, cf_answers)]
+    or_prompts = [chat_prompt(tok, f.question, f.context(f.answer)) for f in ev_facts]
+    cb_prompts = [chat_prompt(tok, f.question, None) for f in ev_facts]
+    a_cf = _gen(model, cf_prompts, cfg.max_new_tokens)
+    a_or = _gen(model, or_prompts, cfg.max_new_tokens)
+    kap = lambda a, ctx: copy_metrics(a, ctx)[0] if a.split() else 0.0
+    m = {
+        "cf_faithfulness": sum(faithful(c, f.answer, a) for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
+        "cf_names_memory": sum(names(f.answer, a) for f, a in zip(ev_facts, a_cf)) / len(ev_facts),
+        "orig_accuracy": sum(names(f.answer, a) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
+        "cf_kappa": sum(kap(a, f.context(c)) for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
+        "orig_kappa": sum(kap(a, f.context(f.answer)) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
+    }
+    cap = capture_copying(model, cf_prompts, cb_prompts, [f.context(c) for f, c in zip(ev_facts, cf_answers)],
+                          CaptureConfig(top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens))
+    m["contextual_share"] = cap.contextual_share
+    m["contextual_per_sample"] = cap.contextual_per_sample
+    return m, a_cf
+
+
+def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None = None,
+                      log=print) -> SmolResult:
+    """Run the pipeline; with ``work_dir`` every stage is cached there (atomic writes) and a rerun resumes."""
+    import interp
+    from interp.io import atomic_write_json
+    from interp.zoo.registry import path as zoo_path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = cfg or SmolConfig()
+    wd = Path(work_dir) if work_dir is not None else None
+    if wd is not None:
+        wd.mkdir(parents=True, exist_ok=True)
+
+    def cached(name, fn):
+        f = wd / name if wd is not None else None
+        if f is not None and f.exists():
+            return json.loads(f.read_text())
+        v = fn()
+        if f is not None:
+            atomic_write_json(f, v)
+        return v
+
+    base = zoo_path("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.padding_side = "left"
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    model = interp.wrap(hf, tok, backend="torch")
+    rng = random.Random(cfg.seed)
+
+    def knowledge():
+        ans = _gen(model, [chat_prompt(tok, f.question, None) for f in FACTS], 12)
+        return [names(f.answer, a) for f, a in zip(FACTS, ans)]
+
+    known_mask = cached("known.json", knowledge)
+    known = [f for f, k in zip(FACTS, known_mask) if k]
+    log(f"known {len(known)}/{len(FACTS)}")
+    order = known[:]
+    rng.shuffle(order)
+    ev, tr = order[:cfg.n_eval], order[cfg.n_eval:]
+    pool = {r: sorted({f.answer for f in FACTS if f.relation == r}) for r in ("capital", "landmark")}
+    other = lambda f: rng.choice([a for a in pool[f.relation] if a != f.answer])
+    cf_ev = [other(f) for f in ev]
+
+    before = cached("before.json", lambda: dict(zip(("metrics", "answers"), measure(model, tok, ev, cf_ev, cfg))))
+    log(f"before {before['metrics']}")
+
+    # Alg. 2 pairs on training facts
+    samples = [(rng.choice(tr), rng.random() < cfg.counterfactual_frac) for _ in range(cfg.n_train_samples)]
+    samples = [(f, other(f) if is_cf else f.answer) for f, is_cf in samples]
+
+    def make_pairs():
+        prompts = [chat_prompt(tok, f.question, f.context(a)) for f, a in samples]
+        base_ans = _gen(model, prompts, cfg.max_new_tokens)
+        pref = PreferenceConfig(min_kappa=0.8, min_delta=3.0)
+        out = []
+        for p, b, (f, a) in zip(prompts, base_ans, samples):
+            ctx = f.context(a)
+            judge_f = lambda q, c, x: float(faithful(a, f.answer, x))
+
+            def judge(q, c, x, y):
+                fx, fy = judge_f(q, c, x), judge_f(q, c, y)
+                if fx != fy:
+                    return float(fx > fy)
+                kx, ky = copy_metrics(x, c)[0], copy_metrics(y, c)[0]
+                return 0.5 if kx == ky else float(kx > ky)
+
+            wrong = f.answer if a != f.answer else other(f)
+            cands = [Candidate(b.strip() or ".", "base", False),
+                     Candidate(f"From what I know, {f.sentence(f.answer)[0].lower() + f.sentence(f.answer)[1:]}",
+                               "attributed", False),
+                     Candidate(f.sentence(a), "cp_order", True),
+                     Candidate(f"{f.sentence(a)} So the answer is {a}.", "cp_link", True)]
+            ps, _ = build_pairs(p, f.question, ctx, cands, judge, gold=a, wrong=wrong, config=pref, faithfulness=judge_f)
+            out.extend([vars(x) for x in ps])
+        return out
+
+    pairs_all = cached("pairs.json", make_pairs)
+    from .preference import PreferencePair
+
+    prng = random.Random(cfg.seed + 1)
+    pairs = [PreferencePair(**d) for d in prng.sample(pairs_all, min(cfg.n_pairs, len(pairs_all)))]
+    log(f"pairs {len(pairs)} of {len(pairs_all)}")
+
+    def train_and_measure():
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, bias="none",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        peft_model = get_peft_model(hf, lcfg)
+        tok.padding_side = "right"
+        hist = dpo_train(peft_model, tok, pairs, cfg.dpo,
+                         checkpoint=(wd / "dpo_ckpt.pt") if wd is not None else None)
+        tok.padding_side = "left"
+        merged = peft_model.merge_and_unload().eval()
+        after_model = interp.wrap(merged, tok, backend="torch")
+        m, a = measure(after_model, tok, ev, cf_ev, cfg)
+        return {"metrics": m, "answers": a, "loss": hist.loss, "accuracy": hist.accuracy}
+
+    after = cached("after.json", train_and_measure)
+    log(f"after {after['metrics']}")
+    metrics = {k: {"before": before["metrics"][k], "after": after["metrics"][k]} for k in before["metrics"]}
+    ex = [(f"{f.question} [context: {c}]", b, a) for f, c, b, a in
+          zip(ev[:5], cf_ev[:5], before["answers"][:5], after["answers"][:5])]
+    return SmolResult(metrics=metrics, dpo_loss=after["loss"], dpo_reward_accuracy=after["accuracy"],
+                      n_known=len(known), n_facts=len(FACTS), n_pairs=len(pairs), examples=ex)
+
+
+if __name__ == "__main__":  # pragma: no cover - the measured run
+    import sys
+
+    torch.set_num_threads(1)
+    r = smollm_experiment(work_dir=sys.argv[1] if len(sys.argv) > 1 else None)
+    print(r.to_frame().to_string())
+    for e in r.examples:
+        print(e)
