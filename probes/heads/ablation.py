@@ -189,9 +189,10 @@ class DynamicZeroing(_InterventionMap):
     The score of layer ``l`` is computed inside the (already ablated upstream) forward pass from layer
     ``l``'s own activations, like the official code does inside the attention module. Value- and
     output-based scores (FTVVN, AVVN, LTHON, AHON, their LN/HN variants, FullHeadOutput) work on every
-    backend; pattern-based scores (AWFT, AEQD) need the pattern before the head output is consumed, which
-    only the TransformerLens backend provides (Hugging Face attention returns its weights after the output
-    projection has run). ``flagged`` records the mask of every pass: ``[batch, n_layers, n_heads]``.
+    backend; pattern-based scores (AWFT, AEQD) need the pattern before the head output is consumed: every
+    backend whose ``attn.hook_pattern`` is writable delivers it then (the TransformerLens backend, and the
+    torch/nnsight backends through interp's hook-calling attention implementation); a backend that cannot
+    is refused with a clear error. ``flagged`` records the mask of every pass: ``[batch, n_layers, n_heads]``.
     ``padded_queries`` is the padding rule of the pattern scores (see :func:`~.scores.head_statistics`).
     """
 
@@ -201,8 +202,8 @@ class DynamicZeroing(_InterventionMap):
         spec = SCORE_FUNCTIONS[self.score]
         if "pattern" in spec.uses and not model.can_write("blocks.0.attn.hook_pattern"):
             raise ValueError(f"{self.score} reads the attention pattern, which the {model.backend} backend delivers "
-                             "only after the head output was used; use backend='transformer_lens' for dynamic "
-                             "zeroing with it, or ablate_heads(model, scores.inactive(...)) with per-input masks "
+                             "only after the head output was used (its attn.hook_pattern is not writable); use "
+                             "backend='torch', 'nnsight' or 'transformer_lens' for dynamic zeroing with it, or ablate_heads(model, scores.inactive(...)) with per-input masks "
                              "from an unablated pass")
         self.threshold = float(threshold)
         self.n_heads = model.cfg.n_heads
@@ -487,8 +488,9 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
 
     For each target fraction ``p``: τ_p from the empirical CDF of ``calibration`` (default: the scores of
     ``inputs`` themselves), dynamic per-input zeroing of the heads past τ_p, and the same number of random
-    heads per input. Pattern-based scores on the torch/nnsight backends use per-input masks from an
-    unablated pass (``mode="prepass"``); everything else is computed inside the ablated pass (``"dynamic"``).
+    heads per input. Scores are computed inside the ablated pass (``mode="dynamic"``); only a pattern-based
+    score on a backend whose ``attn.hook_pattern`` is not writable falls back to per-input masks from an
+    unablated pass (``"prepass"``).
     ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
     (may drop by 0.01, the paper's "within 1 point"). ``convention`` reads τ_p off the CDF (the official
     inverse CDF by default, or ``"quantile"``); ``padded_queries`` is the padding rule of the pattern scores.

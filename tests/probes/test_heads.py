@@ -546,8 +546,21 @@ def test_dynamic_zeroing_extremes_and_backend_rules(llama):
     with model.intervene(ablate_heads(model, torch.ones(2, 4, dtype=torch.bool))):
         torch.testing.assert_close(out, model(batch))
     assert every.flagged[0].shape == (2, 2, 4) and every.flagged[0].all()
-    with pytest.raises(ValueError, match="transformer_lens"):
-        DynamicZeroing(model, "AWFT", 0.5)
+    # pattern scores are dynamic on the torch backend too (attn.hook_pattern is writable there): AWFT flags heads
+    # whose first-token attention exceeds the threshold; -inf flags every head, +inf none
+    all_awft = DynamicZeroing(model, "AWFT", threshold=float("-inf"))
+    with model.intervene(all_awft):
+        torch.testing.assert_close(model(batch), out)
+    assert all_awft.flagged[0].all()
+    with model.intervene(DynamicZeroing(model, "AWFT", threshold=float("inf"))):
+        torch.testing.assert_close(model(batch), base)
+    # a backend that cannot write the pattern is refused with a clear error
+    model.can_write = lambda name: "hook_pattern" not in name
+    try:
+        with pytest.raises(ValueError, match="not writable"):
+            DynamicZeroing(model, "AWFT", 0.5)
+    finally:
+        del model.can_write
 
 
 def test_planted_heads_ablation_costs_less_than_random_heads(planted):
