@@ -425,6 +425,9 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
         raise ValueError(f"C has shape {tuple(C.shape)}, expected ({k.numel()}, {k.numel()}) for {site.key}")
     v_star, log = compute_v(site, req, templates, cfg)
     W, b = site.W(), site.b()
+    if not bool(k.abs().sum() > 0):
+        raise RuntimeError(f"k* = 0 at {site.key}: no key feature is active at the edit position; a rank-one "
+                           "edit of this site cannot change it")
     A = C.double() + cfg.mom2_eps * torch.eye(len(C), dtype=torch.float64)
     u = torch.linalg.lstsq(A, k.double()[:, None]).solution[:, 0]  # C may be singular (dead keys): min-norm
     u = (u / u.norm()).float()
