@@ -34,7 +34,7 @@ from interp.results import Result
 from .capture import CaptureConfig, capture_copying
 from .dpo import DPOConfig, dpo_train
 from .metrics import copy_metrics
-from .preference import Candidate, PreferenceConfig, build_pairs
+from .preference import Candidate, PreferenceConfig, PreferencePair, build_pairs
 
 CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",
@@ -155,6 +155,32 @@ class SmolResult(Result):
         return go.Figure([go.Bar(name=t, x=df["metric"], y=df[t]) for t in ("before", "after") if t in df])
 
 
+def rag_pairs(prompt: str, fact: Fact, answer: str, base_answer: str, wrong: str,
+              config: PreferenceConfig | None = None) -> list[PreferencePair]:
+    """Alg. 2 on one RAG sample whose context states ``answer`` for ``fact``: candidates = the model's
+    ``base_answer`` and a memory-attributed answer (non-CopyPaste), CP-Order (the context sentence) and CP-Link
+    (sentence + "So the answer is ..."); judge = faithfulness (:func:`faithful`), ties broken by κ; the winner is
+    stamped with ``answer``, the other CP candidates with ``wrong``. Filter: κ >= 0.8, δ >= 3 (by default)."""
+    config = config or PreferenceConfig(min_kappa=0.8, min_delta=3.0)
+    score = lambda q, c, x: float(faithful(answer, fact.answer, x))
+
+    def judge(q, c, x, y):
+        fx, fy = score(q, c, x), score(q, c, y)
+        if fx != fy:
+            return float(fx > fy)
+        kx, ky = copy_metrics(x, c)[0], copy_metrics(y, c)[0]
+        return 0.5 if kx == ky else float(kx > ky)
+
+    memory = fact.sentence(fact.answer)
+    cands = [Candidate(base_answer.strip() or ".", "base", False),
+             Candidate(f"From what I know, {memory[0].lower() + memory[1:]}", "attributed", False),
+             Candidate(fact.sentence(answer), "cp_order", True),
+             Candidate(f"{fact.sentence(answer)} So the answer is {answer}.", "cp_link", True)]
+    pairs, _ = build_pairs(prompt, fact.question, fact.context(answer), cands, judge, gold=answer, wrong=wrong,
+                           config=config, faithfulness=score)
+    return pairs
+
+
 def _gen(model, prompts, max_new_tokens, batch_size=16) -> list[str]:
     out = []
     for i in range(0, len(prompts), batch_size):
@@ -237,32 +263,13 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
     def make_pairs():
         prompts = [chat_prompt(tok, f.question, f.context(a)) for f, a in samples]
         base_ans = _gen(model, prompts, cfg.max_new_tokens)
-        pref = PreferenceConfig(min_kappa=0.8, min_delta=3.0)
         out = []
         for p, b, (f, a) in zip(prompts, base_ans, samples):
-            ctx = f.context(a)
-            judge_f = lambda q, c, x: float(faithful(a, f.answer, x))
-
-            def judge(q, c, x, y):
-                fx, fy = judge_f(q, c, x), judge_f(q, c, y)
-                if fx != fy:
-                    return float(fx > fy)
-                kx, ky = copy_metrics(x, c)[0], copy_metrics(y, c)[0]
-                return 0.5 if kx == ky else float(kx > ky)
-
             wrong = f.answer if a != f.answer else other(f)
-            cands = [Candidate(b.strip() or ".", "base", False),
-                     Candidate(f"From what I know, {f.sentence(f.answer)[0].lower() + f.sentence(f.answer)[1:]}",
-                               "attributed", False),
-                     Candidate(f.sentence(a), "cp_order", True),
-                     Candidate(f"{f.sentence(a)} So the answer is {a}.", "cp_link", True)]
-            ps, _ = build_pairs(p, f.question, ctx, cands, judge, gold=a, wrong=wrong, config=pref, faithfulness=judge_f)
-            out.extend([vars(x) for x in ps])
+            out.extend([vars(x) for x in rag_pairs(p, f, a, b, wrong)])
         return out
 
     pairs_all = cached("pairs.json", make_pairs)
-    from .preference import PreferencePair
-
     prng = random.Random(cfg.seed + 1)
     pairs = [PreferencePair(**d) for d in prng.sample(pairs_all, min(cfg.n_pairs, len(pairs_all)))]
     log(f"pairs {len(pairs)} of {len(pairs_all)}")
@@ -295,7 +302,11 @@ if __name__ == "__main__":  # pragma: no cover - the measured run
     import sys
 
     torch.set_num_threads(1)
-    r = smollm_experiment(work_dir=sys.argv[1] if len(sys.argv) > 1 else None)
+    # usage: python -m interp.models.copypaste.smollm WORK_DIR [N_TRAIN_SAMPLES N_PAIRS GRAD_ACCUM]
+    cfg = SmolConfig()
+    if len(sys.argv) > 4:
+        cfg.n_train_samples, cfg.n_pairs, cfg.dpo.grad_accum = map(int, sys.argv[2:5])
+    r = smollm_experiment(cfg, work_dir=sys.argv[1] if len(sys.argv) > 1 else None)
     print(r.to_frame().to_string())
     for e in r.examples:
         print(e)

@@ -327,3 +327,23 @@ def test_toy_paper_criteria():
     assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"], m
     assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"], m
     assert m["contextual_share"]["after"] > m["contextual_share"]["before"], m
+
+
+# ------------------------------------------------------------------------------------------ SmolLM2 RAG pipeline
+def test_smollm_rag_facts_faithfulness_and_pairs():
+    from interp.models.copypaste.smollm import FACTS, Fact, faithful, rag_pairs
+
+    assert len(FACTS) > 100 and len({(f.subject, f.relation) for f in FACTS}) == len(FACTS)
+    f = Fact("France", "capital", "Paris")
+    ctx = f.context("Berlin")
+    assert f.sentence("Berlin") in ctx and f.question == "What is the capital of France?"
+    assert copy_metrics(f.sentence("Berlin"), ctx)[0] == 1.0                 # CP-Order copies verbatim
+    assert faithful("Berlin", "Paris", "It is Berlin.") and not faithful("Berlin", "Paris", "Berlin, not Paris")
+    assert not faithful("Berlin", "Paris", "Paris.") and faithful("Paris", "Paris", "paris")
+    pairs = rag_pairs("P", f, "Berlin", "The capital of France is Paris.", "Paris")
+    assert {p.chosen for p in pairs} == {"The capital of France is Berlin. Answer: Berlin"}      # stamped winner
+    assert [p.rejected_kind for p in pairs] == ["base", "attributed", "cp_link"]
+    assert pairs[2].rejected.endswith("Answer: Paris")                                          # stamped wrong
+    assert pairs[1].rejected == "From what I know, the capital of France is Paris."
+    g = Fact("the Colosseum", "landmark", "Rome")
+    assert g.sentence("Oslo") == "The Colosseum is located in Oslo." and g.question == "In which city is the Colosseum?"
