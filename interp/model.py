@@ -579,6 +579,13 @@ class Model:
         grads = Cache()
         got = dict.fromkeys(n for n, _ in flat)
         for (n, t), g in zip(flat, grads_t):
+            if g is None and not self.can_write(n):
+                # a read-only site computed beside the forward path (e.g. ln*.hook_scale on the HF backends):
+                # zeros here would be silent garbage
+                raise ValueError(f"the gradient at {n!r} cannot be read on the {self.backend} backend: that site is "
+                                 "derived from its module's input beside the forward path (read-only here); take "
+                                 "the gradient at a writable site (e.g. the norm's input or hook_normalized) or use "
+                                 "backend='transformer_lens'")
             grads.add(n, torch.zeros_like(t).detach() if g is None else g.detach())
         for n in wanted:  # sites the loss does not depend on through a differentiable path
             if n not in got:

@@ -178,15 +178,22 @@ class TLModel(Model):
         except StopIteration:
             return torch.device("cpu")
 
-    def _tl_hook(self, by_point: dict[str, list], live: list[bool], tensor: torch.Tensor, hook: Any
+    def _tl_hook(self, by_point: dict[str, list], live: list[bool], grad: bool, tensor: torch.Tensor, hook: Any
                  ) -> torch.Tensor | None:
+        """Run our hooks at one TransformerLens hook point. In a graph-keeping run the hooked tensor is always
+        handed back as a new tensor object (a view): some bridge hook points give hooks a reshaped or derived
+        copy and continue from the hook's return value only (``hook_z``), or only when that value is a
+        different object than the one they passed (``ln*.hook_scale/hook_normalized``: identity means "no
+        edit" there), so a read would otherwise be off the forward path and its gradient silently zero."""
         if not live[0]:  # left registered by an interruption inside TransformerLens's own removal: inert
             return None
         changed_any = False
         for name, fns in by_point[hook.name]:
             tensor, changed = self._call_hooks(name, tensor, fns)
             changed_any |= changed
-        return tensor if changed_any else None
+        if changed_any:
+            return tensor
+        return tensor.view_as(tensor) if grad else None
 
     def _forward(self, batch, hooks: HookSet, stop_at_layer, grad):
         unknown = [n for n in hooks if n not in self._names]
@@ -201,7 +208,7 @@ class TLModel(Model):
                 by_point.setdefault(self._reported[n], []).append((n, fns))
         wanted = {self._points[n] for n, fns in hooks.items() if fns}
         live = [True]
-        fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point, live))] if wanted else []
+        fwd_hooks = [(wanted.__contains__, partial(self._tl_hook, by_point, live, grad))] if wanted else []
         kwargs: dict[str, Any] = {"return_type": "logits", "stop_at_layer": stop_at_layer}
         cached = bool(batch.get("use_cache")) and "input_ids" in batch
         if "pixel_values" in batch:
