@@ -324,7 +324,7 @@ def _prefill(conv: lib.LabelledConversation) -> tuple[list[dict], str]:
 
 
 def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens: int = 32, seed: int = 0,
-                           harmless: str = "random") -> MonitorValidation:
+                           harmless: str = "random", stop_at_eos: bool = True) -> MonitorValidation:
     """The monitor on held-out conversations (:func:`library_test_set`), every library rule with action ``block``.
 
     Positives (``n_positive`` per seen scenario): the conversation up to its last assistant turn, whose
@@ -332,6 +332,8 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
     prefilled up to the middle of its first CE sentence; the model continues it. Harmless: the test set's
     random negatives (``harmless="random"``; ``"all"`` adds the hard negatives), continued by the model from
     their last user turn without a prefill. Each row: which rule fired and at which generated token.
+    ``stop_at_eos``: end the turn at the model's end-of-turn token (``False`` lets it run on into invented
+    further turns, which the detectors never saw in training).
     """
     from .monitor import Monitor
     test = library_test_set(seed)
@@ -349,7 +351,7 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
             prompt, prefill = _prefill(t)
         else:
             prompt, prefill = t.messages[:-1], None
-        out = mon.generate(prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=False)
+        out = mon.generate(prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=stop_at_eos)
         ev = out.events[0] if out.events else None
         rows.append({"kind": t.kind, "scenario": t.scenario, "ces": ",".join(t.ces), "fired": ev is not None,
                      "rule_fired": ev["rule"] if ev else "", "stopped": out.stopped,
