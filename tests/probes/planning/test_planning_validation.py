@@ -63,6 +63,12 @@ def test_branch_awareness_path_finding(name):
     assert 0.8 <= r.control_ratio <= 1.25, r.to_frame()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "measured (SMOLLM_RUN: 1200 KJV anchors, layers 0/10/20/29, 3 blocks of 8, K=16, 300 VQ steps): recent blocks "
+    "and late layers carry most (corrected I(B_k; Z_T^L) at layer 29: 0.125 0.090 0.063 for k=1..3; state at T "
+    "0.32 0.31 0.48 2.41 over layers), but the conditional I(B_k; Z_T^L | Z_T^l) - null is 0.002/0.010/0.007, "
+    "0.000/0.003/0.000, -0.004/0.010/-0.005 (k=1..3, layers 0/10/20), within ~1 null std (0.003-0.014) of 0; block "
+    "VQ-VAEs reconstruct little (relative error 0.92-1.00)"))
 def test_smollm_block_layer_map():
     """Paper (OpenWebText): recent blocks and late layers carry most information about Z_T^L; earlier blocks
     still add information given the last position (conditional MI above its null)."""
