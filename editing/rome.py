@@ -436,6 +436,9 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
         raise RuntimeError("uᵀk* = 0: the key is orthogonal to C⁻¹k*; cannot build a rank-one update")
     r = (v_star - (k @ W + b)) / denom
     delta = u[:, None] * r[None, :]
+    if not bool(torch.isfinite(delta).all()):
+        raise RuntimeError(f"non-finite rank-one update at {site.key} (uᵀk* = {denom:.3g}, |v*| = "
+                           f"{float(v_star.norm()):.3g}): C is too degenerate on the key's support")
     keep = _mask_rows(k, tau, ablate)
     delta = delta * keep[:, None].float()
     rows = keep.nonzero().flatten()
