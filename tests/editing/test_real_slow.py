@@ -1,7 +1,8 @@
 """Validation 3 (digest §5) on zoo:smollm2-135m (slow; about 1.5 h on 2 loaded cores): a layer-8 transcoder
 trained from activations harvested through interp.store (KJV + instructions, 160k tokens), then single-fact
 counterfactual edits of known facts with TCPE, ROME on the transcoder, ROME on the MLP and FT-L.
-Numbers: docs/editing.md."""
+Measured (docs/editing.md; only 2 of the 10 edits finished on the loaded machine): known 55 facts; spliced keeps 24;
+TCPE tau=1.114 efficacy 2/2, neighbourhood 0.86, 4 features (0.17%); ROME efficacy 2/2, neighbourhood 0.85."""
 import pytest
 import torch
 
