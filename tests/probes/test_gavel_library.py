@@ -7,11 +7,12 @@ import re
 import pytest
 import torch
 
-import interp
+import types
+
 from interp.probes.gavel import library as lib
 from interp.probes.gavel.detector import masked_bce
 from interp.probes.gavel.validation import library_test_set, token_ce_labels, window_labels
-from interp.testing import tiny_model
+from interp.testing import tiny_tokenizer
 
 torch.set_num_threads(1)
 
@@ -59,8 +60,8 @@ def test_test_set_is_fixed_and_labelled():
 
 
 def test_token_and_window_labels_by_hand():
-    hf, tok = tiny_model("llama", n_layers=3)
-    model = interp.wrap(hf, tok, backend="torch")
+    tok = tiny_tokenizer()
+    model = types.SimpleNamespace(tokenizer=tok)  # token_ce_labels only tokenises
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ab Click here. cd"}]
     conv = lib.LabelledConversation(msgs, ["click_or_enter"], "train", None, [(1, 3, 14, "click_or_enter")])
     ces = ["payment_tools", "click_or_enter"]
