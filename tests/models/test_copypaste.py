@@ -347,3 +347,42 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
     assert pairs[1].rejected == "From what I know, the capital of France is Paris."
     g = Fact("the Colosseum", "landmark", "Rome")
     assert g.sentence("Oslo") == "The Colosseum is located in Oslo." and g.question == "In which city is the Colosseum?"
+
+
+@pytest.fixture(scope="module")
+def smollm_result(tmp_path_factory):
+    import os
+
+    from interp.models.copypaste.smollm import smollm_experiment
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("smollm_cp")
+    old = os.environ.get("INTERP_CACHE_DIR")
+    os.environ.setdefault("INTERP_CACHE_DIR", str(tmp / "cache"))   # cold cache in CI: builds zoo:smollm2-135m
+    try:
+        return smollm_experiment(work_dir=tmp / "run")
+    finally:
+        if old is None:
+            os.environ.pop("INTERP_CACHE_DIR", None)
+
+
+@pytest.mark.slow
+def test_smollm_lora_dpo_faithfulness(smollm_result):
+    # measured 2026-12-01 (SmolConfig defaults, 78/109 facts known, 30 eval facts, 96 pairs, 16 LoRA-DPO steps):
+    # counterfactual faithfulness 0.667 -> 0.967, original accuracy 0.967 -> 1.000, contextual share 0.634 -> 0.702
+    m = smollm_result.metrics
+    assert smollm_result.n_known >= 40 and smollm_result.dpo_loss[-1] < smollm_result.dpo_loss[0]
+    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
+    assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"]
+    assert m["contextual_share"]["after"] > m["contextual_share"]["before"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Measured 2026-12-01 (SmolConfig defaults): kappa of the answers to counterfactual contexts 0.848 -> 0.345 "
+    "(criterion: up). After LoRA-DPO the model answers in the stamped format ('Capital of Poland: Sofia Answer: "
+    "Sofia') and, not having learned to stop, runs on to the 16-token cap ('Question: What is ...'): faithful but "
+    "no longer verbatim. Before DPO its answers were near-copies of the context sentence."))
+def test_smollm_lora_dpo_kappa_up(smollm_result):
+    m = smollm_result.metrics
+    assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"]
