@@ -280,6 +280,7 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
 
         lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, bias="none",
                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        torch.manual_seed(cfg.seed)                       # LoRA A initialisation
         peft_model = get_peft_model(hf, lcfg)
         tok.padding_side = "right"
         hist = dpo_train(peft_model, tok, pairs, cfg.dpo,
