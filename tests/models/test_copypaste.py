@@ -210,7 +210,7 @@ def test_encode_pairs_masks_and_dpo_train_raises_margin(tiny_lm):
 
 
 def test_dpo_checkpoint_resume_equals_uninterrupted_run(tiny_lm, tmp_path):
-    """A run killed after 3 optimiser steps and resumed from its checkpoint takes the same steps as one run."""
+    """A run killed after 2 optimiser steps and resumed from its checkpoint takes the same steps as one run."""
     import copy
 
     hf, tok = tiny_lm
@@ -218,12 +218,12 @@ def test_dpo_checkpoint_resume_equals_uninterrupted_run(tiny_lm, tmp_path):
              PreferencePair("question : where does e2 live ? answer :", "e2 lives in oslo .", "rome ."),
              PreferencePair("question : where does e3 live ? answer :", "so paris .", "oslo ."),
              PreferencePair("context : e3 lives in paris . answer :", "e3 lives in paris .", "rome .")]
-    cfg = DPOConfig(lr=1e-2, epochs=3, batch_size=1, grad_accum=2, warmup_frac=0.2)
+    cfg = DPOConfig(lr=1e-2, epochs=2, batch_size=1, grad_accum=2, warmup_frac=0.2)
     full = copy.deepcopy(hf)
     h_full = dpo_train(full, tok, pairs, cfg)
 
-    class Crash(torch.nn.Module):                      # dies on the 1st forward of optimiser step 4
-        def __init__(self, m, limit=3 * 2 * 2):        # 3 steps x 2 micro-batches x (chosen, rejected)
+    class Crash(torch.nn.Module):                      # dies on the 1st forward of optimiser step 3
+        def __init__(self, m, limit=2 * 2 * 2):        # 2 steps x 2 micro-batches x (chosen, rejected)
             super().__init__()
             self.m, self.calls, self.limit = m, 0, limit
 
@@ -237,10 +237,10 @@ def test_dpo_checkpoint_resume_equals_uninterrupted_run(tiny_lm, tmp_path):
     crashing = Crash(copy.deepcopy(hf))
     with pytest.raises(RuntimeError, match="killed"):
         dpo_train(crashing, tok, pairs, cfg, reference=hf, checkpoint=ck)
-    assert torch.load(ck, weights_only=True)["done"] == 3
+    assert torch.load(ck, weights_only=True)["done"] == 2
     resumed = Crash(copy.deepcopy(hf), limit=10**9)   # fresh process: weights come from the checkpoint
     h_res = dpo_train(resumed, tok, pairs, cfg, checkpoint=ck)
-    assert len(h_res.loss) == len(h_full.loss) == 6
+    assert len(h_res.loss) == len(h_full.loss) == 4
     assert h_res.loss == pytest.approx(h_full.loss, rel=1e-5, abs=1e-6)
     for p, q in zip(full.parameters(), resumed.m.parameters()):
         assert torch.allclose(p, q, atol=1e-6)
