@@ -20,7 +20,9 @@ What is here: :func:`train_sae` (sae-lens's :class:`sae_lens.TopKSAE` trained wi
 :func:`target_distribution`, :func:`sdm_objective`, :func:`greedy_select` (plain and stochastic),
 :func:`kl_to_target`, :func:`quality_bins`, the baselines (random, top-quality, ``apricot``'s
 ``FeatureBasedSelection``), :func:`brute_force_check` (diminishing returns and the (1 − 1/e) bound on small
-instances) and the digest's digits recipe :func:`make_digits_pool` / :func:`experiment`.
+instances) and the digest's digits recipe :func:`make_digits_pool` / :func:`experiment`; the real-embedding
+pools :func:`make_fashion_pool` (Fashion-MNIST, :func:`dinov2_featurizer`) and :func:`make_text_pool` (KJV verses,
+:func:`minilm_featurizer`), both built by :func:`make_pool` with per-item memoised features.
 
 Choices where the digest says UNKNOWN / UNVERIFIED (all documented):
 
