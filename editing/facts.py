@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from interp.progress import progress
-from interp.results import Result
+from interp.results import TableResult
 
 from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rome, second_moment, tcpe
@@ -116,17 +116,10 @@ def fact_predictions(model, task: FactsTask, paraphrase: bool = False) -> np.nda
 
 
 @dataclass
-class FactsComparison(Result):
+class FactsComparison(TableResult):
     """Per (method, edit) outcome of the recipe: efficacy, paraphrase, neighbourhood and other-fact accuracy."""
 
     kind = "facts_edit_comparison"
-    rows: list[dict] = field(default_factory=list)
-    baseline: dict = field(default_factory=dict)
-
-    def to_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self.rows)
-
     def summary(self):
         df = self.to_frame()
         return df.groupby("method").agg(efficacy=("efficacy", "mean"), paraphrase=("paraphrase", "mean"),

@@ -35,11 +35,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from interp.progress import progress
-from interp.results import Result
+from interp.results import TableResult
 
 from .kecode import cluster_errors, kecode_scores
 from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
@@ -321,17 +320,10 @@ class ErrorClusters:
 
 
 @dataclass
-class KECodeComparison(Result):
+class KECodeComparison(TableResult):
     """Per method: KECode metrics of one edit of the target cluster, plus fluency and edit size."""
 
     kind = "kecode_toy_comparison"
-    rows: list[dict] = field(default_factory=list)
-    baseline: dict = field(default_factory=dict)
-
-    def to_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self.rows)
-
     def figure(self):
         import plotly.express as px
         df = self.to_frame()

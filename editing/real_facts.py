@@ -11,14 +11,14 @@ methods against the plain model; only facts both know are edited.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from interp.progress import progress
-from interp.results import Result
+from interp.results import TableResult
 
 from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rank_one, restrict, second_moment
@@ -110,17 +110,10 @@ def perplexity(model, texts: Sequence[str], batch_size: int = 8, max_length: int
 
 
 @dataclass
-class RealEditComparison(Result):
+class RealEditComparison(TableResult):
     """Per (method, edit): efficacy, paraphrase, neighbourhood, perplexity, rows changed."""
 
     kind = "real_edit_comparison"
-    rows: list[dict] = field(default_factory=list)
-    baseline: dict = field(default_factory=dict)
-
-    def to_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self.rows)
-
     def summary(self):
         return self.to_frame().groupby("method").agg(
             efficacy=("efficacy", "mean"), paraphrase=("paraphrase", "mean"), neighbourhood=("neighbourhood", "mean"),

@@ -148,3 +148,17 @@ class Result:
             raise SerializationError(f"{path / 'tensors.safetensors'}: missing tensor {exc.args[0]!r} (referred to by "
                                      "result.json)") from None
         return cls(**values)  # type: ignore[call-arg]
+
+
+@dataclasses.dataclass
+class TableResult(Result):
+    """A result that is one table: ``rows`` (one dict per row) and an optional ``baseline`` dict of the
+    reference numbers the rows are compared with. ``to_frame()`` is the rows as a DataFrame; subclasses add
+    ``figure()`` and summaries."""
+
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    baseline: dict = dataclasses.field(default_factory=dict)
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows)

@@ -250,3 +250,14 @@ def test_city_graph_round_trip(tmp_path):
     save_file(t, str(tmp_path / "g" / "tensors.safetensors"))
     with pytest.raises(SerializationError, match="tensors.safetensors: missing tensor 'y'"):
         CityGraph.load(tmp_path / "g")
+
+
+def test_table_result_round_trip_keeps_the_subclass(tmp_path):
+    """A one-table result (``interp.results.TableResult``) saves and loads as its own subclass."""
+    from interp.editing.facts import FactsComparison
+
+    res = FactsComparison(rows=[{"method": "tcpe", "efficacy": 1.0}, {"method": "rome", "efficacy": 0.5}],
+                          baseline={"accuracy": 0.9})
+    back = FactsComparison.load(res.save(tmp_path / "cmp"))
+    assert type(back) is FactsComparison and back.rows == res.rows and back.baseline == res.baseline
+    assert list(back.to_frame()["method"]) == ["tcpe", "rome"]
