@@ -114,13 +114,19 @@ def _desc(task: str, objective: str) -> str:
             f"task: interp.probes.planning.task_for(name).")
 
 
+#: PF-short training (issue #15 follow-up): lower peak lr, longer warm-up and 6,000 steps (~7 CPU-minutes on one
+#: thread) instead of 2,500 steps at lr 3e-3. Measured: the loss falls slowly (1.42 at step 1,000, 0.99 at the end)
+#: but the in-context edge lookup still does not form (greedy 0.07, first step 0.30): the builds refuse to cache
+#: (docs/zoo.md; strict xfails in tests/zoo/test_planning_zoo.py)
+PF_TRAIN = {"steps": 6000, "lr": 1e-3, "warmup": 200}
+
 #: the seven zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`
 PLANNING_SPECS: tuple[dict, ...] = (
     _spec("planning-horizon-ntp", HORIZON_TASK, "ntp", _desc("horizon", "ntp"), steps=400, min_accuracy=0.95),
     _spec("planning-cfg-ntp", CFG_TASK, "ntp", _desc("cfg", "ntp"), loss_on="all", steps=600, min_accuracy=0.5),
     _spec("planning-cfg-mtp", CFG_TASK, "mtp", _desc("cfg", "mtp"), loss_on="all", steps=600, min_accuracy=0.5),
-    _spec("planning-pf-short-ntp", PF_SHORT_TASK, "ntp", _desc("pf-short", "ntp"), steps=2500, min_accuracy=0.3),
-    _spec("planning-pf-short-mtp", PF_SHORT_TASK, "mtp", _desc("pf-short", "mtp"), steps=2500, min_accuracy=0.3),
+    _spec("planning-pf-short-ntp", PF_SHORT_TASK, "ntp", _desc("pf-short", "ntp"), **PF_TRAIN, min_accuracy=0.3),
+    _spec("planning-pf-short-mtp", PF_SHORT_TASK, "mtp", _desc("pf-short", "mtp"), **PF_TRAIN, min_accuracy=0.3),
     _spec("planning-pf-long-ntp", PF_LONG_TASK, "ntp", _desc("pf-long", "ntp"), steps=2000, min_accuracy=0.2),
     _spec("planning-pf-long-mtp", PF_LONG_TASK, "mtp", _desc("pf-long", "mtp"), steps=2000, min_accuracy=0.2),
 )
