@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -60,11 +59,12 @@ class FactsTask:
         return out
 
 
-def facts_tokenizer(task: FactsTask, folder: str | Path | None = None):
-    """A word-level tokenizer over the task's words (plus ``<bos> <eos> <pad> <unk>``)."""
+def word_tokenizer(words: Sequence[str]):
+    """A word-level tokenizer over ``words`` plus ``<pad> <bos> <eos> <unk>`` (ids 0-3); ``<bos>`` is prepended,
+    decoding joins words with spaces, padding on the right."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
-    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"] + task.words())}
+    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"] + list(words))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -75,24 +75,27 @@ def facts_tokenizer(task: FactsTask, folder: str | Path | None = None):
     return tok
 
 
-def train_facts_model(task: FactsTask | None = None, steps: int = 3000, seed: int = 0, d_model: int = 64,
-                      d_mlp: int = 256, n_layers: int = 2, lr: float = 3e-3, batch: int = 128):
-    """Train the recipe's GPT-2-style model (``n_layers``, ``d_model``, ``d_mlp``) on the facts; returns
-    ``(interp Model, task)``."""
+def facts_tokenizer(task: FactsTask):
+    """A word-level tokenizer over the task's words (plus ``<bos> <eos> <pad> <unk>``)."""
+    return word_tokenizer(task.words())
+
+
+def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed: int, d_model: int, d_mlp: int,
+                  n_layers: int, lr: float, batch: int, n_positions: int, desc: str):
+    """Train a small GPT-2-style LM (4 heads, dropout off, trained LayerNorms) on ``texts(batch, step_seed)``
+    with the loss on every real position (AdamW, one-cycle schedule); returns the interp Model (torch backend)."""
     import interp
     from transformers import GPT2Config, GPT2LMHeadModel
-    task = task or FactsTask(seed)
-    tok = facts_tokenizer(task)
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=d_model, n_layer=n_layers, n_head=4, n_inner=d_mlp,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_embd=d_model, n_layer=n_layers, n_head=4,
+                     n_inner=d_mlp, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     hf = GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     hf.train()
-    for step in progress(range(steps), desc="facts model"):
-        enc = tok(task.texts(batch, seed * 100_003 + step), return_tensors="pt", padding=True)
+    for step in progress(range(steps), desc=desc):
+        enc = tok(texts(batch, seed * 100_003 + step), return_tensors="pt", padding=True)
         labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
         loss = hf(**enc, labels=labels).loss
         opt.zero_grad()
@@ -100,7 +103,17 @@ def train_facts_model(task: FactsTask | None = None, steps: int = 3000, seed: in
         opt.step()
         sched.step()
     hf.eval()
-    return interp.wrap(hf, tok, backend="torch"), task
+    return interp.wrap(hf, tok, backend="torch")
+
+
+def train_facts_model(task: FactsTask | None = None, steps: int = 3000, seed: int = 0, d_model: int = 64,
+                      d_mlp: int = 256, n_layers: int = 2, lr: float = 3e-3, batch: int = 128):
+    """Train the recipe's GPT-2-style model (``n_layers``, ``d_model``, ``d_mlp``) on the facts; returns
+    ``(interp Model, task)``."""
+    task = task or FactsTask(seed)
+    model = train_word_lm(facts_tokenizer(task), task.texts, steps, seed, d_model, d_mlp, n_layers, lr, batch,
+                          n_positions=32, desc="facts model")
+    return model, task
 
 
 @torch.no_grad()
@@ -198,5 +211,6 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
     return out
 
 
-__all__ = ["FactsTask", "facts_tokenizer", "train_facts_model", "fact_predictions", "FactsComparison",
+__all__ = ["FactsTask", "word_tokenizer", "facts_tokenizer", "train_word_lm", "train_facts_model", "fact_predictions",
+           "FactsComparison",
            "compare_methods", "N_SUBJ", "N_REL", "N_OBJ"]

@@ -37,9 +37,9 @@ from typing import Sequence
 
 import torch
 
-from interp.progress import progress
 from interp.results import TableResult
 
+from .facts import train_word_lm, word_tokenizer
 from .kecode import cluster_errors, kecode_scores
 from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rank_one, restrict, second_moment
@@ -231,17 +231,7 @@ def _slot_ok(tok: str, want: str) -> bool:
 
 def code_tokenizer(task: CodeTask):
     """A word-level tokenizer over the toy's words (plus ``<bos> <eos> <pad> <unk>``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"] + task.words())}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.decoder = decoders.WordPiece(prefix="##")
-    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                  unk_token="<unk>")
-    tok.padding_side = "right"
-    return tok
+    return word_tokenizer(task.words())
 
 
 def train_code_model(task: CodeTask | None = None, steps: int = 2000, seed: int = 0, d_model: int = 64,
@@ -249,29 +239,10 @@ def train_code_model(task: CodeTask | None = None, steps: int = 2000, seed: int 
     """Train a GPT-2-style translator (``n_layers`` ≥ 3 by default; LayerNorm weights and biases are trained,
     so not identity) on ``task.texts`` with the planted errors; loss on every position. Returns
     ``(interp Model, task)``."""
-    import interp
-    from transformers import GPT2Config, GPT2LMHeadModel
     task = task or CodeTask(seed=seed)
-    tok = code_tokenizer(task)
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=48, n_embd=d_model, n_layer=n_layers, n_head=4, n_inner=d_mlp,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    hf = GPT2LMHeadModel(cfg)
-    opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    hf.train()
-    for step in progress(range(steps), desc="code model"):
-        texts = [t + " <eos>" for t in task.texts(batch, seed * 100_003 + step)]
-        enc = tok(texts, return_tensors="pt", padding=True)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-        loss = hf(**enc, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    hf.eval()
-    return interp.wrap(hf, tok, backend="torch"), task
+    model = train_word_lm(code_tokenizer(task), lambda n, s: [t + " <eos>" for t in task.texts(n, s)], steps, seed,
+                          d_model, d_mlp, n_layers, lr, batch, n_positions=48, desc="code model")
+    return model, task
 
 
 @torch.no_grad()
