@@ -396,7 +396,7 @@ class _Trainer:
                 "total": self.total, "config": dataclasses.asdict(self.cfg),
                 "hist": {"loss": h.loss, "mse": h.mse, "l0": h.l0, "l1_coefficient": h.l1_coefficient,
                          "resampled": h.resampled}}
-        with output_dir(path, overwrite=True, writer="interp.editing.transcoder_checkpoint") as tmp:
+        with output_dir(path, writer="interp.editing.transcoder_checkpoint") as tmp:
             save_tensors(tmp / "state.safetensors", tensors, meta)
 
     def load(self, path: Path) -> dict:

@@ -67,7 +67,7 @@ def _run(out: Path, name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig,
     hist = train_raptor(raptor, acts_tr, tcfg, checkpoint=out / f"{name}.ckpt")  # resumable mid-run
     secs = time.time() - t0
     fit = evaluate_raptor(raptor, acts_tr, y_tr, acts_te, y_te, final_norm=final_norm, name=name)
-    raptor.save(out / f"{name}.model", overwrite=True)
+    raptor.save(out / f"{name}.model")
     row = dict(name=name, thresholds=rcfg.thresholds, r2=fit.r2.tolist(), mean_r2=fit.mean_r2,
                r2_pooled=fit.r2_pooled.tolist(), mean_r2_pooled=float(fit.r2_pooled.mean()),
                probe_acc_teacher=fit.probe_acc_teacher, probe_acc_raptor=fit.probe_acc_raptor,
@@ -208,7 +208,7 @@ def train_digits_teacher(p_drop: float, n_layers: int = 8, d_model: int = 64, n_
     clf.eval()
     if cache is not None:
         from interp.io import output_dir
-        with output_dir(cache, overwrite=True, writer="train_digits_teacher") as tmp:
+        with output_dir(cache, writer="train_digits_teacher") as tmp:
             save_file({k: v.detach().contiguous() for k, v in clf.state_dict().items()}, str(tmp / "model.safetensors"))
             (tmp / "key.json").write_text(json.dumps(key))
     return clf
