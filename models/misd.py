@@ -37,6 +37,7 @@ Choices where the digest says UNKNOWN / UNCERTAIN (all documented):
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -55,7 +56,7 @@ from .common import digits_split, minibatches, set_seed
 __all__ = [
     "psi", "LMN", "LMNConfig", "surrogate_loss", "fit_lmn", "fit_temperature", "auroc", "fpr_at_tpr_errors",
     "aurc", "misd_metrics", "evaluate", "MisDTable", "ToyMisDConfig", "MisDToyResult", "toy_experiment",
-    "ToyClassifier", "train_toy_classifier", "FASHION_CLASSES", "DIGIT_CLASSES", "load_fashion_mnist", "load_image_set", "image_features",
+    "ToyClassifier", "train_toy_classifier", "FASHION_CLASSES", "DIGIT_CLASSES", "load_fashion_mnist", "has_fashion_mnist", "FASHION_MNIST_ROOT", "load_image_set", "image_features",
     "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment",
 ]
 
@@ -416,7 +417,16 @@ def load_image_set(name: str = "fashion-mnist", seed: int = 0, n_train: int = 15
     return xtr[tr], ytr[tr], xte[te], yte[te], names
 
 
-def load_fashion_mnist(split: str = "train", root: str = "/usr/share/datasets/fashion-mnist",
+#: where Debian's ``dataset-fashion-mnist`` puts the idx files (``scripts/setup.sh`` installs it as root, offline)
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def has_fashion_mnist(root: str = FASHION_MNIST_ROOT) -> bool:
+    """Whether the Fashion-MNIST idx files are installed under ``root``."""
+    return Path(root, "train-images-idx3-ubyte.gz").is_file() and Path(root, "t10k-images-idx3-ubyte.gz").is_file()
+
+
+def load_fashion_mnist(split: str = "train", root: str = FASHION_MNIST_ROOT,
                        limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST images ``[n, 28, 28]`` uint8 and labels ``[n]`` from the idx ``*-ubyte.gz`` files (16-byte
     image header, 8-byte label header); ``limit``: only the first ``limit`` images (decompresses only those).

@@ -169,10 +169,11 @@ def test_zero_shot_dinov2_minilm(tmp_path, monkeypatch):
     assert t["lmn"]["fpr90"] < t["msp"]["fpr90"]
 
 
-FASHION = "/usr/share/datasets/fashion-mnist"
+from interp.models.misd import FASHION_MNIST_ROOT, has_fashion_mnist  # noqa: E402
+
 needs_fashion = pytest.mark.skipif(
-    not __import__("pathlib").Path(FASHION, "train-images-idx3-ubyte.gz").exists(),
-    reason=f"Fashion-MNIST absent ({FASHION}: Debian package dataset-fashion-mnist, installed by scripts/setup.sh as root)")
+    not has_fashion_mnist(),
+    reason=f"Fashion-MNIST absent ({FASHION_MNIST_ROOT}: Debian package dataset-fashion-mnist, installed by scripts/setup.sh as root)")
 
 
 @needs_fashion

@@ -167,10 +167,11 @@ def test_pool_featurize_hook_applies_to_every_set():
     assert abs(float(data.x_pool.mean())) < 1e-4
 
 
-FASHION = "/usr/share/datasets/fashion-mnist"
+from interp.models.misd import FASHION_MNIST_ROOT, has_fashion_mnist  # noqa: E402
+
 needs_fashion = pytest.mark.skipif(
-    not __import__("pathlib").Path(FASHION, "train-images-idx3-ubyte.gz").exists(),
-    reason=f"Fashion-MNIST absent ({FASHION}: Debian package dataset-fashion-mnist, installed by scripts/setup.sh as root)")
+    not has_fashion_mnist(),
+    reason=f"Fashion-MNIST absent ({FASHION_MNIST_ROOT}: Debian package dataset-fashion-mnist, installed by scripts/setup.sh as root)")
 
 
 @needs_fashion
