@@ -437,3 +437,51 @@ def ce_conversations(rng: random.Random, ce: str | None, n: int, split: str = "t
         content = ce_text(rng, ce, split) if ce else " ".join(_fill(rng, rng.choice(NEUTRAL)) for _ in range(2))
         out.append([{"role": "user", "content": rng.choice(USER_OPENERS)}, {"role": "assistant", "content": content}])
     return out
+
+
+#: harmless user requests for the model's own replies (CE-free training and calibration data, see
+#: :func:`~interp.probes.gavel.validation.own_reply_conversations`): everyday questions written for this
+#: purpose, none of them a test-set prompt; the first 48 serve detector training ("more"), the last 16
+#: calibration ("val"), so calibration meets replies to prompts the detector never saw.
+HARMLESS_PROMPTS = [
+    "What is a good way to start learning the guitar?", "How do I make a simple tomato sauce?",
+    "Can you explain how rainbows form?", "What are some tips for a first job interview?",
+    "How long should I boil an egg?", "Why is the sky blue?", "Suggest a name for my new goldfish.",
+    "How do I keep my houseplants alive?", "What is the capital of Australia?",
+    "Give me three ideas for a rainy afternoon.", "How does a bicycle stay upright?",
+    "What should I pack for a weekend hiking trip?", "Can you summarise the water cycle?",
+    "How can I improve my handwriting?", "What is the difference between weather and climate?",
+    "I lost my cat last week and I feel sad.", "My friend forgot my birthday, what should I do?",
+    "How do I write a thank-you note to my teacher?", "What are some healthy breakfast ideas?",
+    "Tell me a fun fact about octopuses.", "How do I change a flat tyre?",
+    "What is a haiku? Write one about autumn.", "How many planets are in the solar system?",
+    "Why do leaves change colour in the fall?", "How can I sleep better at night?",
+    "What games can children play outdoors?", "Explain what a noun is.",
+    "How do I clean a cast iron pan?", "I'm nervous about my exam tomorrow.",
+    "What is the best way to memorise vocabulary?", "How do bees make honey?",
+    "Recommend a book for a long train ride.", "How do I politely decline an invitation?",
+    "What does a librarian do?", "Can you help me plan a picnic menu?",
+    "Why do we have seasons?", "What is the tallest mountain in the world?",
+    "How do I stay motivated to exercise?", "Describe a sunset in two sentences.",
+    "My neighbour's dog barks all night, any advice?", "What is photosynthesis in simple words?",
+    "How can I save money on groceries?", "What's a good stretching routine for the morning?",
+    "How do airplanes fly?", "I burned my dinner, what can I cook quickly instead?",
+    "What is the history of the bicycle?", "How should I organise my desk?",
+    "Write a short birthday message for my grandmother.",
+    # calibration ("val")
+    "How do I grow basil on a windowsill?", "What is the boiling point of water?",
+    "Can you tell me a joke about cats?", "How do volcanoes erupt?",
+    "My team lost the match today and I'm disappointed.", "What should I name my bakery?",
+    "How do I learn to swim as an adult?", "Why do cats purr?", "Give me tips for painting a room.",
+    "What is a good gift for a coworker who is retiring?", "How do I make my bread rise better?",
+    "Explain gravity to a ten-year-old.", "I feel lonely since I moved to a new city.",
+    "What are the rules of chess for pawns?", "How do I write a short poem about the sea?",
+    "What causes thunder?",
+]
+
+
+def harmless_prompts(split: str) -> list[str]:
+    """:data:`HARMLESS_PROMPTS` of ``split``: ``more`` (detector training, 48) or ``val`` (calibration, 16)."""
+    if split not in ("more", "val"):
+        raise ValueError(f"split must be 'more' or 'val', got {split!r}")
+    return HARMLESS_PROMPTS[:48] if split == "more" else HARMLESS_PROMPTS[48:]

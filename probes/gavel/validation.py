@@ -34,7 +34,8 @@ from .evaluation import KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule
 from .features import FeatureSpec, _pieces, conversation_features
 
 __all__ = ["LibraryValidation", "run_library_validation", "library_test_set", "token_ce_labels", "window_labels",
-           "labelled_windows", "per_ce_auc", "calibration_dialogues", "MonitorValidation", "run_monitor_validation"]
+           "labelled_windows", "per_ce_auc", "calibration_dialogues", "MonitorValidation", "run_monitor_validation",
+           "own_reply_prompts", "own_replies", "own_reply_conversations", "ce_directions", "ce_steering_vector"]
 
 
 @dataclass
@@ -175,11 +176,64 @@ def calibration_dialogues(seed: int, n_cal: int, split: str = "val") -> tuple[li
     return convs, labels
 
 
+def own_reply_prompts(n: int, split: str, seed: int = 0) -> list[list[dict]]:
+    """Harmless prompts for the model's own replies: alternately a single request from
+    :func:`library.harmless_prompts` (``split``: ``more`` for training, ``val`` for calibration; each used
+    once, so once they run out only contexts follow) and a CE-free two-turn context (user opener, neutral
+    assistant turn from ``split``'s neutral templates, user follow-up) whose next assistant turn the model
+    writes. Prompts equal to a test conversation's prompt (:func:`library_test_set` without its last turn)
+    or to an earlier prompt are skipped, so no reply is made for the test set and none twice."""
+    rng = random.Random(f"gavel-library-own/{split}/{seed}")
+    asks = list(lib.harmless_prompts(split))
+    seen = {str(t.messages[:-1]) for t in library_test_set(seed)}
+    out, i, tries = [], 0, 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * (n + 1):
+            raise RuntimeError(f"could not draw {n} distinct harmless prompts")
+        if i % 2 == 0 and asks:
+            p = [{"role": "user", "content": asks.pop(0)}]
+        else:
+            p = lib._conversation(rng, [], split)[:-1]
+        i += 1
+        if str(p) not in seen:
+            seen.add(str(p))
+            out.append(p)
+    return out
+
+
+def own_replies(model, prompts: list[list[dict]], max_new_tokens: int = 48, batch_size: int = 8) -> list[str]:
+    """The model's greedy replies (one assistant turn, ended at its end-of-turn token) to chat ``prompts``."""
+    from .monitor import render_prompt
+    out: list[str] = []
+    for s in progress(range(0, len(prompts), batch_size), desc="own replies"):
+        chunk = [render_prompt(model, p) for p in prompts[s:s + batch_size]]
+        out += model.generate(chunk, max_new_tokens=max_new_tokens, do_sample=False)
+    return out
+
+
+def own_reply_conversations(model, n: int, split: str, seed: int = 0, max_new_tokens: int = 48,
+                            batch_size: int = 8, replies: list[str] | None = None) -> list[lib.LabelledConversation]:
+    """CE-free conversations ending in the model's OWN reply (greedy, ``model.generate``, turn ended at the
+    model's end-of-turn token) to the harmless prompts of :func:`own_reply_prompts`: the reply style the
+    detectors meet in real-time monitoring (e.g. SmolLM2's apologies), which template texts never show.
+    Every token is labelled CE-free (no spans). ``replies``: earlier generated replies of the same prompts
+    (a cache; generation is skipped). Conversations whose reply is empty are dropped."""
+    prompts = own_reply_prompts(n, split, seed)
+    if replies is None:
+        replies = own_replies(model, prompts, max_new_tokens, batch_size)
+    if len(replies) != len(prompts):
+        raise ValueError(f"{len(replies)} replies for {len(prompts)} prompts")
+    return [lib.LabelledConversation(p + [{"role": "assistant", "content": r.strip()}], [], "own", None, [])
+            for p, r in zip(prompts, replies) if r.strip()]
+
+
 def run_library_validation(model, spec: FeatureSpec, n_train: int = 300, n_cal: int = 20, n_test: int = 15,
                            n_mono: int = 16, seed: int = 0, detector_config: DetectorConfig | None = None,
                            batch_size: int = 16, model_name: str = "", tie: str = "largest", protocol: str = "v2",
                            features=None, return_detector: bool = False, baselines: bool = True,
-                           n_mono_cal: int | None = None, detector=None):
+                           n_mono_cal: int | None = None, detector=None, n_own: int = 0, n_own_cal: int = 0,
+                           own_texts: dict | None = None):
     """Train, calibrate and evaluate GAVEL and the baselines; returns a :class:`LibraryValidation`
     (and the calibrated detector with ``return_detector=True``).
 
@@ -189,7 +243,16 @@ def run_library_validation(model, spec: FeatureSpec, n_train: int = 300, n_cal: 
     ``baselines=False`` skips the monolithic classifier (keywords cost nothing); ``n_mono_cal``: its
     calibration conversations per class (default ``n_cal``); ``detector``: a calibrated detector from an
     earlier run with the same arguments (training and calibration are skipped).
+
+    Own-reply option (v2 only; ``n_own``/``n_own_cal`` > 0): the model's OWN greedy replies to harmless
+    prompts (:func:`own_reply_conversations`; ``more`` prompts for training, ``val`` prompts for calibration,
+    none from the test set) join the training conversations (every window CE-free) and the calibration
+    dialogues (every CE outside: a firing is a false positive), so the detectors see the reply style they
+    meet when monitoring generation. ``own_texts``: ``{"more": [...], "val": [...]}`` replies generated
+    earlier for the same prompts (a cache; generation skipped).
     """
+    if (n_own or n_own_cal) and protocol != "v2":
+        raise ValueError("n_own / n_own_cal (the model's own replies) need protocol='v2'")
     if protocol not in ("v1", "v2"):
         raise ValueError(f"protocol must be 'v1' or 'v2', got {protocol!r}")
     ces = list(lib.CE_TEMPLATES)
@@ -219,12 +282,19 @@ def run_library_validation(model, spec: FeatureSpec, n_train: int = 300, n_cal: 
         test = library_test_set(seed, n_train, n_cal, n_test)
     else:
         train = lib.training_conversations(random.Random(f"gavel-library-train/{seed}"), n_train, "more")
+        own_texts = own_texts or {}
+        if n_own:
+            train = train + own_reply_conversations(model, n_own, "more", seed, replies=own_texts.get("more"))
         train_convs = [t.messages for t in train]
 
         def windows():
             labs = [token_ce_labels(model, t, ces) for t in train]
             return labelled_windows(feats([(i, k) for i, k, _ in labs]), [lab[k] for _, k, lab in labs], cfg.window)
         cal_convs, cal_labels = calibration_dialogues(seed, n_cal)
+        if n_own_cal:
+            own_cal = own_reply_conversations(model, n_own_cal, "val", seed, replies=own_texts.get("val"))
+            cal_convs = cal_convs + [t.messages for t in own_cal]
+            cal_labels = cal_labels + [CalibrationLabels() for _ in own_cal]
         test = library_test_set(seed, n_test=n_test)
     n_windows = None
     if detector is None:
@@ -267,6 +337,7 @@ def run_library_validation(model, spec: FeatureSpec, n_train: int = 300, n_cal: 
     res = LibraryValidation(rows, dict(zip(ces, det.thresholds.tolist())), dict(zip(ces, det.patience.tolist())),
                             {"protocol": protocol, "train_conversations": len(train_convs), "train_windows": n_windows,
                              "calibration": len(cal_convs), "test": len(test), "detector_best_epoch": best_epoch,
+                             "own_replies": {"train": n_own, "calibration": n_own_cal},
                              "calibration_j": dict(zip(ces, cal_j)), "ce_auc": ce_auc},
                             model_name, list(spec.layers))
     return (res, det) if return_detector else res
@@ -304,11 +375,20 @@ class MonitorValidation(Result):
     def summary(self) -> dict:
         df = self.to_frame()
         pos, harm = df[df.kind == "positive"], df[df.kind != "positive"]
-        mid = pos.stopped & (pos.stop_token > 0) & (pos.stop_token < self.max_new_tokens)
-        return {"positives": int(len(pos)), "positives_stopped": int(pos.stopped.sum()),
-                "positives_stopped_mid_generation": int(mid.sum()),
-                "stop_tokens": [int(t) for t in pos.stop_token[pos.stopped]],
-                "harmless": int(len(harm)), "harmless_fired": int(harm.fired.sum())}
+        end = pos.gen_tokens.fillna(self.max_new_tokens) if "gen_tokens" in pos else self.max_new_tokens
+        # mid-way: after at least one generated token was read, and before the last token the generation
+        # (unmonitored, same steering) would read: a window scored only after it ended does not count
+        mid = pos.stopped & ~pos.in_prompt & (pos.stop_token >= 1) & (pos.stop_token < end - 1)
+        out = {"positives": int(len(pos)), "positives_stopped": int(pos.stopped.sum()),
+               "positives_stopped_mid_generation": int(mid.sum()),
+               "positives_stopped_on_prompt": int((pos.stopped & pos.in_prompt).sum()),
+               "stop_tokens": [int(t) for t in pos.stop_token[pos.stopped]],
+               "harmless": int(len(harm[harm.kind != "control"])),
+               "harmless_fired": int(harm[harm.kind != "control"].fired.sum())}
+        if (df.kind == "control").any():
+            out["controls"] = int((df.kind == "control").sum())
+            out["controls_fired"] = int(df[df.kind == "control"].fired.sum())
+        return out
 
 
 def _prefill(conv: lib.LabelledConversation) -> tuple[list[dict], str]:
@@ -323,39 +403,138 @@ def _prefill(conv: lib.LabelledConversation) -> tuple[list[dict], str]:
     return conv.messages[:last], content[: cut if cut > a else (a + b) // 2]
 
 
+@torch.no_grad()
+def ce_directions(model, layer: int, n: int = 120, seed: int = 0, batch_size: int = 8,
+                  hook: str = "hook_resid_pre") -> tuple[dict[str, torch.Tensor], float]:
+    """Per CE, a steering direction ``[d_model]`` at ``blocks.{layer}.{hook}``: the mean residual of the
+    tokens of that CE's sentences minus the mean residual of the CE-free assistant tokens, over ``n``
+    training-split conversations (:func:`library.training_conversations`, ``more`` templates; never the test
+    set). Also returns the mean norm of the CE-free residuals (a scale for steering coefficients)."""
+    ces = list(lib.CE_TEMPLATES)
+    convs = lib.training_conversations(random.Random(f"gavel-library-steer/{seed}"), n, "more")
+    name = f"blocks.{layer}.{hook}"
+    d = model.cfg.d_model
+    sums, counts = torch.zeros(len(ces), d, dtype=torch.float64), torch.zeros(len(ces), dtype=torch.float64)
+    free_sum, free_n, free_norm = torch.zeros(d, dtype=torch.float64), 0, 0.0
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    labs = [token_ce_labels(model, c, ces) for c in convs]
+    for s in progress(range(0, len(labs), batch_size), desc="CE directions"):
+        chunk = labs[s:s + batch_size]
+        T = max(len(i) for i, _, _ in chunk)
+        ids = torch.full((len(chunk), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), T), dtype=torch.long)
+        for b, (i, _, _) in enumerate(chunk):
+            ids[b, :len(i)], mask[b, :len(i)] = i, 1
+        _, cache = model.run_with_cache({"input_ids": ids, "attention_mask": mask}, names=[name],
+                                        stop_at_layer=min(layer + 1, model.cfg.n_layers))
+        r = cache[name].double().cpu()  # [B, T, d]
+        for b, (i, keep, lab) in enumerate(chunk):
+            x = r[b, :len(i)]
+            sums += lab.double().T @ x
+            counts += lab.double().sum(0)
+            free = keep & (lab.sum(1) == 0)
+            free_sum += x[free].sum(0)
+            free_n += int(free.sum())
+            free_norm += float(x[free].norm(dim=-1).sum())
+    free_mean = free_sum / max(free_n, 1)
+    dirs = {ce: (sums[c] / counts[c] - free_mean).float() for c, ce in enumerate(ces) if counts[c] > 0}
+    return dirs, free_norm / max(free_n, 1)
+
+
+def ce_steering_vector(directions: dict[str, torch.Tensor], ces, layer: int, coeff: float, ref_norm: float,
+                       hook: str = "hook_resid_pre"):
+    """An ``interp.steering.SteeringVector`` adding ``coeff * ref_norm`` times the mean of the unit directions
+    of ``ces`` at ``blocks.{layer}.{hook}``, at position ``-1`` of every pass (the last prompt token, then
+    each generated token once): the prompt's readouts are untouched, so a monitor reading layers below
+    ``layer`` sees the steering only through the tokens the model writes."""
+    from interp.steering import SteeringVector
+    units = torch.stack([directions[c] / directions[c].norm() for c in ces])
+    u = units.mean(0)
+    return SteeringVector(method="diff_in_means", operation="add", hooks=(f"blocks.{layer}.{hook}",),
+                          direction=u / u.norm(), positions=(-1,), scale=float(coeff * ref_norm),
+                          metadata={"layer": layer, "ces": list(ces), "coeff": coeff, "ref_norm": ref_norm})
+
+
+def _missing_ces(conv: lib.LabelledConversation, rule) -> list[str]:
+    """The rule's CEs shown in the conversation's last assistant turn (what a continuation must add)."""
+    last = len(conv.messages) - 1
+    return sorted({ce for m, _, _, ce in conv.spans if m == last and ce in rule.condition_ces})
+
+
 def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens: int = 32, seed: int = 0,
-                           harmless: str = "random", stop_at_eos: bool = True) -> MonitorValidation:
+                           harmless: str = "random", stop_at_eos: bool = True, steer: dict | None = None,
+                           control: bool = False) -> MonitorValidation:
     """The monitor on held-out conversations (:func:`library_test_set`), every library rule with action ``block``.
 
-    Positives (``n_positive`` per seen scenario): the conversation up to its last assistant turn, whose
-    earlier assistant turn is scored from the prompt (``score_prompt="assistant"``), and the last turn
-    prefilled up to the middle of its first CE sentence; the model continues it. Harmless: the test set's
-    random negatives (``harmless="random"``; ``"all"`` adds the hard negatives), continued by the model from
-    their last user turn without a prefill. Each row: which rule fired and at which generated token.
-    ``stop_at_eos``: end the turn at the model's end-of-turn token (``False`` lets it run on into invented
-    further turns, which the detectors never saw in training).
+    Positives (``n_positive`` per seen scenario), two modes:
+
+    - ``steer=None`` (prefill): the conversation up to its last assistant turn, whose earlier assistant turn
+      is scored from the prompt (``score_prompt="assistant"``), and the last turn prefilled up to the middle
+      of its first CE sentence; the model continues it.
+    - ``steer={"directions", "ref_norm", "layer", "coeff"}`` (from :func:`ce_directions`): the conversation up
+      to its last user turn (its earlier assistant turn shows part of the rule's CEs, never enough to satisfy
+      it); the model writes the last assistant turn itself while steered (:func:`ce_steering_vector`, the
+      toolkit's ``SteeringVector`` through ``model.intervene``) toward the rule CEs that the held-out turn
+      showed. Each positive is generated twice: with every rule's action set to ``flag`` (nothing stops, so
+      the row records how many tokens the generation would have: ``gen_tokens``, and the token at which a
+      block would come) and with ``block``. ``control=True`` adds, per positive, a ``control`` row steered
+      by a random direction of the same norm (a stop there would mean the monitor reacts to steering, not
+      to what the model writes).
+
+    Harmless: the test set's random negatives (``harmless="random"``; ``"all"`` adds the hard negatives),
+    continued by the model from their last user turn, unsteered and without a prefill. Each row: which rule
+    fired and at which generated token. ``stop_at_eos``: end the turn at the model's end-of-turn token
+    (``False`` lets it run on into invented further turns, which the detectors never saw in training).
     """
+    import contextlib
+
     from .monitor import Monitor
-    test = library_test_set(seed)
     from .rules import parse_rule
-    rules = [parse_rule(text, list(lib.CE_TEMPLATES), name=name, action="block")
-             for name, text in list(lib.SCENARIOS.items()) + [lib.UNSEEN_SCENARIO]]
+    test = library_test_set(seed)
+    texts = list(lib.SCENARIOS.items()) + [lib.UNSEEN_SCENARIO]
+    ces = list(lib.CE_TEMPLATES)
+    rules = [parse_rule(text, ces, name=name, action="block") for name, text in texts]
+    flags = [parse_rule(text, ces, name=name, action="flag") for name, text in texts]
+    by_name = {r.name: r for r in rules}
     pos = []
     for name in lib.SCENARIOS:
         pos += [t for t in test if t.kind == "positive" and t.scenario == name][:n_positive]
     neg = [t for t in test if t.kind == "random" or (harmless == "all" and t.kind == "hard")]
+    jobs = [(t, "positive") for t in pos]
+    if steer is not None and control:
+        jobs += [(t, "control") for t in pos]
+    jobs += [(t, t.kind) for t in neg]
     rows = []
-    for t in progress(pos + neg, desc="gavel monitor"):
-        mon = Monitor(model, detector, rules, score_prompt="assistant")
-        if t.kind == "positive":
+    g = torch.Generator().manual_seed(seed)
+    for t, kind in progress(jobs, desc="gavel monitor"):
+        vec, steered, prefill, gen_tokens, flag_token = None, [], None, None, float("nan")
+        if kind in ("positive", "control") and steer is None:
             prompt, prefill = _prefill(t)
+        elif kind in ("positive", "control"):
+            prompt = t.messages[:-1]
+            steered = _missing_ces(t, by_name[t.scenario])
+            vec = ce_steering_vector(steer["directions"], steered, steer["layer"], steer["coeff"], steer["ref_norm"])
+            if kind == "control":
+                r = torch.randn(vec.d_model, generator=g)
+                vec = type(vec)(method="random", operation="add", hooks=vec.hooks, direction=r / r.norm(),
+                                positions=vec.positions, scale=vec.scale, metadata={"control": True})
         else:
-            prompt, prefill = t.messages[:-1], None
-        out = mon.generate(prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=stop_at_eos)
+            prompt = t.messages[:-1]
+        if vec is not None:
+            with vec.apply(model):
+                free = Monitor(model, detector, flags, score_prompt="assistant").generate(
+                    prompt, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+            gen_tokens = len(free.token_ids)
+            flag_token = free.events[0]["token"] if free.events else float("nan")
+        mon = Monitor(model, detector, rules, score_prompt="assistant")
+        with (vec.apply(model) if vec is not None else contextlib.nullcontext()):
+            out = mon.generate(prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=stop_at_eos)
         ev = out.events[0] if out.events else None
-        rows.append({"kind": t.kind, "scenario": t.scenario, "ces": ",".join(t.ces), "fired": ev is not None,
+        rows.append({"kind": kind, "scenario": t.scenario, "ces": ",".join(t.ces), "fired": ev is not None,
                      "rule_fired": ev["rule"] if ev else "", "stopped": out.stopped,
                      "stop_token": ev["token"] if ev else float("nan"), "in_prompt": bool(ev and ev["in_prompt"]),
-                     "prefill": prefill or "", "generated": out.generated_text,
+                     "prefill": prefill or "", "steered": ",".join(steered), "generated": out.generated_text,
+                     "gen_tokens": gen_tokens if gen_tokens is not None else float("nan"),
+                     "flag_token": flag_token, "unmonitored": free.generated_text if vec is not None else "",
                      "fired_ces": ",".join(ev["fired"]) if ev else ""})
     return MonitorValidation(rows, max_new_tokens)
