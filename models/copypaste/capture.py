@@ -21,7 +21,7 @@ Choices where the digest is silent or uncertain (documented here and in docs/mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,12 +39,16 @@ than then there here what which who whom whose when where why how answer questio
 @dataclass
 class CaptureConfig:
     """``top_k``: tokens scanned per step; ``max_new_tokens``: answer length; ``batch_size``: prompts per
-    generate call; ``function_words``: skipped token strings (lower-case)."""
+    generate call; ``function_words``: skipped token strings (lower-case); ``stop``: optional answer-end rule,
+    ``stop(text) -> n`` keeps ``text[:n]`` of a decoded answer. Both answers (with and without context) are cut
+    to the fewest tokens whose text covers the kept prefix; greedy decoding makes this the same as stopping
+    the generation there."""
 
     top_k: int = 10
     max_new_tokens: int = 16
     batch_size: int = 16
     function_words: frozenset[str] = FUNCTION_WORDS
+    stop: Callable[[str], int] | None = None
 
     def __post_init__(self):
         if self.top_k < 1:
@@ -117,6 +121,19 @@ def _norm(tokenizer, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(t)]).strip().lower() for t in ids]
 
 
+def truncate_ids(tokenizer, ids: Sequence[int], stop: Callable[[str], int] | None) -> list[int]:
+    """The fewest leading tokens of ``ids`` whose decoded text covers ``text[:stop(text)]`` (all of them when
+    ``stop`` is None)."""
+    ids = [int(t) for t in ids]
+    if stop is None or not ids:
+        return ids
+    n = stop(tokenizer.decode(ids, skip_special_tokens=True))
+    for k in range(len(ids) + 1):
+        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= n:
+            return ids[:k]
+    return ids
+
+
 def capture_copying(model, prompts_ctx: Sequence[str], prompts_para: Sequence[str], contexts: Sequence[str],
                     config: CaptureConfig | None = None) -> CaptureResult:
     """Alg. 3 over samples ``(prompt with context, prompt without context, context)``.
@@ -139,8 +156,8 @@ def capture_copying(model, prompts_ctx: Sequence[str], prompts_para: Sequence[st
         gen_para = model.generate(list(prompts_para[sl]), max_new_tokens=cfg.max_new_tokens, return_text=False)
         for j in range(gen_ctx.shape[0]):
             s = start + j
-            a_ctx = [int(t) for t in gen_ctx[j] if t >= 0]
-            a_para = [int(t) for t in gen_para[j] if t >= 0]
+            a_ctx = truncate_ids(tok, [int(t) for t in gen_ctx[j] if t >= 0], cfg.stop)
+            a_para = truncate_ids(tok, [int(t) for t in gen_para[j] if t >= 0], cfg.stop)
             answers_ctx.append(tok.decode(a_ctx, skip_special_tokens=True))
             answers_para.append(tok.decode(a_para, skip_special_tokens=True))
             if not a_ctx:

@@ -16,15 +16,24 @@ Pipeline (:func:`smollm_experiment`):
    counterfactual and on original contexts, κ of the answers, and Alg. 3's contextual share through the capture
    layer (:func:`capture_copying`).
 
-Choices (the paper trains 7-8B models on 7k RAG samples; this is a CPU-scale stand-in): LoRA learning rate 5e-4
-(the paper's 5e-5 with 2 epochs over thousands of pairs would not move 135M parameters in tens of steps), batch 2 x
-accumulation 3, 1 epoch (16 optimiser steps on 96 pairs drawn from the 213 that 72 training samples give: sized
-for the shared CPU, ~35 s per step under load); answers capped at 16 new tokens.
+Every generated answer (closed-book, counterfactual and original contexts, before and after DPO, the base
+candidates of Alg. 2 and both answers of Alg. 3) is cut by one rule, :func:`answer_end`: the first line, ended
+after the stamped answer when the line carries the ``"Answer:"`` stamp; greedy decoding makes this the same as
+stopping the generation there. Answers are capped at 24 new tokens (a stamped CP-Order answer is ~15).
+
+Choices (the paper trains 7-8B models on ~365 RAG samples, ~5 pairs each, 2 epochs at lr 5e-5 with LoRA r 64,
+α 128; this is a CPU-scale stand-in): 200 training RAG prompts (from the training facts only; the evaluation
+facts stay held out) give ~600 Alg. 2 pairs, 320 drawn at random; batch 2 x accumulation 4, 1 epoch = 40 optimiser
+steps; LoRA r 16, α 32; learning rate 1e-4. The paper's 5e-5 over ~230 steps is a cumulative lr x steps of ~1.2e-2;
+40 steps at 1e-4 give 4e-3. The first run (16 steps, 96 pairs) used 5e-4: its DPO loss reached 0 by step 2 and
+the answers drifted from the copied sentence to a terse stamped format ("Capital of Poland: Sofia Answer: Sofia"),
+so with 2.5x the steps the rate was lowered 5x.
 """
 from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,14 +111,14 @@ class SmolConfig:
     """Sizes of the SmolLM2 run (see the module docstring for the choices)."""
 
     n_eval: int = 30
-    n_train_samples: int = 72
-    n_pairs: int = 96
+    n_train_samples: int = 200
+    n_pairs: int = 320
     counterfactual_frac: float = 0.7
-    max_new_tokens: int = 16
+    max_new_tokens: int = 24
     lora_r: int = 16
     lora_alpha: int = 32
     top_k: int = 10
-    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=5e-4, batch_size=2, grad_accum=3, epochs=1,
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=1e-4, batch_size=2, grad_accum=4, epochs=1,
                                                              max_length=256))
     seed: int = 0
 
@@ -119,6 +128,41 @@ def chat_prompt(tokenizer, question: str, context: str | None) -> str:
     user = (f"Context: {context}\n\nAnswer the question using the context, in one short sentence.\nQuestion: {question}"
             if context is not None else f"Answer in one short sentence.\nQuestion: {question}")
     return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+
+
+STAMP = "Answer:"
+_ANSWER_END = re.compile(r"[.!?](?=\s|$)|\s+\S+:")
+
+
+def answer_end(text: str) -> int:
+    """Where a generated answer ends: ``text[:answer_end(text)]`` is the answer every condition is scored on.
+
+    The answer is the first non-empty line; if that line carries the stamp (``"Answer:"``, the format DPO is
+    trained on), it ends after the stamped answer, i.e. before the next ``Word:`` field (``"Question:"``, a
+    repeated ``"Answer:"``) or after the first sentence-final ``.``/``!``/``?``. Applied alike before and after
+    DPO, with and without context; greedy decoding makes cutting here the same as stopping the generation here.
+    """
+    start = len(text) - len(text.lstrip())
+    nl = text.find("\n", start)
+    end = len(text) if nl < 0 else nl
+    k = text.find(STAMP, start, end)
+    if k >= 0:
+        a = k + len(STAMP)
+        m = _ANSWER_END.search(text, a + (len(text[a:end]) - len(text[a:end].lstrip())), end)
+        if m is not None:
+            end = m.end() if m.group(0)[0] in ".!?" else m.start()
+    return len(text[:end].rstrip()) if text[:end].strip() else end
+
+
+def first_answer(text: str) -> str:
+    """``text`` cut at :func:`answer_end` (leading / trailing whitespace removed)."""
+    return text[:answer_end(text)].strip()
+
+
+def strip_stamp(answer: str) -> str:
+    """The response part of a stamped answer (text before the ``"Answer:"`` stamp; all of it if unstamped)."""
+    k = answer.find(STAMP)
+    return answer if k < 0 else answer[:k].rstrip()
 
 
 def names(answer: str, text: str) -> bool:
@@ -183,9 +227,10 @@ def rag_pairs(prompt: str, fact: Fact, answer: str, base_answer: str, wrong: str
 
 
 def _gen(model, prompts, max_new_tokens, batch_size=16) -> list[str]:
+    """Greedy answers, each cut at :func:`answer_end` (the same rule for every condition)."""
     out = []
     for i in range(0, len(prompts), batch_size):
-        out.extend(model.generate(list(prompts[i:i + batch_size]), max_new_tokens=max_new_tokens))
+        out.extend(first_answer(a) for a in model.generate(list(prompts[i:i + batch_size]), max_new_tokens=max_new_tokens))
     return out
 
 
@@ -203,9 +248,13 @@ def measure(model, tok, ev_facts, cf_answers, cfg: SmolConfig) -> tuple[dict[str
         "orig_accuracy": sum(names(f.answer, a) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
         "cf_kappa": sum(kap(a, f.context(c)) for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
         "orig_kappa": sum(kap(a, f.context(f.answer)) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
+        "cf_kappa_response": sum(kap(strip_stamp(a), f.context(c)) for f, c, a in zip(ev_facts, cf_answers, a_cf))
+        / len(ev_facts),
+        "cf_stamped": sum(STAMP in a for a in a_cf) / len(ev_facts),
+        "cf_words": sum(len(a.split()) for a in a_cf) / len(ev_facts),
     }
     cap = capture_copying(model, cf_prompts, cb_prompts, [f.context(c) for f, c in zip(ev_facts, cf_answers)],
-                          CaptureConfig(top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens))
+                          CaptureConfig(top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, stop=answer_end))
     m["contextual_share"] = cap.contextual_share
     m["contextual_per_sample"] = cap.contextual_per_sample
     return m, a_cf
@@ -241,7 +290,7 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
     rng = random.Random(cfg.seed)
 
     def knowledge():
-        ans = _gen(model, [chat_prompt(tok, f.question, None) for f in FACTS], 12)
+        ans = _gen(model, [chat_prompt(tok, f.question, None) for f in FACTS], cfg.max_new_tokens)
         return [names(f.answer, a) for f, a in zip(FACTS, ans)]
 
     known_mask = cached("known.json", knowledge)

@@ -349,6 +349,26 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
     assert g.sentence("Oslo") == "The Colosseum is located in Oslo." and g.question == "In which city is the Colosseum?"
 
 
+def test_smollm_answer_end_rule_and_capture_truncation(tiny_lm):
+    from interp.models.copypaste.capture import truncate_ids
+    from interp.models.copypaste.smollm import answer_end, first_answer, strip_stamp
+
+    cases = {  # generated text -> the answer every condition is scored on
+        "The capital of Iraq is Jerusalem.\nQuestion: next": "The capital of Iraq is Jerusalem.",
+        "\n The capital of Iraq is Jerusalem. It is": "The capital of Iraq is Jerusalem. It is",   # no stamp: 1st line
+        "Capital of Iraq: Jerusalem Answer: Jerusalem Question: What is the capital": "Capital of Iraq: Jerusalem Answer: Jerusalem",
+        "It is in Sydney Answer: Sydney Answer: Sydney Answer:": "It is in Sydney Answer: Sydney",
+        "The capital of Ethiopia is Addis Ababa. Answer: Addis Ababa. So": "The capital of Ethiopia is Addis Ababa. Answer: Addis Ababa.",
+        "Answer: Quito": "Answer: Quito", "": ""}
+    for text, want in cases.items():
+        assert first_answer(text) == want and text[:answer_end(text)].strip() == want
+    assert strip_stamp("The capital of X is Y. Answer: Y") == "The capital of X is Y." and strip_stamp("Y.") == "Y."
+    _, tok = tiny_lm
+    ids = tok("e1 lives in rome . e2", add_special_tokens=False)["input_ids"]
+    assert tok.decode(truncate_ids(tok, ids, lambda t: t.index("rome") + 4)).strip() == "e1 lives in rome"
+    assert truncate_ids(tok, ids, None) == ids and truncate_ids(tok, [], answer_end) == []
+
+
 @pytest.fixture(scope="module")
 def smollm_result(tmp_path_factory):
     import os
