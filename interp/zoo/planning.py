@@ -51,6 +51,10 @@ PF_LONG_TASK = {"kind": "pf", "variant": "long", "path_len": 6, "n_nodes": 36, "
                 "name": "pf-long"}
 
 
+#: config fields added later, with their defaults (omitted from ``to_params`` at the default)
+_LATER_FIELDS = {"followup_queries": 0}
+
+
 @dataclass(frozen=True)
 class PlanningModelConfig:
     """Model size and training recipe of one ``zoo:planning-*`` entry."""
@@ -73,6 +77,9 @@ class PlanningModelConfig:
     num_threads: int | None = 1
     #: build fails unless held-out greedy accuracy reaches this
     min_accuracy: float = 0.5
+    #: path finding only: sub-queries of the same graph appended (with their answers, which get the loss) after
+    #: each training example's target (``PathFinding.training_examples``; recipe choice, see ``PF_TRAIN``)
+    followup_queries: int = 0
 
     def __post_init__(self):
         if self.objective not in ("ntp", "mtp"):
@@ -81,10 +88,17 @@ class PlanningModelConfig:
             raise ValueError(f"loss_on must be 'target' or 'all', got {self.loss_on!r}")
         if self.objective == "mtp" and self.mtp_heads < 1:
             raise ValueError("an MTP model needs mtp_heads >= 1")
+        if self.followup_queries < 0:
+            raise ValueError(f"followup_queries must be >= 0, got {self.followup_queries}")
 
     def to_params(self) -> dict:
+        """The recipe dict; fields added after the first entries were cached (:data:`_LATER_FIELDS`) are left out
+        at their defaults, so the recipe hashes of entries that do not use them stay the same."""
         d = asdict(self)
         d["task"] = dict(self.task)
+        for k, default in _LATER_FIELDS.items():
+            if d[k] == default:
+                del d[k]
         return d
 
     @classmethod
@@ -156,6 +170,9 @@ def _encode(tokenizer, examples: Sequence, loss_on: str):
     ``labels[:, s]`` is the word at ``s`` (HF convention: predicted from position ``s - 1``) or ``-100``
     (padding, ``<bos>``, and the prompt when ``loss_on == "target"``). Words are looked up directly in the
     tokenizer's word-level vocabulary (same ids as ``tokenizer(text)``, without its per-call overhead).
+    Training documents with ``meta["followups"]`` (``(query, answer)`` pairs, see
+    ``PathFinding.training_examples``) continue ``prompt target`` with ``query answer ...``; with
+    ``loss_on == "target"`` the answers get labels and the queries do not.
     """
     import torch
 
@@ -163,19 +180,25 @@ def _encode(tokenizer, examples: Sequence, loss_on: str):
     unk, bos, pad = tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id
     rows = []
     for ex in examples:
-        p = [bos] + [vocab.get(w, unk) for w in ex.prompt.split()]
-        t = [vocab.get(w, unk) for w in ex.target.split()]
-        rows.append((p, t))
-    width = max(len(p) + len(t) for p, t in rows)
+        segments = [(ex.prompt, False), (ex.target, True)]
+        for query, answer in (ex.meta or {}).get("followups", ()):
+            segments += [(query, False), (answer, True)]
+        ids, labelled = [bos], [False]
+        for text, is_target in segments:
+            words = [vocab.get(w, unk) for w in text.split()]
+            ids += words
+            labelled += [is_target or loss_on == "all"] * len(words)
+        rows.append((ids, labelled))
+    width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (p, t) in enumerate(rows):
-        x = torch.tensor(p + t)
+    for i, (ids, labelled) in enumerate(rows):
+        x = torch.tensor(ids)
         input_ids[i, :len(x)] = x
         mask[i, :len(x)] = 1
-        start = 1 if loss_on == "all" else len(p)
-        lab[i, start:len(x)] = x[start:]
+        keep = torch.tensor(labelled)
+        lab[i, :len(x)] = torch.where(keep, x, torch.full_like(x, -100))
     return input_ids, mask, lab
 
 
@@ -240,6 +263,30 @@ def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     return out
 
 
+def _step_accuracy(tokenizer, examples: Sequence, pred, sel) -> list[float]:
+    """Teacher-forced accuracy at each target position ``i`` given the correct prefix ``target[:i]``.
+
+    ``pred``: ``[B, S-1]`` argmax predictions (``pred[:, s]`` predicts the word at ``s + 1``); ``sel``: ``[B, S-1]``
+    mask of the target words. A prediction counts as correct when it continues *any* answer that agrees with the
+    target on the prefix (branch tasks: at the first step after the source both paths are right; afterwards
+    only the target's own path), else it must equal the target word. Positions with no example are omitted.
+    For path finding: position 0 copies the source, 1 is the branch choice, later positions one-hop edge lookups.
+    """
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    hits: list[list[int]] = []
+    for b, ex in enumerate(examples):
+        words = [vocab[int(t)] for t in pred[b][sel[b]].tolist()]
+        target = ex.target.split()
+        answers = [a.split() for a in ex.answers] or [target]
+        for i, w in enumerate(words[:len(target)]):
+            good = {a[i] for a in answers if len(a) > i and a[:i] == target[:i]} | {target[i]}
+            while len(hits) <= i:
+                hits.append([0, 0])
+            hits[i][0] += int(w in good)
+            hits[i][1] += 1
+    return [h / n for h, n in hits]
+
+
 def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
     """Greedy and teacher-forced metrics of ``model`` on ``examples`` of ``task``.
 
@@ -248,6 +295,8 @@ def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
     (examples with ``answers`` and a ``decoy``) also get ``first_step_accuracy`` (the first word after the
     source is on a correct path), ``branch_share`` (share of correct generations that follow ``answers[0]``,
     ~0.5 when the model picks either branch) and ``decoy_rate`` (generations that use a decoy node).
+    ``step_accuracy``: teacher-forced accuracy per target position (see :func:`_step_accuracy`; the diagnosis of
+    *where* a path-finding model fails: copying the source, the branch choice, or the one-hop edge lookups).
     """
     import torch
 
@@ -261,7 +310,8 @@ def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
     tgt = lab[:, 1:]
     sel = tgt != -100
     metrics = {"greedy_accuracy": sum(ok) / len(ok), "n_eval": len(ok),
-               "target_word_accuracy": float((pred[sel] == tgt[sel]).float().mean())}
+               "target_word_accuracy": float((pred[sel] == tgt[sel]).float().mean()),
+               "step_accuracy": _step_accuracy(tokenizer, examples, pred, sel)}
     if all(ex.answers and ex.decoy for ex in examples):
         first_ok, same, decoy = 0, 0, 0
         for ex, g, good in zip(examples, gens, ok):
@@ -302,8 +352,9 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     task = task_from_params(cfg.task)
     tokenizer = make_tokenizer(task)
     torch.manual_seed(cfg.seed)
-    probe = task.examples(1, seed=0)[0]
-    seq = len(tokenizer(probe.prompt + " " + probe.target)["input_ids"])
+    probe = (task.training_examples(1, seed=0, followups=cfg.followup_queries) if cfg.followup_queries
+             else task.examples(1, seed=0))
+    seq = int(_encode(tokenizer, probe, cfg.loss_on)[0].shape[1])
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
                          num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                          num_key_value_heads=cfg.n_heads, max_position_embeddings=max(128, 2 * seq),
@@ -325,7 +376,11 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     curve_examples = task.examples(n_curve, seed=3_000_000_019 + cfg.seed) if eval_every else []
     name = f"planning-{task.name}-{cfg.objective}"
     for step in progress(range(cfg.steps), desc=f"{name}: training", total=cfg.steps):
-        batch = task.examples(cfg.batch_size, seed=cfg.seed * 1_000_003 + step)
+        seed = cfg.seed * 1_000_003 + step
+        if cfg.followup_queries > 0:
+            batch = task.training_examples(cfg.batch_size, seed=seed, followups=cfg.followup_queries)
+        else:
+            batch = task.examples(cfg.batch_size, seed=seed)
         ids, mask, lab = _encode(tokenizer, batch, cfg.loss_on)
         if mtp is None:
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
@@ -344,10 +399,13 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
         losses.append(float(loss.detach()))
         if eval_every and (step + 1) % eval_every == 0:
             model.eval()
-            acc = evaluate_planning(model, tokenizer, task, curve_examples)["greedy_accuracy"]
+            m = evaluate_planning(model, tokenizer, task, curve_examples)
+            acc = m["greedy_accuracy"]
             window = losses[-eval_every:]
             curve.append([step + 1, acc, sum(window) / len(window)])
-            print(f"{name} step {step + 1}: greedy accuracy {acc:.3f}, loss {curve[-1][2]:.4f}", flush=True)
+            steps_acc = " ".join(f"{a:.2f}" for a in m["step_accuracy"])
+            print(f"{name} step {step + 1}: greedy accuracy {acc:.3f}, loss {curve[-1][2]:.4f}, "
+                  f"teacher-forced per step {steps_acc}", flush=True)
             model.train()
     model.eval()
     train_s = time.perf_counter() - t0

@@ -287,6 +287,63 @@ class PathFinding:
                                              "dead_ends": gr["dead_ends"]}))
         return out
 
+    def subqueries(self, example: PlanningExample) -> list[PlanningExample]:
+        """Every sub-query of ``example``'s graph with a unique answer of at least 3 nodes.
+
+        Same edge list, query ``? u w :`` for two nodes ``u``, ``w`` at least two steps apart on one chain of the
+        graph (either correct path, the decoy, a dead-end branch), target the chain segment ``u .. w`` (its
+        only ``u -> w`` walk; ``answers == (target,)``, no decoy). The main query (source, goal: two answers) is
+        excluded. PF-short yields 8 per graph: ``? s b : s a b`` (a branch choice from the source with one step of
+        look-ahead), ``? a g : a b g`` (one edge lookup), the decoy's segments and ``? s y : s x y`` into a dead end.
+
+        A *training aid* (see :meth:`training_examples`), not part of the task's contract.
+        """
+        prompt_edges = example.prompt.rsplit(" ? ", 1)[0]
+        chains = [a.split() for a in example.answers] + [example.decoy.split()] + [list(c) for c in
+                                                                                   example.meta["dead_ends"]]
+        ends = {(example.meta["source"], example.meta["goal"])}
+        out, seen = [], set()
+        for chain in chains:
+            for i in range(len(chain)):
+                for j in range(i + 2, len(chain)):
+                    u, w = chain[i], chain[j]
+                    if (u, w) in ends or (u, w) in seen:
+                        continue
+                    seen.add((u, w))
+                    seg = " ".join(chain[i:j + 1])
+                    out.append(PlanningExample(prompt=f"{prompt_edges} ? {u} {w} :", target=seg, answers=(seg,),
+                                               meta={**example.meta, "source": u, "goal": w, "subquery": True}))
+        return out
+
+    def training_examples(self, n: int, seed: int = 0, followups: int = 0) -> list[PlanningExample]:
+        """Training documents: :meth:`examples` with ``followups`` sub-queries of the same graph appended.
+
+        Each example is the main example of :meth:`examples` (same prompt, same target) with
+        ``meta["followups"]``: ``min(followups, len(subqueries))`` distinct :meth:`subqueries`, in random order, as
+        ``(query, answer)`` word strings (``"? u w :"``, ``"u .. w"``). A trainer appends them after the target
+        (``prompt target query answer query answer ...``) with the loss on the answers. The main query comes
+        first, so an evaluation prompt is exactly a prefix of a training document.
+
+        *Recipe choice* (issue #15): the main query alone gives one branch choice and about one edge lookup per
+        graph, too little signal for a small model to discover in-context edge lookup (measured: chance-level
+        one-hop lookup after 6,000 steps); the follow-ups add lookups forwards and backwards and one-step branch
+        choices that compose into the main query. Evaluation always uses :meth:`examples` alone.
+        """
+        if followups < 0:
+            raise ValueError(f"followups must be >= 0, got {followups}")
+        base = self.examples(n, seed)
+        if followups == 0:
+            return base
+        rng = random.Random(f"followups-{seed}")
+        out = []
+        for ex in base:
+            subs = self.subqueries(ex)
+            picked = rng.sample(subs, min(followups, len(subs)))
+            pairs = tuple((q.prompt.rsplit(" ? ", 1)[1].join(["? ", ""]), q.target) for q in picked)
+            out.append(PlanningExample(prompt=ex.prompt, target=ex.target, answers=ex.answers, decoy=ex.decoy,
+                                       meta={**ex.meta, "followups": pairs}))
+        return out
+
     def is_valid_path(self, example: PlanningExample, words: Sequence[str]) -> bool:
         """``words`` is a source->goal walk of ``path_len`` distinct nodes along the example's edges."""
         edges = {tuple(e) for e in example.meta["edges"]}

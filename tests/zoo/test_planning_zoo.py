@@ -36,6 +36,32 @@ def test_encode_labels_hand_checked():
     assert lab_all[0].tolist() == [-100] + want[1:]  # every word but <bos>
 
 
+def test_encode_followups_label_answers_only():
+    task = PathFinding("short")
+    tok = make_tokenizer(task)
+    doc = PlanningExample(prompt="n1 n2 ? n1 n2 :", target="n1 n2",
+                          meta={"followups": (("? n2 n5 :", "n2 n7 n5"),)})
+    ids, mask, lab = _encode(tok, [doc], "target")
+    v = tok.get_vocab()
+    words = "<bos> n1 n2 ? n1 n2 : n1 n2 ? n2 n5 : n2 n7 n5".split()
+    assert ids[0].tolist() == [v[w] for w in words] and mask[0].tolist() == [1] * len(words)
+    labelled = [w if 7 <= i <= 8 or i >= 13 else None for i, w in enumerate(words)]
+    assert lab[0].tolist() == [-100 if w is None else v[w] for w in labelled]
+
+
+def test_step_accuracy_hand_checked():
+    from interp.zoo.planning import _step_accuracy
+
+    task = PathFinding("short")
+    tok = make_tokenizer(task)
+    v = tok.get_vocab()
+    ex = PlanningExample(prompt="p", target="n1 n2 n3 n4", answers=("n1 n2 n3 n4", "n1 n5 n6 n4"), decoy="n7 n8 n9 n10")
+    # predictions at the 4 target positions: source right, the other branch (right), a wrong lookup, goal right
+    pred = torch.tensor([[0, v["n1"], v["n5"], v["n9"], v["n4"]], [0, v["n2"], v["n2"], v["n3"], v["n9"]]])
+    sel = torch.tensor([[False, True, True, True, True], [False, True, True, True, True]])
+    assert _step_accuracy(tok, [ex, ex], pred, sel) == [0.5, 1.0, 0.5, 0.5]
+
+
 def test_mtp_heads_predict_words_further_ahead():
     torch.manual_seed(0)
     B, S, d, V, k = 2, 7, 8, 11, 2

@@ -186,3 +186,52 @@ def test_protocol_and_task_for():
         task_for("toy-grammar")
     with pytest.raises(KeyError):
         task_from_params({"kind": "nope"})
+
+
+@pytest.mark.parametrize("variant", ["short", "long"])
+def test_pathfinding_subqueries_have_unique_answers(variant):
+    """Sub-queries (a training aid): same edges, a new query whose only walk is the target, >= 3 nodes."""
+    task = PathFinding(variant)
+    m = task.path_len - 1  # chain length of a dead end (source + path_len - 2 nodes)
+    # per graph: each correct path has C(path_len, 2) - (path_len - 1) pairs >= 2 apart minus (s, g); the decoy
+    # the same plus (first, last); the dead end C(m, 2) - (m - 1)
+    pairs = lambda k: k * (k - 1) // 2 - (k - 1)  # noqa: E731
+    want = 2 * (pairs(task.path_len) - 1) + pairs(task.path_len) + pairs(m)
+    for ex in task.examples(20, seed=4):
+        subs = task.subqueries(ex)
+        assert len(subs) == want and (variant != "short" or want == 8)
+        edges, _, _ = _parse_edges(ex.prompt)
+        queries = set()
+        for q in subs:
+            q_edges, u, w = _parse_edges(q.prompt)
+            assert q_edges == edges  # the same graph, same edge order
+            assert (u, w) != (ex.meta["source"], ex.meta["goal"])
+            walks = [" ".join(p) for p in _all_simple_paths(edges, u, w)]
+            assert walks == [q.target] and q.answers == (q.target,)  # the only u -> w walk
+            assert len(q.target.split()) >= 3 and task.is_valid_path(q, q.target.split()) is (
+                len(q.target.split()) == task.path_len)
+            queries.add((u, w))
+        assert len(queries) == len(subs)
+        # the branch choice out of the source into one path or into the dead end is among them
+        s = ex.meta["source"]
+        assert any(q.meta["source"] == s and q.target.split()[1] == ex.meta["dead_ends"][0][1] for q in subs)
+
+
+def test_pathfinding_training_followups():
+    task = PathFinding("short")
+    assert task.training_examples(16, seed=3) == task.examples(16, seed=3)  # no follow-ups: the task itself
+    docs = task.training_examples(50, seed=3, followups=3)
+    assert docs == task.training_examples(50, seed=3, followups=3)
+    for doc, ex in zip(docs, task.examples(50, seed=3)):
+        # the main example is unchanged (an evaluation prompt is a prefix of the training document)
+        assert (doc.prompt, doc.target, doc.answers, doc.decoy) == (ex.prompt, ex.target, ex.answers, ex.decoy)
+        fu = doc.meta["followups"]
+        subs = {(q.meta["source"], q.meta["goal"]): q.target for q in task.subqueries(ex)}
+        assert len(fu) == 3 and len({q for q, _ in fu}) == 3
+        for query, answer in fu:
+            mark, u, w, colon = query.split()
+            assert (mark, colon) == ("?", ":") and subs[(u, w)] == answer
+    every = task.training_examples(5, seed=3, followups=100)[0].meta["followups"]
+    assert len(every) == 8  # capped at the graph's sub-queries
+    with pytest.raises(ValueError):
+        task.training_examples(4, followups=-1)
