@@ -98,8 +98,11 @@ def known_facts(model, facts: Sequence[Fact] | None = None) -> tuple[list[Fact],
 
 @torch.no_grad()
 def perplexity(model, texts: Sequence[str], batch_size: int = 8, max_length: int = 128) -> float:
-    """Token-weighted perplexity of ``texts``."""
+    """Token-weighted perplexity of ``texts`` (batched by length, so little padding is computed; the value
+    does not depend on the batching)."""
     from interp.model import next_token_loss
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    texts = [texts[i] for i in order]
     tot = n = 0.0
     for i in range(0, len(texts), batch_size):
         batch = model.prepare(model.tokenize(list(texts[i:i + batch_size]), max_length=max_length))
@@ -111,12 +114,18 @@ def perplexity(model, texts: Sequence[str], batch_size: int = 8, max_length: int
 
 @dataclass
 class RealEditComparison(TableResult):
-    """Per (method, edit): efficacy, paraphrase, neighbourhood, perplexity, rows changed."""
+    """Per (method, edit): efficacy, paraphrase, neighbourhood, locality, perplexity, rows changed.
+
+    ``neighbourhood``: fraction of the other facts the edited model state knows (plain model for MLP methods,
+    spliced model for transcoder methods) whose true object is still its top-1; ``locality``: fraction of
+    *all* other facts the plain model knows (``n_locality`` ≥ 50 with the built-in table) whose top-1 token is
+    the same as before the edit, in the same model state."""
 
     kind = "real_edit_comparison"
     def summary(self):
         return self.to_frame().groupby("method").agg(
             efficacy=("efficacy", "mean"), paraphrase=("paraphrase", "mean"), neighbourhood=("neighbourhood", "mean"),
+            locality=("locality", "mean"), n_locality=("n_locality", "mean"),
             ppl_before=("ppl_before", "mean"), ppl_after=("ppl_after", "mean"), n_changed=("n_changed", "mean"),
             frac_changed=("frac_changed", "mean"), residual=("residual", "mean"), final_nll=("final_nll", "mean"),
             n=("efficacy", "size")).reset_index()
@@ -124,73 +133,124 @@ class RealEditComparison(TableResult):
     def figure(self):
         import plotly.express as px
         s = self.summary()
-        return px.bar(s.melt(id_vars="method", value_vars=["efficacy", "paraphrase", "neighbourhood"]), x="variable",
-                      y="value", color="method", barmode="group", title="single-fact edits")
+        return px.bar(s.melt(id_vars="method", value_vars=["efficacy", "paraphrase", "neighbourhood", "locality"]),
+                      x="variable", y="value", color="method", barmode="group", title="single-fact edits")
+
+
+def edit_plan(both: Sequence[Fact], n_edits: int, seed: int = 0) -> list[tuple[Fact, str]]:
+    """The first ``n_edits`` of a fixed random order of ``both``, each with a new object of its relation drawn
+    by its own generator (``seed``, index): a larger ``n_edits`` extends the plan without changing its start."""
+    order = np.random.default_rng(seed).permutation(len(both))
+    out = []
+    for i in order[:n_edits]:
+        f = both[int(i)]
+        objs = sorted({o for o in RELATIONS[f.relation][2].values()} - {f.obj})
+        out.append((f, objs[int(np.random.default_rng([seed, int(i)]).integers(len(objs)))]))
+    return out
 
 
 def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, taus: Sequence[float] = (0.5,),
                  config: EditConfig | None = None, ft_config: FineTuneConfig | None = None,
                  context_texts: Sequence[str] = (), heldout: Sequence[str] = (), n_mom2: int = 20_000,
                  seed: int = 0, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft"),
-                 log=None) -> RealEditComparison:
-    """Edit ``n_edits`` known facts of ``model`` (each to another object of its relation) with every method.
+                 log=None, run_dir: str | None = None) -> RealEditComparison:
+    """Edit ``n_edits`` known facts of ``model`` (each to another object of its relation, :func:`edit_plan`)
+    with every method, each edit applied alone and reverted.
 
     ``context_texts``: real text for the second moments (``n_mom2`` tokens); ``heldout``: texts for the
     perplexity. TCPE's masks share one unmasked ``compute_v`` (:func:`~.rome.restrict`).
+
+    ``run_dir``: resumable run folder. ``setup.json`` (baseline, plan, templates), the second moments
+    (``mom2_mlp.safetensors``, ``mom2_tc.safetensors``) and, per edit and method group (``tc``: TCPE's taus and
+    ROME on the transcoder; ``rome``; ``ft``), ``edit_{i:03d}_{group}.json`` are written atomically as they
+    complete; a rerun with the same arguments reads them and computes only what is missing (a run with a
+    different layer, taus, methods, seed or config is refused).
     """
+    from pathlib import Path
+    from interp.io import atomic_write_json, load_json
     cfg = config or EditConfig()
     ft_cfg = ft_config or FineTuneConfig()
-    rng = np.random.default_rng(seed)
+    rd = Path(run_dir) if run_dir is not None else None
+    ident = {"layer": layer, "taus": [float(t) for t in taus], "methods": list(methods), "seed": seed,
+             "config": {k: v for k, v in vars(cfg).items()}, "ft_config": vars(ft_cfg), "n_mom2": n_mom2,
+             "n_heldout": len(heldout), "n_context": len(context_texts)}
+    ident = __import__("json").loads(__import__("json").dumps(ident))
+    setup = None
+    if rd is not None and (rd / "setup.json").is_file():
+        setup = load_json(rd / "setup.json", what="real-edit run", required=("ident", "baseline"))
+        if setup["ident"] != ident:
+            raise ValueError(f"{rd} holds a run with other arguments: {setup['ident']} != {ident}")
     known, _ = known_facts(model)
     with splice(model, layer, transcoder):
         known_tc, _ = known_facts(model, known)
-        ppl_tc = perplexity(model, heldout)
-    ppl = perplexity(model, heldout)
+        pred_tc = top1(model, [g.prompt for g in known])  # spliced model's answers before any edit
+        ppl_tc = setup["baseline"]["ppl_spliced"] if setup else perplexity(model, heldout)
+    ppl = setup["baseline"]["ppl"] if setup else perplexity(model, heldout)
     both = [f for f in known if f in set(known_tc)]
-    picks = [both[i] for i in rng.choice(len(both), size=min(n_edits, len(both)), replace=False)]
-    templates = context_templates(model, cfg)
+    templates = setup["baseline"]["templates"] if setup else context_templates(model, cfg)
     out = RealEditComparison(baseline={"n_facts": len(all_facts()), "known": len(known), "known_spliced": len(known_tc),
                                        "ppl": ppl, "ppl_spliced": ppl_tc, "templates": templates, "layer": layer})
+    if rd is not None and setup is None:
+        rd.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(rd / "setup.json", {"ident": ident, "baseline": out.baseline})
     if log:
         log(f"baseline {out.baseline}")
-    C_mlp = second_moment(MLPSite(model, layer), context_texts, n_tokens=n_mom2) if {"rome"} & set(methods) else None
+    groups = [g for g in ("tc", "rome", "ft") if (g == "tc" and {"tcpe", "rome_tc"} & set(methods)) or g in methods]
+    plan = edit_plan(both, n_edits, seed)
+    todo = [(i, g) for i in range(len(plan)) for g in groups
+            if rd is None or not (rd / f"edit_{i:03d}_{g}.json").is_file()]
+    mom = (lambda name: str(rd / f"mom2_{name}.safetensors")) if rd is not None else (lambda name: None)
     tc_site = TranscoderSite(model, layer, transcoder)
-    C_tc = second_moment(tc_site, context_texts, n_tokens=n_mom2) if {"tcpe", "rome_tc"} & set(methods) else None
-    for f in progress(picks, desc="edits"):
-        objs = sorted({o for s, o in RELATIONS[f.relation][2].items()} - {f.obj})
-        new = objs[int(rng.integers(len(objs)))]
+    C_mlp = second_moment(MLPSite(model, layer), context_texts, n_tokens=n_mom2, cache_file=mom("mlp")) \
+        if any(g == "rome" for _, g in todo) else None
+    C_tc = second_moment(tc_site, context_texts, n_tokens=n_mom2, cache_file=mom("tc")) \
+        if any(g == "tc" for _, g in todo) else None
+    todo_set = set(todo)
+    for i, (f, new) in enumerate(progress(plan, desc="edits")):
         req = f.request(new)
         tgt = _first(model, new)
-        full = None
-        for method in methods:
-            for tau in (taus if method == "tcpe" else (None,)):
-                if method == "rome":
-                    e = rank_one(MLPSite(model, layer), req, C_mlp, cfg, method="rome", templates=templates)
-                    e.apply(model)
-                elif method == "ft":
-                    e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1])
-                else:
-                    if full is None:
-                        full = rank_one(tc_site, req, C_tc, cfg, tau=-1.0, method="rome_tc", templates=templates)
-                    e = full if method == "rome_tc" else restrict(full, tau, site=tc_site)
-                    e.apply(transcoder=transcoder)
+        for g in groups:
+            path = rd / f"edit_{i:03d}_{g}.json" if rd is not None else None
+            if (i, g) not in todo_set:
+                out.rows.extend(load_json(path, what="real-edit result", required=("rows",))["rows"])
+                continue
+            if g == "tc":
+                full = rank_one(tc_site, req, C_tc, cfg, tau=-1.0, method="rome_tc", templates=templates)
+                edits = ([restrict(full, t, site=tc_site) for t in taus] if "tcpe" in methods else []) \
+                    + ([full] if "rome_tc" in methods else [])
+            elif g == "rome":
+                edits = [rank_one(MLPSite(model, layer), req, C_mlp, cfg, method="rome", templates=templates)]
+            else:
+                edits = [fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)]
+            rows = []
+            for e in edits:
                 tc_on = e.site == "transcoder"
-                ref = known_tc if tc_on else known
-                others = [g for g in ref if g.subject != f.subject]
-                with (splice(model, layer, transcoder) if tc_on else _null()):
-                    p = top1(model, [f.prompt, f.paraphrase] + [g.prompt for g in others])
-                    ppl_after = perplexity(model, heldout)
-                e.revert(transcoder=transcoder) if tc_on else e.revert(model)
-                neigh = np.mean([pi == _first(model, g.obj) for pi, g in zip(p[2:], others)])
-                row = {"method": method if tau is None else f"tcpe(tau={tau})", "relation": f.relation,
-                       "subject": f.subject, "old": f.obj, "new": new, "efficacy": float(p[0] == tgt),
-                       "paraphrase": float(p[1] == tgt), "neighbourhood": float(neigh), "n_neighbours": len(others),
+                e.apply(transcoder=transcoder) if tc_on else e.apply(model)
+                others = [j for j, h in enumerate(known) if h.subject != f.subject]
+                try:
+                    with (splice(model, layer, transcoder) if tc_on else _null()):
+                        p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
+                        ppl_after = perplexity(model, heldout)
+                finally:
+                    e.revert(transcoder=transcoder) if tc_on else e.revert(model)
+                ref = set(known_tc) if tc_on else set(known)
+                before = pred_tc if tc_on else [_first(model, h.obj) for h in known]
+                neigh = [pi == _first(model, known[j].obj) for pi, j in zip(p[2:], others) if known[j] in ref]
+                loc = [pi == before[j] for pi, j in zip(p[2:], others)]
+                row = {"edit": i, "method": e.method if e.method != "tcpe" else f"tcpe(tau={e.tau})",
+                       "relation": f.relation, "subject": f.subject, "old": f.obj, "new": new,
+                       "efficacy": float(p[0] == tgt), "paraphrase": float(p[1] == tgt),
+                       "neighbourhood": float(np.mean(neigh)), "n_neighbours": len(neigh),
+                       "locality": float(np.mean(loc)), "n_locality": len(loc),
                        "ppl_before": ppl_tc if tc_on else ppl, "ppl_after": ppl_after, "n_changed": e.n_changed,
                        "d_key": e.d_key, "frac_changed": e.n_changed / e.d_key, "residual": e.residual,
                        "final_nll": e.log["nll"][-1] if e.log.get("nll") else float("nan")}
-                out.rows.append(row)
+                rows.append(row)
                 if log:
                     log(str(row))
+            out.rows.extend(rows)
+            if path is not None:
+                atomic_write_json(path, {"rows": rows})
     return out
 
 
@@ -228,9 +288,62 @@ def training_documents() -> list[str]:
     return docs
 
 
+def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 8000,
+                  tau_quantiles: Sequence[float] = (0.9,), log=None) -> tuple[RealEditComparison, dict]:
+    """Validation 3 of TCPE (digest §5) on ``zoo:smollm2-135m``, resumable in ``cache_dir``.
+
+    Steps (each cached in ``cache_dir``): harvest ``blocks.{l}.ln2.hook_normalized`` / ``hook_mlp_out`` on
+    :func:`training_documents` (160k tokens, ``store_L{l}``, :func:`interp.store.harvest` resumes); train the
+    transcoder (d_sae 2304, L1 6.0, 2 epochs, checkpoint ``tc_ckpt_L{l}``, result ``tc_L{l}`` in sae-lens
+    format); its metrics on held-out text (``tc_metrics_L{l}.json``); TCPE's τ = quantiles of the active
+    feature values at the subjects' last tokens (τ = 0 is always added); then :func:`compare_real` with
+    ``run_dir = cache_dir/edits_L{l}`` (one file per edit and method group). Returns the comparison and
+    ``{"metrics", "taus", "tau_quantiles", "subject_l0"}``.
+    """
+    from pathlib import Path
+
+    import interp
+    from interp.data import heldout_text
+    from interp.io import atomic_write_json, load_json
+    from interp.store import harvest
+
+    from .transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    model = interp.load("zoo:smollm2-135m")
+    docs = training_documents()
+    tc_path = cache / f"tc_L{layer}"
+    if (tc_path / "cfg.json").is_file():
+        tc = Transcoder.load(tc_path)
+    else:
+        store = cache / f"store_L{layer}"
+        harvest(model, docs, [f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out"], store,
+                context_size=128, batch_size=8, dtype="float16", max_tokens=160_000, shard_mb=32)
+        tc, _ = train_transcoder_from_store(store, layer, TranscoderTrainingConfig(
+            d_sae=2304, l1_coefficient=6.0, batch_size=256, n_epochs=2, lr=1e-3, resample_every=150,
+            dead_window=50_000), checkpoint=cache / f"tc_ckpt_L{layer}", checkpoint_every=50)
+        tc.save(tc_path)
+    held = [x for x in heldout_text().splitlines() if x.strip()][:24]
+    mpath = cache / f"tc_metrics_L{layer}.json"
+    if mpath.is_file():
+        metrics = load_json(mpath, what="transcoder metrics")
+    else:
+        metrics = evaluate_transcoder(model, layer, tc, held, batch_size=8).to_frame().to_dict("records")[0]
+        atomic_write_json(mpath, metrics)
+    if log:
+        log(f"transcoder {metrics}")
+    qs, l0 = subject_activation_quantiles(model, layer, tc, known_facts(model)[0], qs=tuple(tau_quantiles))
+    taus = (0.0,) + tuple(round(qs[q], 3) for q in tau_quantiles)
+    res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus, config=EditConfig(n_templates=n_templates),
+                       context_texts=docs[1700:1775], heldout=held, n_mom2=n_mom2, log=log,
+                       run_dir=str(cache / f"edits_L{layer}"))
+    return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0}
+
+
 def _null():
     import contextlib
     return contextlib.nullcontext()
 
 
-__all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1", "perplexity", "RealEditComparison", "compare_real"]
+__all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1",
+           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "validate_real"]

@@ -188,16 +188,31 @@ def _pad(model, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def _has_unk(model, text: str) -> bool:
+    unk = getattr(model.tokenizer, "unk_token_id", None)
+    return unk is not None and unk in _ids(model, text, special=False)
+
+
 def context_templates(model, config: EditConfig | None = None) -> list[str]:
-    """``["{}"] + ["<sampled prefix>. {}", ...]``: ROME's context templates, sampled from ``model``."""
+    """``["{}"] + ["<sampled prefix>. {}", ...]``: ROME's context templates, sampled from ``model``.
+
+    As in ROME, each prefix is the *decoded token sequence* seed word + sampled continuation (not the two
+    strings glued together: a word-level tokenizer decodes a continuation without its leading space, and
+    ``"The" + "str a"`` would be the unknown word ``Thestr``). The period is ROME's ``"<prefix>. {}"`` unless
+    ``"<prefix>."`` would contain the tokenizer's unknown token (word-level vocabularies), then
+    ``"<prefix> . {}"``. For BPE tokenizers (GPT-2, SmolLM2) this is exactly ROME's string.
+    """
     cfg = config or EditConfig()
     out = ["{}"]
     if cfg.n_templates:
         seeds = [SEED_WORDS[i % len(SEED_WORDS)] for i in range(cfg.n_templates)]
-        gen = model.generate(seeds, max_new_tokens=cfg.template_length, do_sample=True, seed=cfg.template_seed)
-        for w, g in zip(seeds, gen):
-            txt = (w + g).replace("{", " ").replace("}", " ").strip()
-            out.append(txt + ". {}")
+        gen = model.generate(seeds, max_new_tokens=cfg.template_length, do_sample=True, seed=cfg.template_seed,
+                             return_text=False)
+        eos = model.tokenizer.eos_token_id
+        for w, g in zip(seeds, gen.tolist()):
+            ids = _ids(model, w, special=False) + [t for t in g if t >= 0 and t != eos]
+            txt = model.tokenizer.decode(ids, skip_special_tokens=True).replace("{", " ").replace("}", " ").strip()
+            out.append(txt + (" . {}" if _has_unk(model, txt + ".") and not _has_unk(model, txt + " .") else ". {}"))
     return out
 
 
@@ -217,17 +232,42 @@ def compute_key(site: _Site, req: EditRequest, templates: Sequence[str], fact_to
 _MOM2: dict[tuple, torch.Tensor] = {}
 
 
+def _site_digest(site: _Site) -> str:
+    """A digest of what the key depends on besides the text: the hook, the model's weights feeding the key
+    (the layer's MLP input weights / the transcoder's encoder) and sizes."""
+    h = hashlib.sha1(f"{site.key}|{site.layer}|{site.model.cfg.d_model}|{site.model.cfg.n_layers}".encode())
+    ws = [site.tc.W_enc, site.tc.b_enc] if isinstance(site, TranscoderSite) else [site.model.weight("W_in")[site.layer]]
+    for w in ws:
+        h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 @torch.no_grad()
 def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
-                  max_length: int | None = 128) -> torch.Tensor:
+                  max_length: int | None = 128, cache_file: str | None = None) -> torch.Tensor:
     """``C = E[k kᵀ] [d_key, d_key]`` over the real tokens of ``texts`` (at most ``n_tokens``); cached in
-    memory per (model, key hook, transcoder, texts, n_tokens)."""
+    memory per (model, key hook, transcoder, texts, n_tokens).
+
+    ``cache_file``: a ``.safetensors`` file (written atomically) holding ``C`` with, in its metadata, digests of the
+    texts and of the key's weights (:func:`_site_digest`) and ``n_tokens``/``max_length``; a matching file
+    is read instead of recomputing, a stale one is recomputed and replaced.
+    """
     if not texts:
         raise ValueError("texts is empty: C is estimated from real text")
     h = hashlib.sha1("\x00".join(texts).encode()).hexdigest()
     key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)
     if key in _MOM2:
         return _MOM2[key]
+    meta = None
+    if cache_file is not None:
+        from pathlib import Path
+        from interp.io import load_tensors
+        meta = {"texts": h, "site": _site_digest(site), "n_tokens": n_tokens, "max_length": max_length}
+        if Path(cache_file).is_file():
+            t, m = load_tensors(cache_file, what="second moment", tensors=("C",))
+            if all(m.get(k) == v for k, v in meta.items()):
+                _MOM2[key] = t["C"].float()
+                return _MOM2[key]
     model, acc, n = site.model, None, 0
     bar = progress(total=n_tokens, desc=f"second moment {site.key}")
     with site.open():
@@ -244,6 +284,9 @@ def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, bat
     bar.close()
     C = (acc / n).float()
     _MOM2[key] = C
+    if cache_file is not None:
+        from interp.io import save_tensors
+        save_tensors(cache_file, {"C": C}, {**meta, "n_seen": n})
     return C
 
 

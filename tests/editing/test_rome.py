@@ -165,3 +165,66 @@ def test_edit_batch_is_sequential(model):
     for e in reversed(edits):
         e.revert(model)
     assert torch.allclose(model.weight("W_out"), W0, atol=1e-5)
+
+
+def _word_model():
+    """An untrained 3-layer GPT-2 over the KECode toy's word-level vocabulary (decodes without leading spaces)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from interp.editing.kecode_toy import CodeTask, code_tokenizer
+    tok = code_tokenizer(CodeTask(seed=0))
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=48, n_embd=32, n_layer=3, n_head=4, n_inner=64,
+                                    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                    pad_token_id=tok.pad_token_id)).eval()
+    return interp.wrap(hf, tok, backend="torch")
+
+
+def test_context_templates_word_level_tokenizer_has_no_unknown_words():
+    """Regression: seed word + continuation were glued as strings ("The" + "str a" -> unknown "Thestr") and the
+    period stuck to the last word ("=." unknown), so every template but "{}" fed <unk> tokens to the model."""
+    from interp.editing import context_templates
+    m = _word_model()
+    tpl = context_templates(m, EditConfig(n_templates=5, template_length=6))
+    unk = m.tokenizer.unk_token_id
+    prompt = "str a = A0 ( i0 ) ; => str a ="
+    for t, seed in zip(tpl[1:], ("The", "Therefore", "Because", "I", "You")):
+        ids = m.tokenize([t.format(prompt)])["input_ids"][0].tolist()
+        assert unk not in ids, (t, m.tokenizer.convert_ids_to_tokens(ids))
+        assert m.tokenizer.convert_ids_to_tokens(ids[1]) == seed           # after <bos>: the seed word itself
+        assert t.endswith(" . {}")
+
+
+def test_context_templates_bpe_are_rome_strings(model):
+    """On a BPE tokenizer the template is ROME's: decode(seed + sampled tokens) + ". {}"."""
+    from interp.editing import context_templates
+    cfg = EditConfig(n_templates=2, template_length=5, template_seed=3)
+    tpl = context_templates(model, cfg)
+    gen = model.generate(["The", "Therefore"], max_new_tokens=5, do_sample=True, seed=3, return_text=False)
+    for t, w, g in zip(tpl[1:], ("The", "Therefore"), gen.tolist()):
+        ids = model.tokenizer(w, add_special_tokens=False)["input_ids"] + [x for x in g if x >= 0
+                                                                          and x != model.tokenizer.eos_token_id]
+        txt = model.tokenizer.decode(ids, skip_special_tokens=True).replace("{", " ").replace("}", " ").strip()
+        assert t == txt + ". {}"
+
+
+def test_second_moment_disk_cache(model, tc, tmp_path):
+    """The on-disk cache returns the computed C; a file made for other weights is recomputed, not reused."""
+    import sys
+    R = sys.modules["interp.editing.rome"]
+    f = str(tmp_path / "C.safetensors")
+    site = MLPSite(model, 1)
+    C = second_moment(site, TEXTS, n_tokens=300, cache_file=f)
+    R._MOM2.clear()
+    assert torch.equal(second_moment(site, TEXTS, n_tokens=300, cache_file=f), C)   # read back from the file
+    R._MOM2.clear()
+    other = MLPSite(model, 2)                                                         # other key weights: stale
+    assert not torch.allclose(second_moment(other, TEXTS, n_tokens=300, cache_file=f), C)
+
+
+def test_edit_plan_extends_without_changing_its_start():
+    from interp.editing.real_facts import all_facts, edit_plan
+    facts = all_facts()[:30]
+    a, b = edit_plan(facts, 5, seed=1), edit_plan(facts, 12, seed=1)
+    assert b[:5] == a and len({f for f, _ in b}) == 12
+    assert all(new != f.obj and new in {o for o in __import__("interp.editing.real_facts", fromlist=["x"])
+                                        .RELATIONS[f.relation][2].values()} for f, new in b)
