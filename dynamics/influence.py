@@ -97,7 +97,7 @@ def stop_gradient_at(position: int):
 
 def _per_position_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[batch, pos-1]`` next-token NLL, zero where the pair is not two real tokens."""
-    logp = logits[:, :-1].float().log_softmax(-1)
+    logp = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)   # no float64 -> 32
     nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     return nll * (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
 
@@ -214,18 +214,28 @@ class FeatureInfluence(Result):
 
     ``influence[optimizer][component]`` is ``[n_probes]``: ``Σ_t Δ_c(t) · ∇R(θ_t)`` (positive = the component
     moves the feature toward its final form); ``probes`` lists ``(feature, site, position)`` in the same order;
-    ``curves[optimizer][component]`` is ``[n_steps, n_probes]`` (the running sum)."""
+    ``curves[optimizer][component]`` is ``[n_steps, n_probes]`` (the running sum).
+
+    ``influence_centered`` (ours, a diagnostic; same layout): the same sums on the *centred* risk
+    ``R_c = ½ var_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩)``, i.e. on the feature's variation across sequences only. The official
+    risk is ``R = R_c + ½ (mean_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩))²``: the rest of ``influence`` is credit for moving the
+    batch *mean* of ``⟨w, r⟩`` toward its final value (e.g. learning the unigram distribution), which is not the
+    feature."""
 
     probes: list[tuple[str, str, int]]
     influence: dict[str, dict[str, torch.Tensor]]
     curves: dict[str, dict[str, torch.Tensor]]
     risk: torch.Tensor          # [n_steps, n_probes]
+    influence_centered: dict[str, dict[str, torch.Tensor]] | None = None
+    curves_centered: dict[str, dict[str, torch.Tensor]] | None = None
 
     kind = "feature_influence"
 
     def to_frame(self):
         import pandas as pd
-        rows = [{"optimizer": o, "component": c, "feature": f, "site": s, "position": p, "influence": float(v[k])}
+        cen = self.influence_centered
+        rows = [{"optimizer": o, "component": c, "feature": f, "site": s, "position": p, "influence": float(v[k]),
+                 "influence_centered": float(cen[o][c][k]) if cen is not None else float("nan")}
                 for o, comps in self.influence.items() for c, v in comps.items()
                 for k, (f, s, p) in enumerate(self.probes)]
         return pd.DataFrame(rows)
@@ -255,6 +265,11 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     first moment per component with the *shared* second moment of the full gradient and the usual bias
     correction (the official code's ``compute_adam_param_delta``). Influence ``+= Δ_c · ∇R``. The model is
     then updated by Adam on the full gradient (``θ ← θ − Δ``). ``batches``: iterable of ``[batch, seq]`` ids.
+    Since the Adam moments are linear in the gradient and the second moment is shared, the three Adam steps sum
+    to the real Adam update, so the ``full`` influence is ``Σ_t (θ_t − θ_{t+1})·∇R(θ_t)`` exactly (tested).
+    Also accumulated: the same sums on the centred risk (``FeatureInfluence.influence_centered``, a diagnostic
+    of ours; one extra backward per probe and step). The loss is the next-token loss at *every* position (the
+    official Majority sampler has no loss mask, so the input positions' uniform next tokens count too).
     """
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr}")
@@ -262,12 +277,15 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     opt = torch.optim.Adam(tensors, lr=lr, betas=betas, eps=eps)
     comps = ("direct", "precached", "shared")
     n_p = sum(t.numel() for t in tensors)
-    moments = {(s, p): {c: torch.zeros(n_p) for c in comps} for _, s, p, _, _ in probes}
-    v = torch.zeros(n_p)
+    acc_dtype = torch.promote_types(tensors[0].dtype, torch.float32)     # optimizer state precision
+    moments = {(s, p): {c: torch.zeros(n_p, dtype=acc_dtype) for c in comps} for _, s, p, _, _ in probes}
+    v = torch.zeros(n_p, dtype=acc_dtype)
     b1, b2 = betas
     curves = {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")}
     risks = []
-    totals = {o: {c: torch.zeros(len(probes)) for c in comps + ("full",)} for o in ("sgd", "adam")}
+    totals = {o: {c: torch.zeros(len(probes), dtype=torch.float64) for c in comps + ("full",)} for o in ("sgd", "adam")}
+    totals_c = {o: {c: torch.zeros(len(probes), dtype=torch.float64) for c in comps + ("full",)} for o in ("sgd", "adam")}
+    curves_c = {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")}
     from interp.progress import progress
     for step, ids in enumerate(progress(batches, desc="influence")):
         decs = {}
@@ -285,12 +303,14 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
             return t
         with _require_grad(params), model.intervene({s: keep for s in {s for _, s, _, _, _ in probes}}):
             model.forward_with_grad(ids)
-            r_row, r_grads = [], []
+            r_row, r_grads, rc_grads = [], [], []
             for k, (_, s, p, w, target) in enumerate(probes):
-                pred = kept[s][:, p].to(w.dtype) @ w
-                R = 0.5 * ((pred - target[step]) ** 2).mean()
-                g = torch.autograd.grad(R, tensors, retain_graph=True, allow_unused=True)
-                r_grads.append(torch.cat([(torch.zeros_like(t) if x is None else x).reshape(-1) for t, x in zip(tensors, g)]))
+                diff = kept[s][:, p].to(w.dtype) @ w - target[step]
+                R = 0.5 * (diff ** 2).mean()
+                R_c = 0.5 * ((diff - diff.mean()) ** 2).mean()
+                for risk, out in ((R, r_grads), (R_c, rc_grads)):
+                    g = torch.autograd.grad(risk, tensors, retain_graph=True, allow_unused=True)
+                    out.append(torch.cat([(torch.zeros_like(t) if x is None else x).reshape(-1) for t, x in zip(tensors, g)]))
                 r_row.append(float(R.detach()))
         risks.append(r_row)
         for k, (_, s, p, _, _) in enumerate(probes):
@@ -302,10 +322,12 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
                 deltas = {"sgd": lr * gc[c], "adam": lr * (m / (1 - b1 ** (step + 1))) / denom}
                 for o, d in deltas.items():
                     totals[o][c][k] += float(d @ r_grads[k])
-        for o in totals:
-            totals[o]["full"] = sum(totals[o][c] for c in comps)
-            for c in totals[o]:
-                curves[o][c].append(totals[o][c].clone())
+                    totals_c[o][c][k] += float(d @ rc_grads[k])
+        for tot, cur in ((totals, curves), (totals_c, curves_c)):
+            for o in tot:
+                tot[o]["full"] = sum(tot[o][c] for c in comps)
+                for c in tot[o]:
+                    cur[o][c].append(tot[o][c].clone())
         v = v_new
         opt.zero_grad(set_to_none=False)
         for t, g in zip(tensors, next(iter(decs.values())).full.values()):
@@ -314,7 +336,9 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     return FeatureInfluence(probes=[(f, s, p) for f, s, p, _, _ in probes],
                             influence={o: {c: t.clone() for c, t in d.items()} for o, d in totals.items()},
                             curves={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves.items()},
-                            risk=torch.tensor(risks))
+                            risk=torch.tensor(risks),
+                            influence_centered={o: {c: t.clone() for c, t in d.items()} for o, d in totals_c.items()},
+                            curves_centered={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves_c.items()})
 
 
 # ----------------------------------------------------------------------------------------- the Majority experiment
@@ -325,7 +349,11 @@ VARIANTS = ("standard", "myopic", "untied", "myopic+untied")
 class MajorityConfig:
     """The Majority validation at CPU scale (the paper: 2 layers, d=128, 4 heads, Adam 1e-3, batch 256,
     3000 steps, 10 seeds). ``probe_layer`` follows the code's convention (0 = embeddings, k = output of block
-    k−1); ``influence_positions`` are sequence positions *with* our BOS (input tokens sit at 1..n_in)."""
+    k−1). Positions are sequence indices *with* the BOS at 0, as in the official code (its sampler also prepends
+    ``<bos>``): inputs at 1..10, outputs at 11..20. Position 10 (the last input) predicts the first output, so
+    ``is_majority`` is NTP-*useful* there: the NTP-useless input positions are 1..9 (the digest's probe positions
+    5–9), and ``split = 10`` (the official ``split_index``) puts every position whose loss predicts an output
+    (10..19) on the second network."""
 
     n_layers: int = 2
     d_model: int = 64
@@ -335,12 +363,13 @@ class MajorityConfig:
     lr: float = 1e-3
     variant: str = "standard"           # "standard" | "myopic" | "untied" | "myopic+untied"
     task: str = "majority"              # "majority" (probe is_majority_*) | "conditioned_majority" (probe prev_is_0)
-    split: int = 11     # m of m-untied training: the official split_index 10, shifted by our BOS (first output)
+    split: int = 10     # m of m-untied training: the official split_index 10 (its sequences carry a BOS too)
     probe_layer: int = 2
-    probe_positions: tuple[int, ...] = (6, 7, 8, 9, 10)     # the digest's input positions 5-9, shifted by BOS
+    probe_positions: tuple[int, ...] = (5, 6, 7, 8, 9)      # the digest's input positions 5-9 (official indices)
     influence_layer: int = 1    # pre-cached influence is structurally zero at the last layer (no attention after)
     influence_positions: tuple[int, ...] = (8, 15)          # one input, one output position
     influence_steps: int = 200
+    influence_probe_alpha: float = 1.0  # the official influence probe: sklearn Ridge(alpha=probe_alpha), default 1.0
     n_probe: int = 2048
     seed: int = 0
 
@@ -360,6 +389,8 @@ class MajorityConfig:
         for f in ("probe_layer", "influence_layer"):
             if not 1 <= getattr(self, f) <= self.n_layers:
                 raise ValueError(f"MajorityConfig.{f} must be in 1..{self.n_layers}, got {getattr(self, f)}")
+        if not (self.influence_probe_alpha > 0):
+            raise ValueError(f"MajorityConfig.influence_probe_alpha must be positive, got {self.influence_probe_alpha}")
         if not (self.lr > 0):
             raise ValueError(f"MajorityConfig.lr must be positive, got {self.lr}")
         for p in tuple(self.probe_positions) + tuple(self.influence_positions):
@@ -442,9 +473,9 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
     legal = table.gather(-1, pred[..., None]).squeeze(-1)
     n_tr = cfg.n_probe
 
-    def fit(s: str, p: int, features) -> tuple[float, torch.Tensor | None]:
+    def accuracy(s: str, p: int, features) -> float:
         X = cache[s][:, p].numpy()
-        scores, w = [], None
+        scores = []
         for f in features:
             y = held.features[:, p, f].numpy()
             if len(set(y[:n_tr])) < 2:
@@ -452,11 +483,13 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
                 continue
             clf = LogisticRegression(max_iter=2000).fit(X[:n_tr], y[:n_tr])
             scores.append(float(clf.score(X[n_tr:], y[n_tr:])))
-            w = torch.tensor(clf.coef_[0], dtype=torch.float32) if f == 0 else w
-        return float(sum(scores) / len(scores)), w
+        return float(sum(scores) / len(scores))
     probed = range(held.features.shape[-1]) if cfg.task == "majority" else [0]     # prev_is_0 (official probe)
-    acc = {p: fit(site, p, probed)[0] for p in cfg.probe_positions}
-    ws = {p: fit(isite, p, [0])[1] for p in cfg.influence_positions} if track_influence else {}
+    acc = {p: accuracy(site, p, probed) for p in cfg.probe_positions}
+    # the influence probe w: as the official code, one multi-output sklearn Ridge per (layer, position) on all
+    # features (0/1 targets), w = coef_[feature 0]; fitted on the probe-training half of the held-out set
+    ws = {p: ridge_probe(cache[isite][:n_tr, p], held.features[:n_tr, p], cfg.influence_probe_alpha)[0]
+          for p in cfg.influence_positions} if track_influence else {}
     influence = None
     if track_influence:
         steps = min(cfg.influence_steps, cfg.steps)
@@ -474,6 +507,18 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
                           first_output_accuracy=float(legal[:, 0].float().mean()))
 
 
+def ridge_probe(X: torch.Tensor, Y: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """The official influence probe: ``sklearn.linear_model.Ridge(alpha)`` (with intercept) of the features ``Y``
+    ``[n, n_features]`` (0/1) on the residual ``X`` ``[n, d]``; returns ``coef_`` ``[n_features, d]`` (float32),
+    row ``f`` being the direction ``w`` of feature ``f`` (``probe.coef_[feature_id]`` in the official code)."""
+    from sklearn.linear_model import Ridge
+    X = torch.as_tensor(X).detach().double().numpy()
+    Y = torch.as_tensor(Y).detach().double().numpy()
+    if Y.ndim == 1:
+        Y = Y[:, None]
+    return torch.tensor(Ridge(alpha=alpha).fit(X, Y).coef_, dtype=torch.float32).reshape(Y.shape[1], -1)
+
+
 def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: percentile bootstrap CI of the mean over seeds (vectorised resampling)."""
     x = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(-1)
@@ -487,28 +532,74 @@ def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 
     return float(x.mean()), float(means.quantile(a)), float(means.quantile(1 - a))
 
 
-def majority_validation(seeds=range(10), variants=VARIANTS, **overrides) -> "pandas.DataFrame":  # noqa: F821
+def majority_record(cfg: MajorityConfig, track_influence: bool, folder=None, curve_every: int = 10) -> dict:
+    """One Majority run as a JSON-able record (probe accuracies, output accuracies, final loss and, with
+    ``track_influence``, the cumulative influence rows of both optimisers plus the running sums every
+    ``curve_every`` steps). With ``folder`` the record is read from / written atomically to
+    ``folder/<task>_<variant>_seed<seed>.json`` (resumable: a record with the same config is reused, never
+    recomputed; a stale one with another config is recomputed and replaced)."""
+    from pathlib import Path
+
+    from interp.io import atomic_write_json, load_json
+    want = dict(dataclasses.asdict(cfg), track_influence=bool(track_influence))
+    want = json_roundtrip(want)
+    path = None if folder is None else Path(folder) / f"{cfg.task}_{cfg.variant}_seed{cfg.seed}.json"
+    if path is not None and path.exists():
+        rec = load_json(path, what="majority record", required=("config", "probe_accuracy"))
+        if rec["config"] == want:
+            return rec
+    r = run_majority(cfg, track_influence=track_influence)
+    rec = {"config": want, "probe_accuracy": {str(p): a for p, a in r.probe_accuracy.items()},
+           "output_accuracy": r.output_accuracy, "first_output_accuracy": r.first_output_accuracy,
+           "final_loss": r.final_loss, "influence": None, "curves": None}
+    if r.influence is not None:
+        fi = r.influence
+        rec["influence"] = fi.to_frame().to_dict(orient="records")
+        n = fi.curves["adam"]["direct"].shape[0]
+        keep = sorted(set(range(curve_every - 1, n, curve_every)) | {n - 1})
+        rec["curves"] = {"steps": [k + 1 for k in keep], "probes": [list(x) for x in fi.probes],
+                         **{f"{o}/{c}": fi.curves[o][c][keep].tolist() for o in fi.curves for c in fi.curves[o]},
+                         **{f"centered/{o}/{c}": fi.curves_centered[o][c][keep].tolist()
+                            for o in fi.curves_centered for c in fi.curves_centered[o]}}
+    if path is not None:
+        atomic_write_json(path, rec)
+    return rec
+
+
+def json_roundtrip(obj):
+    """``obj`` as it reads back from JSON (tuples -> lists, int keys -> str), for comparing saved configs."""
+    import json
+    return json.loads(json.dumps(obj))
+
+
+def majority_validation(seeds=range(10), variants=VARIANTS, folder=None, **overrides) -> "pandas.DataFrame":  # noqa: F821
     """The digest's Majority criteria over seeds: probe accuracy of each variant (standard, myopic, m-untied,
     myopic + m-untied) at the input positions and cumulative Adam influence per component at the tracked
-    positions (standard model) with bootstrap CIs. Returns a tidy frame ``quantity, mean, lo, hi``."""
+    positions (standard model) with bootstrap CIs over seeds. Returns a tidy frame ``quantity, mean, lo, hi``.
+    ``folder``: per-(variant, seed) records written atomically there as they finish; a re-run resumes
+    (:func:`majority_record`)."""
     import pandas as pd
     if "standard" not in variants:
         raise ValueError("variants must include 'standard' (the influence re-run is on the standard model)")
     rows, acc, infl = [], {v: [] for v in variants}, []
     for s in seeds:
         for variant in variants:
-            r = run_majority(MajorityConfig(variant=variant, seed=s, **overrides), track_influence=variant == "standard")
-            acc[variant].append(sum(r.probe_accuracy.values()) / len(r.probe_accuracy))
-            if r.influence is not None:
-                infl.append(r.influence.to_frame().query("optimizer == 'adam'").assign(seed=s))
+            rec = majority_record(MajorityConfig(variant=variant, seed=s, **overrides),
+                                  track_influence=variant == "standard", folder=folder)
+            acc[variant].append(sum(rec["probe_accuracy"].values()) / len(rec["probe_accuracy"]))
+            if rec["influence"] is not None:
+                infl.append(pd.DataFrame(rec["influence"]).query("optimizer == 'adam'").assign(seed=s))
     for variant, a in acc.items():
         rows.append(("probe_acc_" + variant, *bootstrap_ci(a)))
     df = pd.concat(infl)
-    for (c, p), g in df.groupby(["component", "position"]):
-        rows.append((f"influence_{c}@{p}", *bootstrap_ci(g.influence.values)))
-    both = df[df.component.isin(["precached", "shared"])].groupby(["position", "seed"]).influence.sum()
-    for p in sorted(set(df.position)):
-        rows.append((f"influence_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
+    for col, tag in (("influence", "influence"), ("influence_centered", "centered_influence")):
+        if col not in df or df[col].isna().any():
+            continue
+        for (c, p), g in df.groupby(["component", "position"]):
+            rows.append((f"{tag}_{c}@{p}", *bootstrap_ci(g[col].values)))
+        both = df[df.component.isin(["precached", "shared"])].groupby(["position", "seed"])[col].sum()
+        for p in sorted(set(df.position)):
+            rows.append((f"{tag}_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
     return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])
 
 

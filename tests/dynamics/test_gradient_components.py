@@ -143,21 +143,35 @@ def test_q_proxy(gpt2):
     hf.double()
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "criterion 5 measured over 3 seeds (200 steps, d=64; docs/dynamics.md): Adam direct influence at input position "
-    "8 is the largest positive part, mean 177.4, 95% bootstrap CI [63.9, 235.2], so 'direct CI includes 0 at input "
-    "positions' fails (pre-cached + shared 49.5 [2.7, 102.5] > 0 and direct at output 5.68 [5.30, 6.19] > 0 hold)"))
-def test_majority_paper_criteria():
-    """The digest's Majority criteria (4, 5) over 10 seeds, criterion 4 on myopic + m-untied as the digest says.
-    Not run to completion on the shared 2-core machine; the 3-seed measurements are in docs/dynamics.md."""
+@pytest.fixture(scope="module")
+def majority_10_seeds(tmp_path_factory):
+    """The digest's Majority validation over 10 seeds (200 steps, d 64, batch 64; standard with the influence
+    re-run, myopic + m-untied for criterion 4). ~20 CPU-min; records are resumable (``majority_record``)."""
     from interp.dynamics import majority_validation
-    df = majority_validation(seeds=range(10), steps=600, influence_steps=600).set_index("quantity")
+    folder = tmp_path_factory.mktemp("majority_10_seeds")
+    return majority_validation(seeds=range(10), variants=("standard", "myopic+untied"), folder=folder,
+                               steps=200, influence_steps=200).set_index("quantity")
+
+
+@pytest.mark.slow
+def test_majority_paper_criteria(majority_10_seeds):
+    """Criteria 4 and (the parts that hold of) 5 over 10 seeds (numbers in docs/dynamics.md, third pass)."""
+    df = majority_10_seeds
     assert df.loc["probe_acc_standard", "mean"] >= 0.9
     assert df.loc["probe_acc_myopic+untied", "mean"] <= df.loc["probe_acc_standard", "mean"] - 0.1
     assert df.loc["influence_direct@15", "lo"] > 0                    # output position
-    assert df.loc["influence_direct@8", "lo"] <= 0 <= df.loc["influence_direct@8", "hi"]   # input position
-    assert df.loc["influence_precached+shared@8", "lo"] > 0
+    assert df.loc["influence_precached+shared@8", "lo"] > 0            # input position
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "criterion 5, last clause, not reproduced (seed 0 of the 10-seed run, 200 steps, d 64, Ridge probe, m 10): Adam "
+    "direct influence at input position 8 is 14.7 of a full 20.9 (pre-cached -5.8, shared 12.0); 95% of it is credit "
+    "for moving the batch mean of <w, r> (the official uncentred MSE risk): on the centred risk direct is 0.72"))
+def test_majority_direct_influence_vanishes_at_inputs(majority_10_seeds):
+    """Criterion 5's last clause: the 10-seed CI of the cumulative direct influence at an input position includes 0."""
+    df = majority_10_seeds
+    assert df.loc["influence_direct@8", "lo"] <= 0 <= df.loc["influence_direct@8", "hi"]
 
 
 def _untied_pair(n_layers=3, m=4, seed=0):
@@ -314,3 +328,120 @@ def test_conditioned_majority_myopic_fails():
     first = df.set_index("variant").first_output_accuracy
     assert first["standard"] >= 0.9
     assert first["myopic"] <= 0.77          # at most the unconditioned-majority heuristic (0.72) + 0.05
+
+
+def test_majority_defaults_follow_official_indices():
+    """Positions carry the BOS at 0 as in the official sampler (``["<bos>"] + tokens``), so the official
+    ``split_index = 10`` is our m as is: every position whose loss predicts an output token (10..19) is on the
+    second network; and the probed input positions are NTP-useless (the next token is a uniform input, independent
+    of ``is_majority``), unlike position 10, whose next token is always a majority token."""
+    from interp.dynamics import MajorityConfig
+    from interp.dynamics.influence import _gpt2
+    from interp.dynamics.tasks import majority
+    cfg = MajorityConfig(variant="untied")
+    b = majority(6000, seed=1)
+    first_out = min(b.output_positions)                             # 11
+    predicts_output = [p for p in range(b.tokens.shape[1] - 1) if p + 1 >= first_out]
+    assert cfg.split == min(predicts_output) == 10
+    assert _gpt2(cfg, b.vocab_size).config.untied_split == 10
+    assert all(p + 1 < first_out and p < cfg.split for p in cfg.probe_positions)
+    for p in cfg.probe_positions:       # P(next token = v | is_majority_v at p) = 1/3: useless for NTP
+        hit = b.features[:, p].gather(1, b.tokens[:, p + 1, None]).float().mean()
+        base = b.features[:, p].float().sum(1).mul(1 / 3).mean()     # the same under independence
+        assert abs(float(hit - base)) < 0.03, p
+    assert b.features[:, 10].gather(1, b.tokens[:, 11, None]).all()   # position 10: the next token is a majority
+
+
+def test_ridge_probe_closed_form():
+    """The official influence probe is sklearn Ridge with intercept: coef = (XcᵀXc + αI)⁻¹ XcᵀYc (centred)."""
+    from interp.dynamics.influence import ridge_probe
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 6, generator=g, dtype=torch.float64) * torch.tensor([1, 2, 3, .5, 1, 4.]) + 3
+    Y = (X[:, :3] @ torch.randn(3, 3, generator=g, dtype=torch.float64) > 0).long()
+    W = ridge_probe(X, Y, alpha=5.0)
+    Xc, Yc = X - X.mean(0), Y.double() - Y.double().mean(0)
+    ref = torch.linalg.solve(Xc.T @ Xc + 5.0 * torch.eye(6, dtype=torch.float64), Xc.T @ Yc).T
+    assert W.shape == (3, 6)
+    torch.testing.assert_close(W.double(), ref, rtol=1e-5, atol=1e-6)
+    assert ridge_probe(X, Y[:, 0], 1.0).shape == (1, 6)
+
+
+def test_majority_record_is_resumable(tmp_path, monkeypatch):
+    """A tiny run writes its record atomically; the same config is read back without training again, a different
+    config is recomputed. The record's influence rows sum per optimizer to 'full' (direct + pre-cached + shared)."""
+    import interp.dynamics.influence as inf
+    cfg = inf.MajorityConfig(d_model=8, n_heads=2, steps=3, batch=4, n_probe=64, influence_steps=3, seed=2)
+    rec = inf.majority_record(cfg, track_influence=True, folder=tmp_path)
+    f = tmp_path / "majority_standard_seed2.json"
+    assert f.exists() and set(rec["probe_accuracy"]) == {"5", "6", "7", "8", "9"}
+    rows = rec["influence"]
+    for o in ("sgd", "adam"):
+        for p in cfg.influence_positions:
+            parts = {r["component"]: r["influence"] for r in rows if r["optimizer"] == o and r["position"] == p}
+            assert abs(parts["direct"] + parts["precached"] + parts["shared"] - parts["full"]) <= 1e-6 * (1 + abs(parts["full"]))
+    assert rec["curves"]["steps"] == [3] and len(rec["curves"]["adam/direct"][0]) == 2
+
+    def boom(*a, **k):
+        raise AssertionError("a finished record must not be recomputed")
+    monkeypatch.setattr(inf, "run_majority", boom)
+    assert inf.majority_record(cfg, track_influence=True, folder=tmp_path) == rec
+    with pytest.raises(AssertionError, match="recomputed"):
+        inf.majority_record(dataclasses_replace(cfg, lr=2e-3), track_influence=True, folder=tmp_path)
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+    return dataclasses.replace(cfg, **kw)
+
+
+def test_train_with_influence_adam_steps_sum_to_real_update(gpt2):
+    """Adam moments are linear in the gradient and the second moment is shared, so the three per-component Adam
+    steps sum to the real Adam update: the 'full' influence must equal Σ_t (θ_t − θ_{t+1})·∇R(θ_t), computed here
+    by an independent torch.optim.Adam run; SGD 'full' = Σ_t lr ∇L·∇R; the centred diagnostic likewise with
+    R_c = ½ var(⟨w,r⟩ − target). 3 layers, perturbed norms, float64."""
+    import copy
+
+    from interp.dynamics.influence import train_with_influence
+    hf0, _ = gpt2
+    hf = copy.deepcopy(hf0)
+    ref = copy.deepcopy(hf0)
+    V = hf.config.vocab_size
+    batches = _ids(V, (3, 4, 9), seed=11)
+    g = torch.Generator().manual_seed(12)
+    d = hf.config.n_embd
+    spec = [("blocks.0.hook_resid_post", 3, 1), ("blocks.1.hook_resid_post", 6, 2)]    # site, position, hidden idx
+    probes = [(f"f{k}", s, p, torch.randn(d, generator=g, dtype=torch.float64),
+               torch.randn(3, 4, generator=g, dtype=torch.float64)) for k, (s, p, _) in enumerate(spec)]
+    lr = 1e-2
+    fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr)
+
+    params = list(ref.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    want = {o: torch.zeros(2, dtype=torch.float64) for o in ("adam", "sgd", "adam_c")}
+    for t, ids in enumerate(batches):
+        out = ref(ids, output_hidden_states=True)
+        loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
+        gl = torch.cat([x.reshape(-1) for x in torch.autograd.grad(loss, params, retain_graph=True)])
+        gr, grc = [], []
+        for k, (_, _, hidx) in enumerate(spec):
+            diff = out.hidden_states[hidx][:, spec[k][1]] @ probes[k][3] - probes[k][4][t]
+            for risk, acc in ((0.5 * (diff ** 2).mean(), gr), (0.5 * (diff - diff.mean()).pow(2).mean(), grc)):
+                gs = torch.autograd.grad(risk, params, retain_graph=True, allow_unused=True)
+                acc.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1) for p, x in zip(params, gs)]))
+        before = torch.cat([p.detach().reshape(-1) for p in params])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step = before - torch.cat([p.detach().reshape(-1) for p in params])
+        for k in range(2):
+            want["adam"][k] += step @ gr[k]
+            want["adam_c"][k] += step @ grc[k]
+            want["sgd"][k] += lr * gl @ gr[k]
+    got = fi.influence
+    torch.testing.assert_close(got["adam"]["full"], want["adam"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(fi.influence_centered["adam"]["full"], want["adam_c"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got["sgd"]["full"], want["sgd"], rtol=1e-9, atol=1e-14)
+    assert want["adam"].abs().min() > 1e-6 and (want["adam"] - want["adam_c"]).abs().min() > 1e-8
+    for a, b in zip(hf.parameters(), ref.parameters()):        # the re-run trains exactly like Adam
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert fi.curves_centered["adam"]["direct"].shape == (3, 2) and "influence_centered" in fi.to_frame()
