@@ -6,7 +6,8 @@ ViT block-recurrence (Raptor), POLCA loss decomposition and gradient-component i
 from .influence import (GradientDecomposition, decompose_gradient, myopic_attention,  # noqa: F401
                         register_myopic_attention, stop_gradient_at)
 from .influence import (FeatureInfluence, MajorityConfig, MajorityResult, QProxy, bootstrap_ci,  # noqa: F401
-                        majority_validation, majority_variants, q_proxy, run_majority, train_with_influence)
+                        majority_record, majority_validation, majority_variants, q_proxy, ridge_probe, run_majority,
+                        train_with_influence)
 from .untied import PositionSplit, second_network_params, untie_gpt2  # noqa: F401
 from .q_domains import QDomainResult, domain_corpora, run_q_domains  # noqa: F401
 from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_token_loss,  # noqa: F401
