@@ -57,7 +57,8 @@ __all__ = [
     "psi", "LMN", "LMNConfig", "surrogate_loss", "fit_lmn", "fit_temperature", "auroc", "fpr_at_tpr_errors",
     "aurc", "misd_metrics", "evaluate", "MisDTable", "ToyMisDConfig", "MisDToyResult", "toy_experiment",
     "ToyClassifier", "train_toy_classifier", "FASHION_CLASSES", "DIGIT_CLASSES", "load_fashion_mnist", "has_fashion_mnist", "FASHION_MNIST_ROOT", "load_image_set", "image_features",
-    "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment",
+    "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment", "ZeroShotConfig", "PROMPT_TEMPLATES",
+    "class_text_bank", "fit_text_space_map", "zero_shot_logits", "unseen_accuracy", "zero_shot_from_features",
 ]
 
 Fusion = Literal["sum", "product"]
@@ -514,32 +515,153 @@ def fit_projection(img: torch.Tensor, txt: torch.Tensor, labels: torch.Tensor, d
     return p_i, p_t, log_scale.detach()
 
 
+PROMPT_TEMPLATES = (
+    "a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a black and white photo of a {}.",
+    "a low resolution photo of a {}.", "a photo of the {}.", "a close-up photo of a {}.", "a product photo of a {}.",
+    "a blurry photo of a {}.", "a grayscale photo of a {}.", "a photo of a {}, a type of clothing.", "a {}.")
+"""The prompt ensemble (CLIP-style templates; the ``", a type of clothing"`` one is Fashion-specific but harmless)."""
+
+
+@dataclass
+class ZeroShotConfig:
+    """How image features are aligned with text.
+
+    ``templates``: prompt templates per class (several = a prompt ensemble: the class text embedding is the mean
+    of its L2-normalised template embeddings; ``per_template_anchors`` trains on one random template per step
+    instead of the mean). ``text_map``: ``"learned"`` = two linear maps into a ``dim``-space (CLIP style, the
+    original recipe) or ``"fixed"`` = one map of the image features into the frozen text space. ``center_text``:
+    subtract, per template, the mean over the class names (removes the caption's shared component; uses only the
+    class names, which zero-shot classification is given). ``rank``: low-rank map ``A B`` (fixed map only);
+    ``weight_decay`` (AdamW), ``orth``: penalty ``||M^T M / mean diag - I||^2`` (mean) on the map ``M``;
+    ``temperature``: fixed InfoNCE temperature, or None for CLIP's learned scale."""
+
+    templates: tuple[str, ...] = ("a photo of a {}",)
+    per_template_anchors: bool = False
+    text_map: Literal["learned", "fixed"] = "learned"
+    center_text: bool = False
+    dim: int = 128
+    rank: int | None = None
+    weight_decay: float = 0.0
+    orth: float = 0.0
+    temperature: float | None = None
+    steps: int = 500
+    lr: float = 1e-2
+
+    def __post_init__(self):
+        if not self.templates or any("{}" not in t for t in self.templates):
+            raise ValueError(f"templates must be non-empty and each hold '{{}}', got {self.templates!r}")
+        if self.text_map not in ("learned", "fixed"):
+            raise ValueError(f"text_map must be 'learned' or 'fixed', got {self.text_map!r}")
+        if self.rank is not None and (self.rank < 1 or self.text_map != "fixed"):
+            raise ValueError(f"rank must be >= 1 and needs text_map='fixed', got {self.rank} with {self.text_map!r}")
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.weight_decay < 0 or self.orth < 0 or self.steps < 1 or self.lr <= 0:
+            raise ValueError("weight_decay and orth must be >= 0, steps >= 1 and lr > 0")
+
+
+def class_text_bank(text_model, names: Sequence[str], templates: Sequence[str], center: bool = False) -> torch.Tensor:
+    """L2-normalised text features ``[n_templates, n_classes, d]`` of every template filled with every class name;
+    ``center`` subtracts each template's mean over the classes."""
+    t = text_features(text_model, [tp.format(c) for tp in templates for c in names]).reshape(len(templates), len(names), -1)
+    t = F.normalize(t, dim=-1)
+    return t - t.mean(1, keepdim=True) if center else t
+
+
+def fit_text_space_map(img: torch.Tensor, bank: torch.Tensor, labels: torch.Tensor, classes: Sequence[int],
+                       config: ZeroShotConfig, seed: int = 0) -> torch.Tensor:
+    """InfoNCE fit of a map ``M`` ``[d_img, d_txt]`` (or ``A B`` of rank ``config.rank``) taking image features
+    ``[n, d_img]`` (centred, scaled to unit mean std by the caller or not) into the frozen text space, against the
+    ``classes``' captions of ``bank`` ``[T, C, d_txt]`` (one random template per step when
+    ``config.per_template_anchors``, else the ensemble mean). Returns ``M`` (detached)."""
+    set_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    d_i, d_t = img.shape[1], bank.shape[-1]
+    if config.rank:
+        a = nn.Parameter(torch.randn(d_i, config.rank, generator=g) / math.sqrt(d_i))
+        b = nn.Parameter(torch.randn(config.rank, d_t, generator=g) / math.sqrt(config.rank))
+        params, mat = [a, b], (lambda: a @ b)
+    else:
+        m0 = nn.Parameter(torch.randn(d_i, d_t, generator=g) / math.sqrt(d_i))
+        params, mat = [m0], (lambda: m0)
+    log_scale = torch.tensor(math.log(1 / (config.temperature or 0.1)), requires_grad=config.temperature is None)
+    opt = torch.optim.AdamW(params + ([log_scale] if config.temperature is None else []), lr=config.lr,
+                            weight_decay=config.weight_decay)
+    cls = torch.as_tensor(list(classes))
+    remap = torch.full((bank.shape[1],), -1, dtype=torch.long)
+    remap[cls] = torch.arange(len(cls))
+    mean_bank = F.normalize(bank.mean(0), dim=-1)
+    for _ in range(config.steps):
+        idx = torch.randperm(len(img), generator=g)[:256]
+        z = F.normalize(img[idx] @ mat(), dim=-1)
+        anchors = (F.normalize(bank[int(torch.randint(bank.shape[0], (1,), generator=g))], dim=-1)
+                   if config.per_template_anchors else mean_bank)[cls]
+        loss = F.cross_entropy(log_scale.exp().clamp(max=100) * z @ anchors.T, remap[labels[idx]])
+        if config.orth:
+            gram = mat().T @ mat()
+            loss = loss + config.orth * (gram / gram.diagonal().mean() - torch.eye(gram.shape[0])).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return mat().detach(), log_scale.detach()
+
+
+def zero_shot_logits(f_tr: torch.Tensor, y_tr: torch.Tensor, f_te: torch.Tensor, bank: torch.Tensor,
+                     seen: Sequence[int], config: ZeroShotConfig, seed: int = 0):
+    """Fit the alignment on the training features ``[n, d_img]`` (labels in ``seen``) and score the test features
+    against all classes of ``bank`` ``[T, C, d_txt]``. Returns ``(logits [m, C], image_emb [m, e], text_emb [C, e])``
+    (embeddings L2-normalised)."""
+    mu = f_tr.mean(0)
+    if config.text_map == "learned":
+        txt = F.normalize(bank.mean(0), dim=-1)
+        if config.per_template_anchors:
+            raise ValueError("per_template_anchors needs text_map='fixed'")
+        p_i, p_t, log_scale = fit_projection(f_tr - mu, txt, y_tr, dim=config.dim, steps=config.steps, lr=config.lr,
+                                             seed=seed)
+        with torch.no_grad():
+            emb, temb = F.normalize(p_i(f_te - mu), dim=-1), F.normalize(p_t(txt), dim=-1)
+    else:
+        sd = f_tr.std(0).mean()
+        mat, log_scale = fit_text_space_map((f_tr - mu) / sd, bank, y_tr, seen, config, seed)
+        emb, temb = F.normalize(((f_te - mu) / sd) @ mat, dim=-1), F.normalize(bank.mean(0), dim=-1)
+    return log_scale.exp().clamp(max=100) * emb @ temb.T, emb, temb
+
+
+def unseen_accuracy(logits: torch.Tensor, labels: torch.Tensor, unseen: Sequence[int]) -> float:
+    """Accuracy on the samples of the ``unseen`` classes, choosing among those classes only (chance 1/len)."""
+    u = torch.as_tensor(list(unseen))
+    sel = torch.isin(labels, u)
+    return float((u[logits[sel][:, u].argmax(-1)] == labels[sel]).double().mean())
+
+
 def zero_shot_experiment(image_model, text_model, dataset: str = "fashion-mnist", unseen: Sequence[int] = (1, 5, 8),
                          n_train: int = 100, n_test: int = 60, shots: int = 16, seed: int = 0,
-                         lmn: LMNConfig | None = None) -> ZeroShotResult:
-    """Build the CLIP-style classifier (projection trained on the seen classes' training images paired with
-    "a photo of a {class}"), report zero-shot accuracy on the ``unseen`` test classes, then the MisD table over all
-    10 classes (``shots``-per-class calibration from the test images, the rest as test)."""
+                         lmn: LMNConfig | None = None, config: ZeroShotConfig | None = None) -> ZeroShotResult:
+    """Build the CLIP-style classifier (alignment trained on the seen classes' training images paired with their
+    class captions, see :class:`ZeroShotConfig`), report zero-shot accuracy on the ``unseen`` test classes, then the
+    MisD table over all 10 classes (``shots``-per-class calibration from the test images, the rest as test)."""
+    config = config or ZeroShotConfig()
     xtr, ytr, xte, yte, names = load_image_set(dataset, seed, n_train, n_test + shots)
-    seen = [c for c in range(10) if c not in set(unseen)]
-    keep = np.isin(ytr, seen)
-    xtr, ytr = xtr[keep], ytr[keep]
-    te = np.arange(len(yte))
-    f_tr, f_te = image_features(image_model, xtr), image_features(image_model, xte)
-    txt = text_features(text_model, [f"a photo of a {c}" for c in names])
-    mu = f_tr.mean(0)
-    p_i, p_t, log_scale = fit_projection(f_tr - mu, txt, torch.from_numpy(ytr), seed=seed)
-    with torch.no_grad():
-        emb = F.normalize(p_i(f_te - mu), dim=-1)
-        temb = F.normalize(p_t(txt), dim=-1)
-        logits = log_scale.exp() * emb @ temb.T
-    y = torch.from_numpy(yte[te])
-    is_unseen = torch.isin(y, torch.tensor(list(unseen)))
-    un = logits[is_unseen][:, list(unseen)].argmax(-1)
-    unseen_acc = float((torch.tensor(list(unseen))[un] == y[is_unseen]).double().mean())
+    bank = class_text_bank(text_model, names, config.templates, config.center_text)
+    return zero_shot_from_features(image_features(image_model, xtr), ytr, image_features(image_model, xte), yte,
+                                   bank, unseen, shots, seed, lmn, config)
+
+
+def zero_shot_from_features(f_tr: torch.Tensor, ytr: np.ndarray, f_te: torch.Tensor, yte: np.ndarray,
+                            bank: torch.Tensor, unseen: Sequence[int] = (1, 5, 8), shots: int = 16, seed: int = 0,
+                            lmn: LMNConfig | None = None, config: ZeroShotConfig | None = None) -> ZeroShotResult:
+    """:func:`zero_shot_experiment` from precomputed image features ``[n, d]`` (all classes; only the seen ones
+    train the alignment) and a class text bank ``[T, 10, d_txt]`` (:func:`class_text_bank`)."""
+    config = config or ZeroShotConfig()
+    ytr, yte = np.asarray(ytr), np.asarray(yte)
+    seen = [c for c in range(bank.shape[1]) if c not in set(unseen)]
+    keep = torch.from_numpy(np.isin(ytr, seen))
+    logits, emb, temb = zero_shot_logits(f_tr[keep], torch.from_numpy(ytr)[keep], f_te, bank, seen, config, seed)
+    y = torch.from_numpy(yte)
+    unseen_acc = unseen_accuracy(logits, y, unseen)
     cal = torch.zeros(len(y), dtype=torch.bool)
-    for c in range(10):
-        cal[torch.from_numpy(np.flatnonzero(yte[te] == c)[:shots])] = True
+    for c in range(bank.shape[1]):
+        cal[torch.from_numpy(np.flatnonzero(yte == c)[:shots])] = True
     table = evaluate((logits[cal], emb[cal], y[cal]), (logits[~cal], emb[~cal], y[~cal]), temb, lmn, label="zero-shot")
     return ZeroShotResult(seen_classes=seen, unseen_classes=list(unseen), unseen_accuracy=unseen_acc,
                           all_accuracy=table.metrics["msp"]["accuracy"], table=table.metrics,

@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 from interp.models.misd import (
     LMN, LMNConfig, MisDTable, MisDToyResult, ToyMisDConfig, aurc, auroc, evaluate, fit_lmn, fit_temperature,
     fit_projection, fpr_at_tpr_errors, load_fashion_mnist, load_image_set, misd_metrics, psi, surrogate_loss, toy_experiment,
-    train_toy_classifier, zero_shot_experiment,
+    train_toy_classifier, zero_shot_experiment, ZeroShotConfig, zero_shot_logits, zero_shot_from_features, unseen_accuracy,
 )
 
 
@@ -153,6 +153,50 @@ def test_projection_aligns_synthetic_pairs_and_generalises():
     with torch.no_grad():
         s = F.normalize(p_i(imgu), dim=-1) @ F.normalize(p_t(txt[7:]), dim=-1).T
     assert (s.argmax(-1) + 7 == yu).double().mean() > 0.6
+
+
+def _synthetic_bank(seed=0, n_templates=3, d_txt=20, d_img=30, n_per=40):
+    # caption embedding = class direction + template offset + small noise; image = class direction @ A + noise
+    g = torch.Generator().manual_seed(seed)
+    cls, tmpl = torch.randn(10, d_txt, generator=g), 3 * torch.randn(n_templates, 1, d_txt, generator=g)
+    bank = F.normalize(cls[None] + tmpl + 0.1 * torch.randn(n_templates, 10, d_txt, generator=g), dim=-1)
+    A = torch.randn(d_txt, d_img, generator=g)
+    y = torch.arange(10).repeat_interleave(n_per)
+    img = cls[y] @ A + 0.3 * torch.randn(len(y), d_img, generator=g)
+    return bank, img, y
+
+
+@pytest.mark.parametrize("cfg", [
+    ZeroShotConfig(text_map="fixed", templates=("{}", "a {}", "the {}"), center_text=True, temperature=0.1, steps=200),
+    ZeroShotConfig(text_map="fixed", templates=("{}", "a {}", "the {}"), per_template_anchors=True, rank=8, steps=200),
+    ZeroShotConfig(text_map="fixed", templates=("{}", "a {}", "the {}"), orth=1.0, weight_decay=0.1, steps=200),
+    ZeroShotConfig(templates=("{}", "a {}", "the {}"), dim=16, steps=200)])
+def test_zero_shot_alignment_options_generalise_on_synthetic_features(cfg):
+    bank, img, y = _synthetic_bank()
+    if cfg.center_text:
+        bank = bank - bank.mean(1, keepdim=True)
+        assert bank.mean(1).abs().max() < 1e-6
+    seen, unseen = list(range(7)), [7, 8, 9]
+    tr = torch.isin(y, torch.tensor(seen)) & (torch.arange(len(y)) % 2 == 0)
+    te = torch.arange(len(y)) % 2 == 1
+    logits, emb, temb = zero_shot_logits(img[tr], y[tr], img[te], bank, seen, cfg, seed=0)
+    assert logits.shape == (int(te.sum()), 10) and temb.shape[0] == 10
+    assert torch.allclose(emb.norm(dim=-1), torch.ones(len(emb)), atol=1e-5)
+    assert unseen_accuracy(logits, y[te], unseen) > 0.6          # chance 1/3
+    # hand check of unseen_accuracy: only the unseen rows count, choosing among the unseen columns
+    lg = torch.tensor([[9.0, 0, 1, 0], [9.0, 0, 0, 1], [0, 9.0, 0, 0]])
+    assert unseen_accuracy(lg, torch.tensor([2, 2, 1]), [2, 3]) == 0.5
+
+
+def test_zero_shot_config_validation_and_from_features_table():
+    with pytest.raises(ValueError, match="templates"):
+        ZeroShotConfig(templates=("no slot",))
+    with pytest.raises(ValueError, match="rank"):
+        ZeroShotConfig(rank=4)                                      # low rank needs the fixed text space
+    bank, img, y = _synthetic_bank(1)
+    r = zero_shot_from_features(img[::2], y[::2].numpy(), img[1::2], y[1::2].numpy(), bank, unseen=(7, 8, 9), shots=4,
+                                lmn=LMNConfig(steps=20), config=ZeroShotConfig(text_map="fixed", steps=100))
+    assert r.argmax_unchanged == 1.0 and r.seen_classes == list(range(7)) and set(r.table) >= {"msp", "lmn"}
 
 
 @pytest.mark.slow
