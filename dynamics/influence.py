@@ -21,6 +21,7 @@ Also here: the myopic attention of Wu et al. (2024) as a ``transformers`` attent
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Mapping
 
@@ -255,7 +256,7 @@ def _flat(gs: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, probes: list[tuple[str, str, int, torch.Tensor, torch.Tensor]],
                          lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                         ) -> FeatureInfluence:
+                         risk_context=None) -> FeatureInfluence:
     """Re-run Adam training on ``batches`` and accumulate the feature-mismatch influence of each component.
 
     ``probes``: ``(feature_name, site, position, w, r_star)`` with ``w`` ``[d]`` a probe direction fitted on the
@@ -270,6 +271,9 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     Also accumulated: the same sums on the centred risk (``FeatureInfluence.influence_centered``, a diagnostic
     of ours; one extra backward per probe and step). The loss is the next-token loss at *every* position (the
     official Majority sampler has no loss mask, so the input positions' uniform next tokens count too).
+    ``risk_context``: optional zero-argument callable returning a context manager under which the ``∇R`` forward
+    runs. The official code computes ``∇R`` with ordinary attention even for a myopic model (the feature's true
+    derivative); :func:`run_majority` passes one that switches a myopic model to eager attention.
     """
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr}")
@@ -302,7 +306,8 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
             kept[ctx.name] = t
             return t
         with _require_grad(params), model.intervene({s: keep for s in {s for _, s, _, _, _ in probes}}):
-            model.forward_with_grad(ids)
+            with (risk_context() if risk_context is not None else contextlib.nullcontext()):
+                model.forward_with_grad(ids)
             r_row, r_grads, rc_grads = [], [], []
             for k, (_, s, p, w, target) in enumerate(probes):
                 diff = kept[s][:, p].to(w.dtype) @ w - target[step]
@@ -421,6 +426,18 @@ class MajorityResult(Result):
                        title=f"{self.config.get('task', 'majority')} probe accuracy ({self.config['variant']})")
 
 
+@contextlib.contextmanager
+def attention_implementation(hf, name: str):
+    """Temporarily run a ``transformers`` model ``hf`` with attention implementation ``name`` (e.g. ``"eager"``
+    for a myopic model: same forward values, ordinary gradients)."""
+    old = hf.config._attn_implementation
+    hf.set_attn_implementation(name)
+    try:
+        yield hf
+    finally:
+        hf.set_attn_implementation(old)
+
+
 def _gpt2(cfg: MajorityConfig, vocab: int):
     import transformers as T
     torch.manual_seed(cfg.seed)
@@ -501,7 +518,9 @@ def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityR
         hf.load_state_dict(init)
         hf.train()
         probes = [(held.feature_names[0], isite, p, ws[p], targets[p]) for p in cfg.influence_positions]
-        influence = train_with_influence(model, dict(hf.named_parameters()), batches[:steps], probes, lr=cfg.lr)
+        influence = train_with_influence(model, dict(hf.named_parameters()), batches[:steps], probes, lr=cfg.lr,
+                                         risk_context=(lambda: attention_implementation(hf, "eager"))
+                                         if "myopic" in cfg.variant else None)
     return MajorityResult(config=dataclasses.asdict(cfg), probe_accuracy=acc, final_loss=float(loss.detach()),
                           output_accuracy=float(legal.float().mean()), influence=influence,
                           first_output_accuracy=float(legal[:, 0].float().mean()))

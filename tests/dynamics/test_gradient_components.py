@@ -394,17 +394,22 @@ def dataclasses_replace(cfg, **kw):
     return dataclasses.replace(cfg, **kw)
 
 
-def test_train_with_influence_adam_steps_sum_to_real_update(gpt2):
+@pytest.mark.parametrize("myopic", [False, True])
+def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
     """Adam moments are linear in the gradient and the second moment is shared, so the three per-component Adam
     steps sum to the real Adam update: the 'full' influence must equal Σ_t (θ_t − θ_{t+1})·∇R(θ_t), computed here
     by an independent torch.optim.Adam run; SGD 'full' = Σ_t lr ∇L·∇R; the centred diagnostic likewise with
-    R_c = ½ var(⟨w,r⟩ − target). 3 layers, perturbed norms, float64."""
+    R_c = ½ var(⟨w,r⟩ − target). 3 layers, perturbed norms, float64. Myopic: training uses myopic gradients, ∇R
+    the ordinary (eager) ones, as the official code (``risk_context``)."""
     import copy
 
-    from interp.dynamics.influence import train_with_influence
+    from interp.dynamics.influence import attention_implementation, train_with_influence
     hf0, _ = gpt2
     hf = copy.deepcopy(hf0)
     ref = copy.deepcopy(hf0)
+    train_attn = register_myopic_attention() if myopic else "eager"
+    for m in (hf, ref):
+        m.set_attn_implementation(train_attn)
     V = hf.config.vocab_size
     batches = _ids(V, (3, 4, 9), seed=11)
     g = torch.Generator().manual_seed(12)
@@ -413,14 +418,19 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2):
     probes = [(f"f{k}", s, p, torch.randn(d, generator=g, dtype=torch.float64),
                torch.randn(3, 4, generator=g, dtype=torch.float64)) for k, (s, p, _) in enumerate(spec)]
     lr = 1e-2
-    fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr)
+    fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr,
+                              risk_context=lambda: attention_implementation(hf, "eager"))
+    assert hf.config._attn_implementation == train_attn
 
     params = list(ref.parameters())
     opt = torch.optim.Adam(params, lr=lr)
     want = {o: torch.zeros(2, dtype=torch.float64) for o in ("adam", "sgd", "adam_c")}
     for t, ids in enumerate(batches):
+        ref.set_attn_implementation("eager")
         out = ref(ids, output_hidden_states=True)
-        loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
+        ref.set_attn_implementation(train_attn)
+        logits = ref(ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
         gl = torch.cat([x.reshape(-1) for x in torch.autograd.grad(loss, params, retain_graph=True)])
         gr, grc = [], []
         for k, (_, _, hidx) in enumerate(spec):
