@@ -129,3 +129,47 @@ def test_monitor_summary_counts_mid_generation_stops():
     assert s["positives"] == 5 and s["positives_stopped"] == 4 and s["positives_stopped_on_prompt"] == 1
     assert s["positives_stopped_mid_generation"] == 2 and s["stop_tokens"] == [10, 0, 19, 18]
     assert s["harmless"] == 2 and s["harmless_fired"] == 1 and s["controls"] == 1 and s["controls_fired"] == 0
+
+
+class _Never(torch.nn.Module):
+    """Test double for the GRU: every CE's logit is -10 (nothing ever fires)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.register_buffer("mean", torch.zeros(1))
+
+    def forward(self, x):
+        return torch.full((x.shape[0], self.n), -10.0)
+
+
+def test_monitor_validation_positive_modes(model):
+    from interp.probes.gavel import CEDetector, DetectorConfig
+    from interp.probes.gavel.validation import REQUEST, run_monitor_validation
+    ces = list(lib.CE_TEMPLATES)
+    det = CEDetector(_Never(len(ces)), ces, DetectorConfig(), spec=FeatureSpec.range(0, 2))
+    det.thresholds = torch.full((len(ces),), 0.5)
+    test = library_test_set(0)
+    pos = [next(t for t in test if t.kind == "positive" and t.scenario == name) for name in lib.SCENARIOS]
+    mv = run_monitor_validation(model, det, n_positive=1, max_new_tokens=4, request=True, harmless="none",
+                                stop_at_eos=False)
+    df = mv.to_frame()
+    assert list(df.kind) == ["positive"] * 3 and not df.fired.any() and (df.gen_tokens == 4).all()
+    rules = {r.name: r for r in lib.library_rules()}
+    for (_, row), t in zip(df.iterrows(), pos):
+        last = t.messages[-1]["content"]
+        missing = sorted({ce for m, _, _, ce in t.spans if m == len(t.messages) - 1} & set(rules[t.scenario].condition_ces))
+        assert row.steered == ",".join(missing) and missing
+        want = " ".join(last[a:b] for m, a, b, ce in sorted(t.spans) if m == len(t.messages) - 1 and ce in missing)
+        assert row.request == REQUEST.format(text=want)
+        assert row.unmonitored == row.generated  # nothing fired: the flag and block runs generate the same turn
+    d = model.cfg.d_model
+    dirs = {c: torch.randn(d, generator=torch.Generator().manual_seed(i)) for i, c in enumerate(ces)}
+    mv = run_monitor_validation(model, det, n_positive=1, max_new_tokens=3, harmless="none", stop_at_eos=False,
+                                steer={"directions": dirs, "ref_norm": 1.0, "layer": 2, "coeff": 2.0}, control=True)
+    assert list(mv.to_frame().kind) == ["positive"] * 3 + ["control"] * 3
+    assert mv.summary()["controls"] == 3 and mv.summary()["controls_fired"] == 0
+    with pytest.raises(ValueError, match="one positive mode"):
+        run_monitor_validation(model, det, request=True, steer={})
+    with pytest.raises(ValueError, match="harmless"):
+        run_monitor_validation(model, det, harmless="some")

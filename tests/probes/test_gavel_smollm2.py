@@ -12,7 +12,7 @@ import pytest
 import torch
 
 SETTINGS = dict(layers=(6, 15), n_train=300, n_cal=20, n_test=15, n_mono=16, n_mono_cal=8,
-                detector=dict(hidden=64, rnn_layers=2, lr=1e-3, max_epochs=20))
+                detector=dict(hidden=64, rnn_layers=2, lr=1e-3, max_epochs=20), n_own=144, n_own_cal=40)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def smollm2():
     key = hashlib.sha1(json.dumps(SETTINGS, sort_keys=True).encode()).hexdigest()[:10]
     folder = cache_dir() / "gavel" / f"smollm2-v2-{key}"
     spec = FeatureSpec.range(*SETTINGS["layers"])
-    kw = {k: SETTINGS[k] for k in ("n_train", "n_cal", "n_test", "n_mono", "n_mono_cal")}
+    kw = {k: SETTINGS[k] for k in ("n_train", "n_cal", "n_test", "n_mono", "n_mono_cal", "n_own", "n_own_cal")}
     cfg = DetectorConfig(**SETTINGS["detector"])
     det = CEDetector.load(folder) if (folder / "detector.json").is_file() else None
     res, det = run_library_validation(model, spec, detector_config=cfg, detector=det, return_detector=True,
