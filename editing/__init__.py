@@ -6,10 +6,12 @@ from .transcoders import (Spliced, Transcoder, TranscoderMetrics, TranscoderTrai
 __all__ = ["Transcoder", "Spliced", "splice", "harvest_pairs", "TranscoderTrainingConfig", "TranscoderTraining",
            "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder"]
 from .rome import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, compute_key, compute_v,
-                   context_templates, edit_batch, fine_tune, rank_one, restrict, rome, second_moment, tcpe)
+                   context_templates, edit_batch, fine_tune, left_vector, rank_one, restrict, rome, second_moment,
+                   tcpe)
 
 __all__ += ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-            "compute_key", "second_moment", "compute_v", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]
+            "compute_key", "second_moment", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune",
+            "edit_batch"]
 from .facts import FactsComparison, FactsTask, compare_methods, fact_predictions, train_facts_model
 
 __all__ += ["FactsTask", "train_facts_model", "fact_predictions", "FactsComparison", "compare_methods"]

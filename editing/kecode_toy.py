@@ -329,6 +329,23 @@ def outcomes(model, task: CodeTask, snippets: Sequence, clusters: ErrorClusters)
     return msgs, clusters.assign(msgs)
 
 
+def toy_edit_config(**overrides) -> EditConfig:
+    """ROME/TCPE settings for this toy (ROME's defaults otherwise): ``fact_token="last"`` and ``n_templates=0``.
+
+    * ``n_templates=0``: ROME's context templates are natural-language prefixes sampled after ``The``,
+      ``Therefore``, ... A model trained only on single ``<J> => <D>`` sequences has never seen a prefix: in
+      a templated prompt it no longer translates (measured: the top-1 next token at the API slot is a source
+      API ``A*`` instead of a ``B*`` in all 5 templates), so ``compute_v`` would fit ``δ`` to contexts the
+      model never meets. Only the plain prompt ``"{}"`` is in distribution.
+    * ``fact_token="last"``: the subject ``A_t`` is one token early in the prompt; in this 3-layer model a
+      ``δ`` added at the subject at layer ≥ 1 does not reach the prediction (measured: ``compute_v``'s NLL
+      does not move from 9.37 in 25 steps at layers 1 and 2; 9.37 → 9.05 at layer 0), because the API's
+      identity has been moved to later positions by then. The key and ``δ`` are taken at the prompt's last
+      token (ROME's other lookup option), where the translation is produced.
+    """
+    return EditConfig(**{"fact_token": "last", "n_templates": 0, **overrides})
+
+
 def compare_kecode(model, task: CodeTask, transcoder: Transcoder, layer: int, taus: Sequence[float] = (0.5,),
                    config: EditConfig | None = None, ft_config: FineTuneConfig | None = None, n_test: int = 400,
                    n_context: int = 2000, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft")
@@ -341,7 +358,7 @@ def compare_kecode(model, task: CodeTask, transcoder: Transcoder, layer: int, ta
     ``fluency``: next-token loss on held-out correct translations (↓); ``n_changed``: rows of the edited
     weight that changed.
     """
-    cfg = config or EditConfig()
+    cfg = config or toy_edit_config()
     ft_cfg = ft_config or FineTuneConfig()
     tests = task.test_set(n_test)
     held = task.test_set(200, seed=999)
@@ -406,4 +423,5 @@ def compare_kecode(model, task: CodeTask, transcoder: Transcoder, layer: int, ta
 
 
 __all__ = ["CodeTask", "code_tokenizer", "train_code_model", "translate", "embed_messages", "ErrorClusters",
+           "toy_edit_config",
            "outcomes", "snippet_loss", "KECodeComparison", "compare_kecode"]

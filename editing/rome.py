@@ -19,7 +19,14 @@ ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
    ``template.format(prompt.format(subject))`` (TCPE's ``fact_token="subject_last"``; ``EditConfig(fact_token=
    "last")`` uses the prompt's last token instead, ROME's other option, also for where ``δ`` is added).
 3. **Left vector** ``u = (C + εI)⁻¹ k*`` with ``C = E[k kᵀ]`` over every real token of real text
-   (:func:`second_moment`, cached per (model, key hook, transcoder, text) in memory).
+   (:func:`second_moment`, cached per (model, key hook, transcoder, text) in memory and optionally on disk).
+   ``ε = mom2_eps`` defaults to 0 (TCPE's code: 0 or 1e-8); a singular ``C`` (dead features; the low-rank key
+   space of a toy's layer-0 transcoder) is solved by least squares (:func:`left_vector`: QR, or the SVD
+   minimum-norm solution where QR returns zero); when
+   ``k*`` has no component in C's range :func:`rank_one` raises a ``ValueError`` (set ``mom2_eps > 0``, the
+   documented regularisation ``C + εI``). ``Edit.log`` records ``cos_uk = uᵀk*/‖k*‖`` (small: the update
+   lives in directions text rarely visits, and ``r = (v* − W k*)/(uᵀk*)`` is large) and ``n_blind``, the key
+   features never active in C's text.
 4. **Right vector**: ROME's ``compute_v``. ``δ`` is added to the site's output at the subject's last token
    of every rewriting prompt ``template.format(prompt) + target[:-1]``; minimise
    ``NLL(target) + kl_factor · KL(p₀ ‖ p_δ)`` (on ``kl_prompts``, "{} is a", at the subject's last token)
@@ -457,6 +464,30 @@ def _mask_rows(k_star: torch.Tensor, tau: float | None, ablate: bool) -> torch.T
     return keep
 
 
+def left_vector(C: torch.Tensor, k: torch.Tensor, eps: float = 0.0) -> tuple[torch.Tensor, str]:
+    """ROME's left vector ``u = (C + εI)⁻¹ k`` normalised to unit norm (``C [d, d]``, ``k [d]`` → ``[d]``), and
+    the least-squares driver that produced it.
+
+    Solved in float64 by least squares with torch's CPU default driver (``gelsy``, rank-revealing QR; the
+    driver of every measured run). On a singular ``C`` of low rank stored in float32 (a toy's layer-0
+    transcoder: rank ~135 of 1024) ``gelsy`` returned an all-zero solution, which normalised to NaN; then
+    the SVD minimum-norm solution (``gelsd``, ``C⁺k``) is used instead. Note: on a singular ``C`` the two drivers
+    can differ (their rank cut-offs differ; on SmolLM2's layer-8 transcoder ``C`` the cosine between them was
+    0.63 for a random key in C's range), i.e. ROME's ``u`` is ill-determined there; TCPE's mask limits the
+    update to the key's own features either way. Raises ``ValueError`` when ``k`` has no component in the range
+    of ``C + εI``; ``eps > 0`` (``EditConfig.mom2_eps``) is the documented regularisation.
+    """
+    A = C.double() + eps * torch.eye(len(C), dtype=torch.float64)
+    for driver in ("gelsy", "gelsd"):
+        u = torch.linalg.lstsq(A, k.double()[:, None], driver=driver).solution[:, 0]
+        n = u.norm()
+        if bool(torch.isfinite(u).all()) and bool(n > 0):
+            return (u / n).float(), driver
+    raise ValueError("(C + εI)⁺k* is zero or not finite: the key has no component in the range of the second "
+                     "moment (features never active in C's text); estimate C from more varied text or set "
+                     "EditConfig(mom2_eps=...) > 0")
+
+
 def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig | None = None,
              tau: float | None = None, ablate: bool = False, method: str = "rome",
              templates: Sequence[str] | None = None) -> Edit:
@@ -466,14 +497,16 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
     k = compute_key(site, req, templates, cfg.fact_token)
     if C.shape != (k.numel(), k.numel()):
         raise ValueError(f"C has shape {tuple(C.shape)}, expected ({k.numel()}, {k.numel()}) for {site.key}")
+    if not bool(torch.isfinite(C).all()):
+        raise ValueError(f"the second moment C of {site.key} has non-finite entries")
     v_star, log = compute_v(site, req, templates, cfg)
     W, b = site.W(), site.b()
     if not bool(k.abs().sum() > 0):
         raise RuntimeError(f"k* = 0 at {site.key}: no key feature is active at the edit position; a rank-one "
                            "edit of this site cannot change it")
-    A = C.double() + cfg.mom2_eps * torch.eye(len(C), dtype=torch.float64)
-    u = torch.linalg.lstsq(A, k.double()[:, None]).solution[:, 0]  # C may be singular (dead keys): min-norm
-    u = (u / u.norm()).float()
+    u, driver = left_vector(C, k, cfg.mom2_eps)
+    log.update(lstsq_driver=driver, n_blind=int(((k != 0) & ~(torch.diagonal(C) > 0)).sum()),
+               cos_uk=float(u @ k / k.norm().clamp_min(1e-30)))
     denom = float(u @ k)
     if abs(denom) < 1e-12:
         raise RuntimeError("uᵀk* = 0: the key is orthogonal to C⁻¹k*; cannot build a rank-one update")
@@ -597,4 +630,4 @@ def edit_batch(fn, requests: Sequence[EditRequest], *args, **kwargs) -> list[Edi
 
 
 __all__ = ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-           "compute_key", "second_moment", "compute_v", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]
+           "compute_key", "second_moment", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]

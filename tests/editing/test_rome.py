@@ -228,3 +228,34 @@ def test_edit_plan_extends_without_changing_its_start():
     assert b[:5] == a and len({f for f, _ in b}) == 12
     assert all(new != f.obj and new in {o for o in __import__("interp.editing.real_facts", fromlist=["x"])
                                         .RELATIONS[f.relation][2].values()} for f, new in b)
+
+
+def test_left_vector_on_a_low_rank_second_moment():
+    """Regression (toy at layer 0): a rank-8 C of 64 features stored in float32 made the default least-squares
+    driver return u = 0, which normalised to NaN. Then the left vector is the min-norm solution (C⁺k, normalised);
+    on a well-conditioned C it is C⁻¹k."""
+    from interp.editing import left_vector
+    g = torch.Generator().manual_seed(0)
+    Z = torch.relu(torch.randn(4000, 8, dtype=torch.float64, generator=g)
+                   @ torch.randn(8, 64, dtype=torch.float64, generator=g) - 1.0)
+    Z[:, :30] = 0                                                   # dead features: zero rows/columns of C
+    C = (Z.T @ Z / len(Z)).float()
+    k = Z[:7].mean(0).float()                                       # a key in C's range
+    # (the old code: torch.linalg.lstsq(C.double(), k[:, None]) -> all zeros here -> u / |u| = NaN)
+    u, driver = left_vector(C, k)
+    assert torch.isfinite(u).all() and abs(float(u.norm()) - 1) < 1e-5
+    Cu = C.double() @ u.double()
+    assert float(Cu @ k.double() / Cu.norm() / k.norm()) > 0.999    # C u ∝ k: u solves the system
+    if driver == "gelsd":
+        ref = torch.linalg.pinv(C.double(), hermitian=True, rtol=1e-10) @ k.double()
+        assert torch.allclose(u.double(), ref / ref.norm(), atol=1e-4)
+    assert float(u[:30].abs().max()) == 0                           # nothing on never-active features
+    assert float(u @ k) > 0
+    with pytest.raises(ValueError, match="range of the second moment"):
+        left_vector(C, torch.eye(64)[0])                            # a dead feature only: no update exists
+    full = C.double() + 0.1 * torch.eye(64, dtype=torch.float64)
+    u2, d2 = left_vector(full.float(), k)
+    ref2 = torch.linalg.solve(full, k.double())
+    assert d2 == "gelsy" and torch.allclose(u2.double(), ref2 / ref2.norm(), atol=1e-5)
+    eps, _ = left_vector(C, torch.eye(64)[0], eps=1e-3)             # the documented regularisation
+    assert torch.isfinite(eps).all() and float(eps[0]) > 0.99
