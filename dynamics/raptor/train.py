@@ -19,7 +19,7 @@ MSE everywhere, ``stage2_steps=0`` skips stage 2; ``RaptorConfig.depth_scaling=F
 ``normalize_layers=True`` (our option, not in the official code; default off) divides every layer's loss term by the
 teacher's variance at that layer (mean over features of the variance over images and tokens, on the training
 stream), so that each layer counts as it does in the mean per-layer R²; with the official plain MSE a layer counts in
-proportion to its variance, which in a ViT grows with depth (80x from layer 1 to layer 8 on the digits teacher).
+proportion to its variance, which in a ViT grows with depth (30x from layer 1 to layer 8 on the digits teacher).
 Each unit (stage-1 segment, stage 2) has its own optimiser and schedule. Batches are drawn by a generator
 seeded from ``(seed, unit, step)``, so a run resumed from a checkpoint continues exactly.
 """

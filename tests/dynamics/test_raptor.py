@@ -357,7 +357,7 @@ def test_digits_k2_r2(digits_recipe_result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=("not reproduced at 300 Raptor steps per unit: TF-only minus TF->AR (stage 1) probe accuracy "
-                   "-0.046 / -0.008 / +0.010 for p = 0 / 0.2 / 0.4 (every rollout probes at 0.93-0.98 on digits, so the "
+                   "-0.045 / -0.008 / +0.010 for p = 0 / 0.2 / 0.4 (every rollout probes at 0.93-0.98 on digits, so the "
                    "probe does not separate them; in R² TF-only is worse by 0.079 / 0.012 and better by 0.013)"))
 def test_digits_tf_only_is_clearly_worse(digits_recipe_result):
     for p in P_DROPS:
