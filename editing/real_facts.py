@@ -153,7 +153,7 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
                  config: EditConfig | None = None, ft_config: FineTuneConfig | None = None,
                  context_texts: Sequence[str] = (), heldout: Sequence[str] = (), n_mom2: int = 20_000,
                  seed: int = 0, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft"),
-                 log=None, run_dir: str | None = None) -> RealEditComparison:
+                 log=None, run_dir: str | None = None, reverse: bool = False) -> RealEditComparison:
     """Edit ``n_edits`` known facts of ``model`` (each to another object of its relation, :func:`edit_plan`)
     with every method, each edit applied alone and reverted.
 
@@ -164,7 +164,9 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
     (``mom2_mlp.safetensors``, ``mom2_tc.safetensors``) and, per edit and method group (``tc``: TCPE's taus and
     ROME on the transcoder; ``rome``; ``ft``), ``edit_{i:03d}_{group}.json`` are written atomically as they
     complete; a rerun with the same arguments reads them and computes only what is missing (a run with a
-    different layer, taus, methods, seed or config is refused).
+    different layer, taus, methods, seed or config is refused). Each file is checked again just before its
+    group is computed, so a second process on the same ``run_dir`` with ``reverse=True`` (the plan from its
+    end) shares the work; rows are returned in plan order.
     """
     from pathlib import Path
     from interp.io import atomic_write_json, load_json
@@ -205,14 +207,16 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
         if any(g == "rome" for _, g in todo) else None
     C_tc = second_moment(tc_site, context_texts, n_tokens=n_mom2, cache_file=mom("tc")) \
         if any(g == "tc" for _, g in todo) else None
-    todo_set = set(todo)
-    for i, (f, new) in enumerate(progress(plan, desc="edits")):
+    results: dict = {}
+    order = list(range(len(plan)))[::-1] if reverse else list(range(len(plan)))
+    for i in progress(order, desc="edits"):
+        f, new = plan[i]
         req = f.request(new)
         tgt = _first(model, new)
         for g in groups:
             path = rd / f"edit_{i:03d}_{g}.json" if rd is not None else None
-            if (i, g) not in todo_set:
-                out.rows.extend(load_json(path, what="real-edit result", required=("rows",))["rows"])
+            if path is not None and path.is_file():
+                results[i, g] = load_json(path, what="real-edit result", required=("rows",))["rows"]
                 continue
             if g == "tc":
                 full = rank_one(tc_site, req, C_tc, cfg, tau=-1.0, method="rome_tc", templates=templates)
@@ -248,9 +252,10 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
                 rows.append(row)
                 if log:
                     log(str(row))
-            out.rows.extend(rows)
+            results[i, g] = rows
             if path is not None:
                 atomic_write_json(path, {"rows": rows})
+    out.rows.extend(r for i in range(len(plan)) for g in groups for r in results.get((i, g), []))
     return out
 
 
@@ -289,7 +294,8 @@ def training_documents() -> list[str]:
 
 
 def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 8000,
-                  tau_quantiles: Sequence[float] = (0.9,), log=None) -> tuple[RealEditComparison, dict]:
+                  tau_quantiles: Sequence[float] = (0.9,), log=None, reverse: bool = False
+                  ) -> tuple[RealEditComparison, dict]:
     """Validation 3 of TCPE (digest §5) on ``zoo:smollm2-135m``, resumable in ``cache_dir``.
 
     Steps (each cached in ``cache_dir``): harvest ``blocks.{l}.ln2.hook_normalized`` / ``hook_mlp_out`` on
@@ -297,7 +303,8 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     transcoder (d_sae 2304, L1 6.0, 2 epochs, checkpoint ``tc_ckpt_L{l}``, result ``tc_L{l}`` in sae-lens
     format); its metrics on held-out text (``tc_metrics_L{l}.json``); TCPE's τ = quantiles of the active
     feature values at the subjects' last tokens (τ = 0 is always added); then :func:`compare_real` with
-    ``run_dir = cache_dir/edits_L{l}`` (one file per edit and method group). Returns the comparison and
+    ``run_dir = cache_dir/edits_L{l}`` (one file per edit and method group; ``reverse``: a second worker).
+    Returns the comparison and
     ``{"metrics", "taus", "tau_quantiles", "subject_l0"}``.
     """
     from pathlib import Path
@@ -336,7 +343,7 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     taus = (0.0,) + tuple(round(qs[q], 3) for q in tau_quantiles)
     res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus, config=EditConfig(n_templates=n_templates),
                        context_texts=docs[1700:1775], heldout=held, n_mom2=n_mom2, log=log,
-                       run_dir=str(cache / f"edits_L{layer}"))
+                       run_dir=str(cache / f"edits_L{layer}"), reverse=reverse)
     return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0}
 
 
