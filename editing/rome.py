@@ -24,7 +24,8 @@ ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
    space of a toy's layer-0 transcoder) is solved by least squares (:func:`left_vector`: QR, or the SVD
    minimum-norm solution where QR returns zero); when
    ``k*`` has no component in C's range :func:`rank_one` raises a ``ValueError`` (set ``mom2_eps > 0``, the
-   documented regularisation ``C + εI``). ``Edit.log`` records ``cos_uk = uᵀk*/‖k*‖`` (small: the update
+   documented regularisation ``C + εI``; ``mom2_eps_rel`` adds ``mom2_eps_rel · mean(diag C)`` to ε, a ridge on
+   the scale of C). ``Edit.log`` records ``cos_uk = uᵀk*/‖k*‖`` (small: the update
    lives in directions text rarely visits, and ``r = (v* − W k*)/(uᵀk*)`` is large) and ``n_blind``, the key
    features never active in C's text.
 4. **Right vector**: ROME's ``compute_v``. ``δ`` is added to the site's output at the subject's last token
@@ -98,6 +99,7 @@ class EditConfig:
     clamp_norm_factor: float = 4.0
     kl_prompts: tuple[str, ...] = ("{} is a",)
     mom2_eps: float = 0.0
+    mom2_eps_rel: float = 0.0
     nll_stop: float = 5e-2
     fact_token: str = "subject_last"
 
@@ -110,7 +112,7 @@ class EditConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"{name} must be a number > 0, got {v!r}")
-        for name in ("v_weight_decay", "kl_factor", "mom2_eps", "nll_stop"):
+        for name in ("v_weight_decay", "kl_factor", "mom2_eps", "mom2_eps_rel", "nll_stop"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {v!r}")
@@ -504,7 +506,8 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
     if not bool(k.abs().sum() > 0):
         raise RuntimeError(f"k* = 0 at {site.key}: no key feature is active at the edit position; a rank-one "
                            "edit of this site cannot change it")
-    u, driver = left_vector(C, k, cfg.mom2_eps)
+    eps = cfg.mom2_eps + cfg.mom2_eps_rel * float(torch.diagonal(C).double().mean())
+    u, driver = left_vector(C, k, eps)
     log.update(lstsq_driver=driver, n_blind=int(((k != 0) & ~(torch.diagonal(C) > 0)).sum()),
                cos_uk=float(u @ k / k.norm().clamp_min(1e-30)))
     denom = float(u @ k)

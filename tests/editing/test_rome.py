@@ -259,3 +259,16 @@ def test_left_vector_on_a_low_rank_second_moment():
     assert d2 == "gelsy" and torch.allclose(u2.double(), ref2 / ref2.norm(), atol=1e-5)
     eps, _ = left_vector(C, torch.eye(64)[0], eps=1e-3)             # the documented regularisation
     assert torch.isfinite(eps).all() and float(eps[0]) > 0.99
+
+
+def test_relative_ridge_on_the_second_moment(model):
+    """mom2_eps_rel adds mom2_eps_rel * mean(diag C) to C's diagonal before solving for u (same v*, same key)."""
+    from interp.editing import rank_one
+    site = MLPSite(model, 1)
+    C = second_moment(site, TEXTS)
+    e = rank_one(site, REQ, C, EditConfig(n_templates=0, v_num_grad_steps=2, mom2_eps_rel=0.5), templates=TEMPLATES)
+    eps = 0.5 * float(C.diagonal().double().mean())
+    ref = torch.linalg.solve(C.double() + eps * torch.eye(len(C), dtype=torch.float64), e.k_star.double())
+    assert torch.allclose(e.u.double(), ref / ref.norm(), atol=1e-5)
+    assert e.residual < 1e-3                                         # still exact at k*: W' k* + b = v*
+    assert e.log["cos_uk"] > 0
