@@ -372,7 +372,7 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus,
                        config=EditConfig(n_templates=n_templates, mom2_eps_rel=mom2_eps_rel),
                        context_texts=docs[1700:1775], heldout=held, n_mom2=n_mom2, log=log,
-                       run_dir=str(cache / f"edits_L{layer}" + (f"_ridge{mom2_eps_rel:g}" if mom2_eps_rel else "")),
+                       run_dir=str(cache / (f"edits_L{layer}" + (f"_ridge{mom2_eps_rel:g}" if mom2_eps_rel else ""))),
                        reverse=reverse)
     return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0}
 
