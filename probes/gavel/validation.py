@@ -467,7 +467,7 @@ def _missing_ces(conv: lib.LabelledConversation, rule) -> list[str]:
 
 def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens: int = 32, seed: int = 0,
                            harmless: str = "random", stop_at_eos: bool = True, steer: dict | None = None,
-                           control: bool = False, request: bool = False) -> MonitorValidation:
+                           control: bool = False, request: bool = False, history: int = 8) -> MonitorValidation:
     """The monitor on held-out conversations (:func:`library_test_set`), every library rule with action ``block``.
 
     Positives (``n_positive`` per seen scenario), two modes:
@@ -492,7 +492,10 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
     Harmless: the test set's random negatives (``harmless="random"``; ``"all"`` adds the hard negatives,
     ``"none"`` runs positives only),
     continued by the model from their last user turn, unsteered and without a prefill. Each row: which rule
-    fired and at which generated token. ``stop_at_eos``: end the turn at the model's end-of-turn token
+    fired and at which generated token. ``history``: the monitor's sliding window in detector windows (8 = 40
+    tokens, the Monitor's default, is shorter than one of these two-turn conversations, so an earlier turn's
+    CE can leave it before the new turn shows the rest; 32 covers the whole conversation, as the offline rule
+    evaluation does). ``stop_at_eos``: end the turn at the model's end-of-turn token
     (``False`` lets it run on into invented further turns, which the detectors never saw in training).
     """
     import contextlib
@@ -540,11 +543,11 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
             prompt = t.messages[:-1]
         if vec is not None or (kind == "positive" and request):
             with (vec.apply(model) if vec is not None else contextlib.nullcontext()):
-                free = Monitor(model, detector, flags, score_prompt="assistant").generate(
+                free = Monitor(model, detector, flags, history=history, score_prompt="assistant").generate(
                     prompt, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
             gen_tokens = len(free.token_ids)
             flag_token = free.events[0]["token"] if free.events else float("nan")
-        mon = Monitor(model, detector, rules, score_prompt="assistant")
+        mon = Monitor(model, detector, rules, history=history, score_prompt="assistant")
         with (vec.apply(model) if vec is not None else contextlib.nullcontext()):
             out = mon.generate(prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=stop_at_eos)
         ev = out.events[0] if out.events else None
