@@ -57,7 +57,7 @@ __all__ = [
     "psi", "LMN", "LMNConfig", "surrogate_loss", "fit_lmn", "fit_temperature", "auroc", "fpr_at_tpr_errors",
     "aurc", "misd_metrics", "evaluate", "MisDTable", "ToyMisDConfig", "MisDToyResult", "toy_experiment",
     "ToyClassifier", "train_toy_classifier", "FASHION_CLASSES", "DIGIT_CLASSES", "load_fashion_mnist", "has_fashion_mnist", "FASHION_MNIST_ROOT", "load_image_set", "image_features",
-    "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment", "ZeroShotConfig", "PROMPT_TEMPLATES",
+    "text_features", "fit_projection", "ZeroShotResult", "zero_shot_experiment", "ZeroShotConfig", "PROMPT_TEMPLATES", "FASHION_DESCRIPTIVE_NAMES", "FASHION_ZERO_SHOT",
     "class_text_bank", "fit_text_space_map", "zero_shot_logits", "unseen_accuracy", "zero_shot_from_features",
 ]
 
@@ -386,6 +386,11 @@ def toy_experiment(config: ToyMisDConfig | None = None) -> MisDToyResult:
 # --------------------------------------------------------------------------- CLIP-style zero-shot classifier from real encoders
 
 FASHION_CLASSES = ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
+FASHION_DESCRIPTIVE_NAMES = ("T-shirt", "pair of trousers", "pullover sweater", "dress", "coat", "sandal shoe", "shirt",
+                             "sneaker shoe", "handbag", "ankle boot shoe")
+"""Fashion-MNIST class names refined the way CLIP's authors renamed classes for zero-shot use (the one set tried;
+chosen after seeing that MiniLM puts "sandal" nearest "shirt" / "bag" and "trouser" nearest "ankle boot": the
+shared word "shoe" gives the text side the footwear grouping the images have -- side information, documented)."""
 DIGIT_CLASSES = ("the digit zero", "the digit one", "the digit two", "the digit three", "the digit four",
                  "the digit five", "the digit six", "the digit seven", "the digit eight", "the digit nine")
 
@@ -533,9 +538,11 @@ class ZeroShotConfig:
     subtract, per template, the mean over the class names (removes the caption's shared component; uses only the
     class names, which zero-shot classification is given). ``rank``: low-rank map ``A B`` (fixed map only);
     ``weight_decay`` (AdamW), ``orth``: penalty ``||M^T M / mean diag - I||^2`` (mean) on the map ``M``;
-    ``temperature``: fixed InfoNCE temperature, or None for CLIP's learned scale."""
+    ``temperature``: fixed InfoNCE temperature, or None for CLIP's learned scale. ``class_names``: names put in
+    the templates instead of the dataset's (e.g. :data:`FASHION_DESCRIPTIVE_NAMES`)."""
 
     templates: tuple[str, ...] = ("a photo of a {}",)
+    class_names: tuple[str, ...] | None = None
     per_template_anchors: bool = False
     text_map: Literal["learned", "fixed"] = "learned"
     center_text: bool = False
@@ -558,6 +565,13 @@ class ZeroShotConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.weight_decay < 0 or self.orth < 0 or self.steps < 1 or self.lr <= 0:
             raise ValueError("weight_decay and orth must be >= 0, steps >= 1 and lr > 0")
+
+
+FASHION_ZERO_SHOT = ZeroShotConfig(class_names=FASHION_DESCRIPTIVE_NAMES, templates=PROMPT_TEMPLATES, text_map="fixed",
+                                   temperature=0.07, weight_decay=0.1)
+"""The Fashion-MNIST alignment that transfers to the held-out classes (docs/models/misd.md: descriptive class names,
+the 12-template ensemble, image features mapped into the frozen MiniLM space, InfoNCE at T = 0.07, weight decay 0.1;
+held-out-class accuracy 0.611 over 5 seeds vs 0.289 for the original recipe, chance 0.333)."""
 
 
 def class_text_bank(text_model, names: Sequence[str], templates: Sequence[str], center: bool = False) -> torch.Tensor:
@@ -642,7 +656,9 @@ def zero_shot_experiment(image_model, text_model, dataset: str = "fashion-mnist"
     MisD table over all 10 classes (``shots``-per-class calibration from the test images, the rest as test)."""
     config = config or ZeroShotConfig()
     xtr, ytr, xte, yte, names = load_image_set(dataset, seed, n_train, n_test + shots)
-    bank = class_text_bank(text_model, names, config.templates, config.center_text)
+    if config.class_names is not None and len(config.class_names) != len(names):
+        raise ValueError(f"class_names has {len(config.class_names)} names, the dataset {len(names)} classes")
+    bank = class_text_bank(text_model, config.class_names or names, config.templates, config.center_text)
     return zero_shot_from_features(image_features(image_model, xtr), ytr, image_features(image_model, xte), yte,
                                    bank, unseen, shots, seed, lmn, config)
 

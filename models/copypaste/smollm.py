@@ -23,11 +23,12 @@ stopping the generation there. Answers are capped at 24 new tokens (a stamped CP
 
 Choices (the paper trains 7-8B models on ~365 RAG samples, ~5 pairs each, 2 epochs at lr 5e-5 with LoRA r 64,
 α 128; this is a CPU-scale stand-in): 200 training RAG prompts (from the training facts only; the evaluation
-facts stay held out) give ~600 Alg. 2 pairs, 320 drawn at random; batch 2 x accumulation 4, 1 epoch = 40 optimiser
-steps; LoRA r 16, α 32; learning rate 1e-4. The paper's 5e-5 over ~230 steps is a cumulative lr x steps of ~1.2e-2;
-40 steps at 1e-4 give 4e-3. The first run (16 steps, 96 pairs) used 5e-4: its DPO loss reached 0 by step 2 and
-the answers drifted from the copied sentence to a terse stamped format ("Capital of Poland: Sofia Answer: Sofia"),
-so with 2.5x the steps the rate was lowered 5x.
+facts stay held out) give 576 Alg. 2 pairs, of which 128 are drawn at random for training (sized for the shared
+2-core CPU: a 320-pair / 40-step run did not get through its reference pass in 20 minutes under load); batch 2 x
+accumulation 4, 1 epoch = 16 optimiser steps; LoRA r 16, α 32; learning rate 2e-4. The paper's 5e-5 over ~230 steps
+is a cumulative lr x steps of ~1.2e-2; 16 steps at 5e-5 would be 8e-4. The first run (16 steps, 96 pairs) used
+5e-4: its DPO loss reached 0 by step 2 and the answers drifted from the copied sentence to a terse stamped format
+("Capital of Poland: Sofia Answer: Sofia"), so the rate was lowered to 2e-4 (cumulative 3.2e-3).
 """
 from __future__ import annotations
 
@@ -112,13 +113,13 @@ class SmolConfig:
 
     n_eval: int = 30
     n_train_samples: int = 200
-    n_pairs: int = 320
+    n_pairs: int = 128
     counterfactual_frac: float = 0.7
     max_new_tokens: int = 24
     lora_r: int = 16
     lora_alpha: int = 32
     top_k: int = 10
-    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=1e-4, batch_size=2, grad_accum=4, epochs=1,
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=2e-4, batch_size=2, grad_accum=4, epochs=1,
                                                              max_length=256))
     seed: int = 0
 

@@ -233,15 +233,17 @@ def test_fashion_mnist_idx_reader():
 @pytest.mark.slow
 @needs_fashion
 def test_zero_shot_fashion_mnist_misd_table(tmp_path, monkeypatch):
-    # measured seed 0 (Fashion-MNIST, unseen trouser/sandal/bag): AUROC LMN 0.814 / MSP 0.685 / T 0.703,
-    # FPR@90 0.478 / 0.928 / 0.964
+    # the classifier that transfers (FASHION_ZERO_SHOT). Measured seed 0 (unseen trouser/sandal/bag):
+    # AUROC LMN 0.777 / MSP 0.661 / T 0.668, FPR@90 0.621 / 0.815 / 0.819 (5 seeds: docs/models/misd.md)
     import interp
+    from interp.models.misd import FASHION_ZERO_SHOT
 
     monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path / "cache"))
     im, tm = interp.load("zoo:dinov2-s14", backend="torch"), interp.load("zoo:minilm-l6", backend="torch")
-    r = zero_shot_experiment(im, tm, dataset="fashion-mnist")
+    r = zero_shot_experiment(im, tm, dataset="fashion-mnist", config=FASHION_ZERO_SHOT)
     t = r.table
     assert r.argmax_unchanged == 1.0
+    assert r.unseen_accuracy > 1 / 3    # held-out classes above chance (measured 0.596; 5-seed mean 0.611)
     assert t["lmn"]["auroc"] > t["msp"]["auroc"] + 0.02 and t["lmn"]["auroc"] > t["temperature"]["auroc"] + 0.02
     assert t["lmn"]["fpr90"] < t["msp"]["fpr90"] and t["lmn"]["fpr90"] < t["temperature"]["fpr90"]
 
@@ -249,10 +251,13 @@ def test_zero_shot_fashion_mnist_misd_table(tmp_path, monkeypatch):
 @pytest.mark.slow
 @needs_fashion
 @pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-01, 5 seeds (projection trained on 7 Fashion-MNIST classes, 100 images each; unseen trouser, "
-    "sandal, bag): zero-shot accuracy on the 3 held-out classes 0.281, 0.268, 0.281, 0.368, 0.250 (mean 0.290, "
-    "chance 0.333); all-class accuracy 0.471. A linear map fit on 7 caption embeddings does not carry MiniLM's "
-    "text geometry to unseen Fashion classes (digits: 0.404)."))
+    "Measured 2026-12-01, 5 seeds, the original recipe (ZeroShotConfig(): two learned linear maps into a 128-d "
+    "space, the dataset's class names in 'a photo of a {}'; projection trained on 7 Fashion-MNIST classes, 100 "
+    "images each; unseen trouser, sandal, bag): held-out accuracy 0.281, 0.268, 0.281, 0.368, 0.250 (mean 0.289, "
+    "chance 0.333). Prompt ensembles (0.289), a map into the frozen MiniLM space (0.282), caption centring, "
+    "T = 0.07, weight decay, rank 8/32 and orthogonality penalties (0.148-0.318) do not fix it: MiniLM puts "
+    "'sandal' nearest 'shirt'/'bag' and 'trouser' nearest 'ankle boot', so the text geometry of the held-out "
+    "classes disagrees with the image geometry. Descriptive names (FASHION_ZERO_SHOT) do transfer: 0.611."))
 def test_zero_shot_fashion_mnist_unseen_above_chance(tmp_path, monkeypatch):
     import interp
 
