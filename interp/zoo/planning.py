@@ -10,7 +10,9 @@ Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 64, 4 heads, ML
 word-level tokenizer over the task vocabulary (``<bos>`` prepended).
 
 Training: fresh examples every step (``task.examples(batch_size, seed=f(seed, step))``), documents are
-``<bos> prompt target``. Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy
+``<bos> prompt target``. Path finding (recipe choice, ``followup_queries``): each document continues with sub-queries
+of the same graph and their answers (``PathFinding.training_examples``), which multiply the in-context edge
+lookups per example; evaluation prompts are main queries only (a prefix of a training document). Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy
 and of path finding are random, there is nothing to learn there) or on every word (``loss_on="all"``: the
 grammar, whose prompts are grammar text as well).
 
@@ -128,11 +130,12 @@ def _desc(task: str, objective: str) -> str:
             f"task: interp.probes.planning.task_for(name).")
 
 
-#: PF-short training (issue #15 follow-up): lower peak lr, longer warm-up and 6,000 steps (~7 CPU-minutes on one
-#: thread) instead of 2,500 steps at lr 3e-3. Measured: the loss falls slowly (1.42 at step 1,000, 0.99 at the end)
-#: but the in-context edge lookup still does not form (greedy 0.07, first step 0.30): the builds refuse to cache
-#: (docs/zoo.md; strict xfails in tests/zoo/test_planning_zoo.py)
-PF_TRAIN = {"steps": 6000, "lr": 1e-3, "warmup": 200}
+#: PF-short training (issue #15): every training graph carries 8 follow-up sub-queries after its target
+#: (``PathFinding.training_examples``; recipe choice). Without them (6,000 steps, lr 1e-3) one-hop edge lookup
+#: stayed at chance (teacher-forced 0.09 at steps 500-1,000; greedy 0.07 at the end); with them it forms between
+#: steps 1,000 and 1,500 (lookup 0.16 -> 1.00, greedy 0.04 -> 0.62). The look-ahead for the first step is still
+#: not learned: NTP greedy 0.684 = a uniform pick among the source's 3 successors (docs/planning.md)
+PF_TRAIN = {"steps": 3000, "lr": 1e-3, "warmup": 200, "followup_queries": 8}
 
 #: the seven zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`
 PLANNING_SPECS: tuple[dict, ...] = (
