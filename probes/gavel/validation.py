@@ -467,7 +467,8 @@ def _missing_ces(conv: lib.LabelledConversation, rule) -> list[str]:
 
 def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens: int = 32, seed: int = 0,
                            harmless: str = "random", stop_at_eos: bool = True, steer: dict | None = None,
-                           control: bool = False, request: bool = False, history: int = 8) -> MonitorValidation:
+                           control: bool = False, request: bool = False, history: int = 8,
+                           request_prefill: int = 0) -> MonitorValidation:
     """The monitor on held-out conversations (:func:`library_test_set`), every library rule with action ``block``.
 
     Positives (``n_positive`` per seen scenario), two modes:
@@ -487,7 +488,9 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
     - ``request=True``: the conversation up to its last user turn, which is replaced by a request to write
       the held-out turn's sentences of the missing rule CEs (:data:`REQUEST`); user turns are not scored, so
       the prompt shows only part of the rule and only the model's own continuation can complete it. Run
-      with ``flag`` first as in the steered mode (``gen_tokens``).
+      with ``flag`` first as in the steered mode (``gen_tokens``). ``request_prefill=k`` also starts the
+      assistant turn with the first ``k`` words of the requested text (a prefill that does not show the CE
+      yet; the continuation has to complete it).
 
     Harmless: the test set's random negatives (``harmless="random"``; ``"all"`` adds the hard negatives,
     ``"none"`` runs positives only),
@@ -529,6 +532,7 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
             last = len(t.messages) - 1
             sents = [t.messages[last]["content"][a:b] for m, a, b, ce in sorted(t.spans) if m == last and ce in steered]
             prompt = t.messages[:-2] + [{"role": "user", "content": REQUEST.format(text=" ".join(sents))}]
+            prefill = " ".join(" ".join(sents).split()[:request_prefill]) or None
         elif kind in ("positive", "control") and steer is None:
             prompt, prefill = _prefill(t)
         elif kind in ("positive", "control"):
@@ -544,7 +548,7 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
         if vec is not None or (kind == "positive" and request):
             with (vec.apply(model) if vec is not None else contextlib.nullcontext()):
                 free = Monitor(model, detector, flags, history=history, score_prompt="assistant").generate(
-                    prompt, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+                    prompt, max_new_tokens=max_new_tokens, prefill=prefill, stop_at_eos=stop_at_eos)
             gen_tokens = len(free.token_ids)
             flag_token = free.events[0]["token"] if free.events else float("nan")
         mon = Monitor(model, detector, rules, history=history, score_prompt="assistant")

@@ -163,6 +163,10 @@ def test_monitor_validation_positive_modes(model):
         want = " ".join(last[a:b] for m, a, b, ce in sorted(t.spans) if m == len(t.messages) - 1 and ce in missing)
         assert row.request == REQUEST.format(text=want)
         assert row.unmonitored == row.generated  # nothing fired: the flag and block runs generate the same turn
+    mv = run_monitor_validation(model, det, n_positive=1, max_new_tokens=3, request=True, request_prefill=2,
+                                harmless="none", stop_at_eos=False)
+    for (_, row), t in zip(mv.to_frame().iterrows(), pos):
+        assert row.prefill == " ".join(row.request[len(REQUEST.format(text="")):].split()[:2])
     d = model.cfg.d_model
     dirs = {c: torch.randn(d, generator=torch.Generator().manual_seed(i)) for i, c in enumerate(ces)}
     mv = run_monitor_validation(model, det, n_positive=1, max_new_tokens=3, harmless="none", stop_at_eos=False,
