@@ -622,21 +622,24 @@ def majority_validation(seeds=range(10), variants=VARIANTS, folder=None, **overr
     return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])
 
 
-def majority_variants(task: str = "majority", variants=VARIANTS, seeds=range(3), **overrides) -> "pandas.DataFrame":  # noqa: F821
+def majority_variants(task: str = "majority", variants=VARIANTS, seeds=range(3), folder=None,
+                      **overrides) -> "pandas.DataFrame":  # noqa: F821
     """Train each variant (standard / myopic / m-untied / myopic + m-untied) on ``task`` for each seed, without the
     influence re-run. Returns one row per (variant, seed): mean probe accuracy over ``probe_positions`` at
     ``probe_layer`` (``is_majority_*`` on Majority, ``prev_is_0`` on conditioned Majority), legal-output accuracy
-    and final training loss."""
+    and final training loss. ``folder``: per-run records written atomically there, reused on a re-run
+    (:func:`majority_record`)."""
     import pandas as pd
     rows = []
     for s in seeds:
         for v in variants:
-            r = run_majority(MajorityConfig(variant=v, task=task, seed=s, **overrides), track_influence=False)
+            r = majority_record(MajorityConfig(variant=v, task=task, seed=s, **overrides), track_influence=False,
+                                folder=folder)
             rows.append({"task": task, "variant": v, "seed": s,
-                         "probe_accuracy": sum(r.probe_accuracy.values()) / len(r.probe_accuracy),
-                         "output_accuracy": r.output_accuracy, "first_output_accuracy": r.first_output_accuracy,
-                         "final_loss": r.final_loss,
-                         **{f"probe@{p}": a for p, a in r.probe_accuracy.items()}})
+                         "probe_accuracy": sum(r["probe_accuracy"].values()) / len(r["probe_accuracy"]),
+                         "output_accuracy": r["output_accuracy"], "first_output_accuracy": r["first_output_accuracy"],
+                         "final_loss": r["final_loss"],
+                         **{f"probe@{p}": a for p, a in r["probe_accuracy"].items()}})
     return pd.DataFrame(rows)
 
 

@@ -307,17 +307,39 @@ def test_q_domains_smollm2(tmp_path):
     assert len(r.to_frame()) == 48 and r.figure().data
 
 
-@pytest.mark.slow
-def test_majority_untied_lowers_probe():
-    """Digest criterion 4 with m-untied training, at the measured setting (3 seeds, 200 steps, d=64; ~40 min on one
-    loaded core). Measured mean probe accuracy (is_majority, layer 2, input positions 5-9): standard 0.911,
-    myopic 0.905, untied 0.717, myopic + untied 0.742; every seed's untied and myopic + untied drop is >= 0.117."""
+@pytest.fixture(scope="module")
+def majority_variants_10_seeds(tmp_path_factory):
+    """Probe accuracy of the four variants over 10 seeds (200 steps, d 64; ~8 CPU-min; resumable records)."""
     from interp.dynamics import majority_variants
-    df = majority_variants("majority", seeds=range(3), steps=200)
-    acc = df.pivot(index="seed", columns="variant", values="probe_accuracy")
+    df = majority_variants("majority", seeds=range(10), steps=200, folder=tmp_path_factory.mktemp("variants"))
+    return df.pivot(index="seed", columns="variant", values="probe_accuracy")
+
+
+@pytest.mark.slow
+def test_majority_myopic_untied_lowers_probe(majority_variants_10_seeds):
+    """Removing both pre-caching and sharing lowers the probe (the paper: myopic + untied is worst), 10 seeds, 200
+    steps. Measured mean probe accuracy (is_majority, layer 2, input positions 5-9): standard 0.902, myopic 0.892,
+    untied 0.895, myopic + untied 0.692; myopic + untied is 0.190 [0.176, 0.202] below the better single intervention
+    (every seed >= 0.150) and 0.210 below standard (every seed >= 0.194)."""
+    acc = majority_variants_10_seeds
     assert acc["standard"].mean() >= 0.9
-    for v in ("untied", "myopic+untied"):
-        assert acc[v].mean() <= acc["standard"].mean() - 0.1, v
+    assert acc["myopic+untied"].mean() <= acc["standard"].mean() - 0.1
+    assert (acc["myopic+untied"] <= acc[["myopic", "untied"]].min(axis=1) - 0.1).all()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced at this scale (10 seeds, 200 steps, d 64, m 10): each intervention alone leaves the probe almost "
+    "unchanged: paired drop vs standard myopic 0.010 [-0.004, 0.025], untied 0.007 [-0.007, 0.022] (5 of 10 seeds "
+    "lower each; 95% bootstrap CIs over seeds); with m = 11 (a wrong split, position 10 on the first network) untied "
+    "had looked 0.19 lower"))
+def test_majority_single_interventions_lower_probe(majority_variants_10_seeds):
+    """The paper (qualitative): myopic training lowers the probe accuracy of NTP-useless features, and so does
+    untying; here: the 10-seed paired drop's 95% CI lies above 0 for each."""
+    from interp.dynamics import bootstrap_ci
+    acc = majority_variants_10_seeds
+    for v in ("myopic", "untied"):
+        assert bootstrap_ci((acc["standard"] - acc[v]).values)[1] > 0, v
 
 
 @pytest.mark.slow
