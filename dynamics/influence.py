@@ -277,7 +277,7 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     """
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr}")
-    names, tensors = list(params), list(params.values())
+    tensors = list(params.values())
     opt = torch.optim.Adam(tensors, lr=lr, betas=betas, eps=eps)
     comps = ("direct", "precached", "shared")
     n_p = sum(t.numel() for t in tensors)
