@@ -347,7 +347,8 @@ def test_majority_single_interventions_lower_probe(majority_variants_10_seeds):
     "not reproduced at CPU scale: after 1500 steps of batch 64 (seed 0, d=64; 96k sequences, the paper trains 3000 "
     "steps of 256) the *standard* model has not learned conditioned Majority either: first-output legal accuracy "
     "0.786 standard vs 0.752 myopic, against 0.720 for predicting the unconditioned input majority (400 steps, "
-    "seeds 0-1: 0.759/0.785 standard, 0.749/0.742 myopic); so 'standard solves it, myopic fails' cannot be shown"))
+    "seeds 0-1: 0.759/0.785 standard, 0.749/0.742 myopic; the official width and batch, d 128, batch 256, 600 steps = "
+    "154k sequences: standard 0.811); so 'standard solves it, myopic fails' cannot be shown"))
 def test_conditioned_majority_myopic_fails():
     """Validation 2, last clause: the myopic model fails on conditioned Majority (the official metric: legal
     accuracy of the first output token) while the standard model solves it. ~16 min per variant on a loaded core."""
