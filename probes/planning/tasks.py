@@ -222,6 +222,10 @@ class PathFinding:
     its node words, source and goal included; ``decoy`` is the decoy path. ``is_correct`` accepts any
     valid source->goal walk of exactly ``path_len`` nodes along prompt edges (with these graphs: either
     correct path). ``meta`` holds ``source``, ``goal``, ``edges`` (list of pairs) and ``dead_ends``.
+
+    Training aid (a recipe choice, outside the contract): :meth:`subqueries` lists the graph's other queries with a
+    unique answer, and :meth:`training_examples` appends some of them after the target, which multiplies the
+    in-context edge lookups a small model is trained on (``zoo:planning-pf-*``; docs/planning.md).
     """
 
     variant: str = "short"
