@@ -10,11 +10,12 @@ Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 64, 4 heads, ML
 word-level tokenizer over the task vocabulary (``<bos>`` prepended).
 
 Training: fresh examples every step (``task.examples(batch_size, seed=f(seed, step))``), documents are
-``<bos> prompt target``. Path finding (recipe choice, ``followup_queries``): each document continues with sub-queries
-of the same graph and their answers (``PathFinding.training_examples``), which multiply the in-context edge
-lookups per example; evaluation prompts are main queries only (a prefix of a training document). Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy
-and of path finding are random, there is nothing to learn there) or on every word (``loss_on="all"``: the
-grammar, whose prompts are grammar text as well).
+``<bos> prompt target``. Path finding (recipe choice, ``followup_queries``): each document continues with
+sub-queries of the same graph and their answers (``PathFinding.training_examples``), which multiply the
+in-context edge lookups per example; evaluation prompts are main queries only (a prefix of a training
+document). Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy and of path
+finding are random, there is nothing to learn there) or on every word (``loss_on="all"``: the grammar, whose
+prompts are grammar text as well).
 
 MTP (multi-token prediction, Gloeckle et al. 2024 style, UNCERTAIN head count in the paper): ``mtp_heads = k``
 extra heads on the shared trunk; head ``j`` (1..k) maps the trunk's final (normed) hidden state ``h`` to
