@@ -387,22 +387,35 @@ def smollm_result(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_smollm_lora_dpo_faithfulness(smollm_result):
-    # measured 2026-12-01 (SmolConfig defaults, 78/109 facts known, 30 eval facts, 96 pairs, 16 LoRA-DPO steps):
-    # counterfactual faithfulness 0.667 -> 0.967, original accuracy 0.967 -> 1.000, contextual share 0.634 -> 0.702
+def test_smollm_lora_dpo_no_drop_on_original_contexts(smollm_result):
+    # measured 2026-12-01 (SmolConfig defaults: one-line answer rule, 80/109 facts known, 30 held-out facts,
+    # 200 training prompts, 128 pairs, 16 LoRA-DPO steps at lr 2e-4): original-context accuracy 0.967 -> 1.000
     m = smollm_result.metrics
     assert smollm_result.n_known >= 40 and smollm_result.dpo_loss[-1] < smollm_result.dpo_loss[0]
-    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
     assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Measured 2026-12-01 (SmolConfig defaults: every answer cut at its first line / stamped answer, 128 pairs from "
+    "200 RAG prompts, 16 LoRA-DPO steps at lr 2e-4): counterfactual faithfulness 0.800 -> 0.867 (+0.067; criterion "
+    "+0.20), contextual share of Alg. 3 captures 0.780 -> 0.744 (criterion: up). Two thirds of the answers take the "
+    "stamped copy format, the rest collapse to terse 'X: Y' forms. At lr 5e-4 the model collapses onto the stamp "
+    "('Answer: Answer:'): faithfulness 0.367, original accuracy 0.533. The first run (16-token answers without the "
+    "one-line cut, 96 pairs, lr 5e-4) had reported 0.667 -> 0.967."))
+def test_smollm_lora_dpo_faithfulness(smollm_result):
+    m = smollm_result.metrics
+    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
     assert m["contextual_share"]["after"] > m["contextual_share"]["before"]
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-01 (SmolConfig defaults): kappa of the answers to counterfactual contexts 0.848 -> 0.345 "
-    "(criterion: up). After LoRA-DPO the model answers in the stamped format ('Capital of Poland: Sofia Answer: "
-    "Sofia') and, not having learned to stop, runs on to the 16-token cap ('Question: What is ...'): faithful but "
-    "no longer verbatim. Before DPO its answers were near-copies of the context sentence."))
+    "Measured 2026-12-01 (SmolConfig defaults, one-line answer rule in every condition): kappa of the answers to "
+    "counterfactual contexts 0.869 -> 0.571 (criterion: up; response part without the stamp 0.869 -> 0.732). The "
+    "stamp 'Answer: Y' is not in the context, so a perfect stamped copy has kappa 0.75 while the instruct model's "
+    "unstamped copy of the context sentence already had 1.0; a third of the answers also collapse to 'X: Y'. "
+    "(First run, 16-token answers without the cut, lr 5e-4: 0.848 -> 0.345.)"))
 def test_smollm_lora_dpo_kappa_up(smollm_result):
     m = smollm_result.metrics
     assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"]
