@@ -28,7 +28,9 @@ facts stay held out) give 576 Alg. 2 pairs, of which 128 are drawn at random for
 accumulation 4, 1 epoch = 16 optimiser steps; LoRA r 16, α 32; learning rate 2e-4. The paper's 5e-5 over ~230 steps
 is a cumulative lr x steps of ~1.2e-2; 16 steps at 5e-5 would be 8e-4. The first run (16 steps, 96 pairs) used
 5e-4: its DPO loss reached 0 by step 2 and the answers drifted from the copied sentence to a terse stamped format
-("Capital of Poland: Sofia Answer: Sofia"), so the rate was lowered to 2e-4 (cumulative 3.2e-3).
+("Capital of Poland: Sofia Answer: Sofia"), so the rate was lowered to 2e-4 (cumulative 3.2e-3). Measured on the
+same 128 pairs (docs/models/copypaste.md): 2e-4 keeps original-context accuracy (0.967 -> 1.000) but raises
+counterfactual faithfulness only 0.800 -> 0.867; 5e-4 collapses every answer onto the stamp ("Answer: X").
 """
 from __future__ import annotations
 
