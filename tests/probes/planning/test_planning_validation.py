@@ -46,6 +46,11 @@ def _shape(name):
     return decay_criteria(r), r
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "measured (HORIZON_RUN, tau=0..3, N=2000, K=32): zoo:planning-pf-short-ntp (greedy 0.682: edge lookup learned, "
+    "first step a uniform pick among the source's successors) corrected I(Z_H; Z_T+tau) = 0.183 0.037 0.015 0.040 "
+    "nats (null std ~0.009), nMI 1.00 0.20 0.08 0.22: tau=2 falls below half of tau=1, not flat or rising; the "
+    "grammar side decays (0.30 < 0.5 x 0.36)"))
 def test_cfg_decays_path_finding_does_not():
     """Paper: the grammar's horizon curve decays; path finding's stays flat or rises for τ > 1."""
     cfg, rc = _shape("planning-cfg-ntp")
