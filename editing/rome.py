@@ -185,18 +185,6 @@ def _subject_last(model, template: str, req: EditRequest, fact_token: str = "sub
     return len(_ids(model, template.format(req.prompt.split("{}")[0] + req.subject))) - 1
 
 
-def _pad(model, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` for token-id lists."""
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def _has_unk(model, text: str) -> bool:
     unk = getattr(model.tokenizer, "unk_token_id", None)
     return unk is not None and unk in _ids(model, text, special=False)
@@ -233,7 +221,7 @@ def compute_key(site: _Site, req: EditRequest, templates: Sequence[str], fact_to
     seqs = [_ids(model, t.format(req.text)) for t in templates]
     idx = torch.tensor([_subject_last(model, t, req, fact_token) for t in templates])
     with site.open():
-        _, cache = model.run_with_cache(_pad(model, seqs), names=[site.key])
+        _, cache = model.run_with_cache(model.pad_token_ids(seqs), names=[site.key])
     keys = cache[site.key].float()[torch.arange(len(seqs)), idx.to(cache[site.key].device)]
     return keys.mean(0).cpu()
 
@@ -316,7 +304,7 @@ def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts
         kreq = EditRequest(kp, req.subject, req.target)
         seqs.append(_ids(model, kreq.text))
         idx.append(_subject_last(model, "{}", kreq, fact_token))
-    return _pad(model, seqs), torch.tensor(idx), torch.tensor(tpos), torch.tensor(tgt)
+    return model.pad_token_ids(seqs), torch.tensor(idx), torch.tensor(tpos), torch.tensor(tgt)
 
 
 def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: EditConfig | None = None

@@ -180,6 +180,21 @@ class Model:
             return ids[:, 1:]
         return ids
 
+    def pad_token_ids(self, seqs: Sequence[Sequence[int] | torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Right-pad token-id sequences into a batch: ``{"input_ids": [batch, pos], "attention_mask": [batch,
+        pos]}`` (mask 1 on real tokens), padded with the tokenizer's pad id (0 when it has none). Results on
+        real tokens do not depend on the pad id, since position ids come from the attention mask."""
+        if len(seqs) == 0:
+            raise ValueError("pad_token_ids: no sequences")
+        rows = [torch.as_tensor(s, dtype=torch.long).flatten() for s in seqs]
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        ids = torch.full((len(rows), max(len(r) for r in rows)), 0 if pad is None else int(pad), dtype=torch.long)
+        mask = torch.zeros(ids.shape, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+            mask[i, :len(r)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
     def to_single_token(self, text: str) -> int:
         """The id of ``text`` if it is exactly one token (else a ValueError naming its tokens)."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -75,3 +75,22 @@ def test_bad_audit_settings_fail_before_any_model_loads(setting, match, tmp_path
                                    "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and match in res.output and "loading" not in res.output
     assert not (tmp_path / "r").exists() and time.perf_counter() - t0 < 30
+
+
+def test_pad_token_ids_right_pads_and_matches_unpadded_runs():
+    """``Model.pad_token_ids``: right padding with the tokenizer's pad id, mask 1 on real tokens; a padded run
+    equals each sequence run alone on its real tokens (3 layers, perturbed norms); no sequences is refused."""
+    hf, tok = tiny_model("llama", n_layers=3, perturb_norms=True)
+    model = interp.wrap(hf, tok, backend="torch")
+    seqs = [[5, 6, 7, 8], torch.tensor([9, 10]), [11]]
+    batch = model.pad_token_ids(seqs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8], [9, 10, pad, pad], [11, pad, pad, pad]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
+    name = "blocks.2.hook_resid_post"
+    _, cache = model.run_with_cache(batch, names=[name])
+    for i, s in enumerate(seqs):
+        _, alone = model.run_with_cache(torch.as_tensor(s).view(1, -1), names=[name])
+        torch.testing.assert_close(cache[name][i, :len(s)], alone[name][0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no sequences"):
+        model.pad_token_ids([])

@@ -126,16 +126,9 @@ def _features_of_ids(model, spec: FeatureSpec, seqs: list[torch.Tensor], batch_s
                      desc: str = "gavel features") -> list[torch.Tensor]:
     names = spec.names()
     out: list[torch.Tensor] = []
-    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     for start in progress(range(0, len(seqs), batch_size), desc=desc):
         chunk = seqs[start:start + batch_size]
-        n = max(len(s) for s in chunk)
-        ids = torch.full((len(chunk), n), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), n), dtype=torch.long)
-        for i, s in enumerate(chunk):
-            ids[i, :len(s)] = s
-            mask[i, :len(s)] = 1
-        _, cache = model.run_with_cache({"input_ids": ids, "attention_mask": mask}, names=names,
+        _, cache = model.run_with_cache(model.pad_token_ids(chunk), names=names,
                                         stop_at_layer=spec.layers[-1] + 1)
         z = torch.stack([cache[name] for name in names], dim=2).float()  # [B, S, L, H, d]
         feats = group_readout(z, model.cfg.n_kv_heads) if spec.group_kv else z.flatten(-2)

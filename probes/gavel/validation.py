@@ -416,16 +416,10 @@ def ce_directions(model, layer: int, n: int = 120, seed: int = 0, batch_size: in
     d = model.cfg.d_model
     sums, counts = torch.zeros(len(ces), d, dtype=torch.float64), torch.zeros(len(ces), dtype=torch.float64)
     free_sum, free_n, free_norm = torch.zeros(d, dtype=torch.float64), 0, 0.0
-    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     labs = [token_ce_labels(model, c, ces) for c in convs]
     for s in progress(range(0, len(labs), batch_size), desc="CE directions"):
         chunk = labs[s:s + batch_size]
-        T = max(len(i) for i, _, _ in chunk)
-        ids = torch.full((len(chunk), T), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), T), dtype=torch.long)
-        for b, (i, _, _) in enumerate(chunk):
-            ids[b, :len(i)], mask[b, :len(i)] = i, 1
-        _, cache = model.run_with_cache({"input_ids": ids, "attention_mask": mask}, names=[name],
+        _, cache = model.run_with_cache(model.pad_token_ids([i for i, _, _ in chunk]), names=[name],
                                         stop_at_layer=min(layer + 1, model.cfg.n_layers))
         r = cache[name].double().cpu()  # [B, T, d]
         for b, (i, keep, lab) in enumerate(chunk):

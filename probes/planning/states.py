@@ -197,21 +197,11 @@ def harvest_sets(model: Model, sequences: Sequence[torch.Tensor], anchors: Seque
     for j, (si, _) in enumerate(anchors):
         by_seq.setdefault(int(si), []).append(j)
     order = sorted(by_seq)
-    pad_id = 0
-    tok = getattr(model, "tokenizer", None)
-    if tok is not None and getattr(tok, "pad_token_id", None) is not None:
-        pad_id = int(tok.pad_token_id)
     out: dict[str, list] = {k: [None] * len(anchors) for k in specs}
     for b0 in progress(range(0, len(order), batch_size), desc=desc):
         seq_ids = order[b0:b0 + batch_size]
         seqs = [torch.as_tensor(sequences[i]).long().flatten() for i in seq_ids]
-        n = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(seqs), n, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, :len(s)] = s
-            mask[r, :len(s)] = 1
-        _, cache = model.run_with_cache({"input_ids": ids, "attention_mask": mask}, names=names, device="cpu")
+        _, cache = model.run_with_cache(model.pad_token_ids(seqs), names=names, device="cpu")
         acts = torch.stack([cache[nm] for nm in names])  # [n_layers, batch, pos, d]
         for r, si in enumerate(seq_ids):
             length = len(seqs[r])
