@@ -153,7 +153,8 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
                  config: EditConfig | None = None, ft_config: FineTuneConfig | None = None,
                  context_texts: Sequence[str] = (), heldout: Sequence[str] = (), n_mom2: int = 20_000,
                  seed: int = 0, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft"),
-                 log=None, run_dir: str | None = None, reverse: bool = False) -> RealEditComparison:
+                 log=None, run_dir: str | None = None, reverse: bool = False,
+                 templates: Sequence[str] | None = None, mom2_dir: str | None = None) -> RealEditComparison:
     """Edit ``n_edits`` known facts of ``model`` (each to another object of its relation, :func:`edit_plan`)
     with every method, each edit applied alone and reverted.
 
@@ -164,16 +165,22 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
     (``mom2_mlp.safetensors``, ``mom2_tc.safetensors``) and, per edit and method group (``tc``: TCPE's taus and
     ROME on the transcoder; ``rome``; ``ft``), ``edit_{i:03d}_{group}.json`` are written atomically as they
     complete; a rerun with the same arguments reads them and computes only what is missing (a run with a
-    different layer, taus, methods, seed or config is refused). Each file is checked again just before its
+    different layer, taus, seed or config is refused). Each file is checked again just before its
     group is computed, so a second process on the same ``run_dir`` with ``reverse=True`` (the plan from its
-    end) shares the work; rows are returned in plan order.
+    end) shares the work; rows are returned in plan order. ``methods`` is not part of the run's identity: a
+    later call with another method (e.g. ``"ft"``) adds its files to the same folder.
+
+    ``templates``: the context templates (default: sampled by :func:`~.rome.context_templates`; a resumed run
+    uses its stored ones). ``mom2_dir``: folder of the second-moment files (default ``run_dir``). TCPE masks
+    with the same rows (e.g. two τ that keep the same features of ``k*``) have the same update and are evaluated
+    once.
     """
     from pathlib import Path
     from interp.io import atomic_write_json, load_json
     cfg = config or EditConfig()
     ft_cfg = ft_config or FineTuneConfig()
     rd = Path(run_dir) if run_dir is not None else None
-    ident = {"layer": layer, "taus": [float(t) for t in taus], "methods": list(methods), "seed": seed,
+    ident = {"layer": layer, "taus": [float(t) for t in taus], "seed": seed,
              "config": {k: v for k, v in vars(cfg).items()}, "ft_config": vars(ft_cfg), "n_mom2": n_mom2,
              "n_heldout": len(heldout), "n_context": len(context_texts)}
     ident = __import__("json").loads(__import__("json").dumps(ident))
@@ -189,7 +196,8 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
         ppl_tc = setup["baseline"]["ppl_spliced"] if setup else perplexity(model, heldout)
     ppl = setup["baseline"]["ppl"] if setup else perplexity(model, heldout)
     both = [f for f in known if f in set(known_tc)]
-    templates = setup["baseline"]["templates"] if setup else context_templates(model, cfg)
+    templates = setup["baseline"]["templates"] if setup else \
+        (list(templates) if templates is not None else context_templates(model, cfg))
     out = RealEditComparison(baseline={"n_facts": len(all_facts()), "known": len(known), "known_spliced": len(known_tc),
                                        "ppl": ppl, "ppl_spliced": ppl_tc, "templates": templates, "layer": layer})
     if rd is not None and setup is None:
@@ -201,7 +209,10 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
     plan = edit_plan(both, n_edits, seed)
     todo = [(i, g) for i in range(len(plan)) for g in groups
             if rd is None or not (rd / f"edit_{i:03d}_{g}.json").is_file()]
-    mom = (lambda name: str(rd / f"mom2_{name}.safetensors")) if rd is not None else (lambda name: None)
+    md = Path(mom2_dir) if mom2_dir is not None else rd
+    if md is not None:
+        md.mkdir(parents=True, exist_ok=True)
+    mom = (lambda name: str(md / f"mom2_{name}.safetensors")) if md is not None else (lambda name: None)
     tc_site = TranscoderSite(model, layer, transcoder)
     C_mlp = second_moment(MLPSite(model, layer), context_texts, n_tokens=n_mom2, cache_file=mom("mlp")) \
         if any(g == "rome" for _, g in todo) else None
@@ -226,17 +237,23 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
                 edits = [rank_one(MLPSite(model, layer), req, C_mlp, cfg, method="rome", templates=templates)]
             else:
                 edits = [fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)]
-            rows = []
+            rows, seen = [], {}
             for e in edits:
                 tc_on = e.site == "transcoder"
-                e.apply(transcoder=transcoder) if tc_on else e.apply(model)
                 others = [j for j, h in enumerate(known) if h.subject != f.subject]
-                try:
-                    with (splice(model, layer, transcoder) if tc_on else _null()):
-                        p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
-                        ppl_after = perplexity(model, heldout)
-                finally:
-                    e.revert(transcoder=transcoder) if tc_on else e.revert(model)
+                same = (e.site, tuple(e.rows.tolist())) if g == "tc" else None  # same full edit + rows = same delta
+                if same is not None and same in seen:
+                    p, ppl_after = seen[same]
+                else:
+                    e.apply(transcoder=transcoder) if tc_on else e.apply(model)
+                    try:
+                        with (splice(model, layer, transcoder) if tc_on else _null()):
+                            p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
+                            ppl_after = perplexity(model, heldout)
+                    finally:
+                        e.revert(transcoder=transcoder) if tc_on else e.revert(model)
+                    if same is not None:
+                        seen[same] = (p, ppl_after)
                 ref = set(known_tc) if tc_on else set(known)
                 before = pred_tc if tc_on else [_first(model, h.obj) for h in known]
                 neigh = [pi == _first(model, known[j].obj) for pi, j in zip(p[2:], others) if known[j] in ref]
@@ -248,7 +265,8 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
                        "locality": float(np.mean(loc)), "n_locality": len(loc),
                        "ppl_before": ppl_tc if tc_on else ppl, "ppl_after": ppl_after, "n_changed": e.n_changed,
                        "d_key": e.d_key, "frac_changed": e.n_changed / e.d_key, "residual": e.residual,
-                       "final_nll": e.log["nll"][-1] if e.log.get("nll") else float("nan")}
+                       "final_nll": e.log["nll"][-1] if e.log.get("nll") else float("nan"),
+                       "cos_uk": e.log.get("cos_uk", float("nan"))}
                 rows.append(row)
                 if log:
                     log(str(row))
@@ -307,33 +325,98 @@ def load_run(run_dir: str) -> RealEditComparison:
         i = int(f.stem.split("_")[1])
         per.setdefault(i, []).append(f)
         out.rows.extend(load_json(f, what="real-edit result", required=("rows",))["rows"])
-    methods = setup["ident"]["methods"]
-    n_groups = len([g for g in ("tc", "rome", "ft") if (g == "tc" and {"tcpe", "rome_tc"} & set(methods)) or g in methods])
+    n_groups = len({f.stem.split("_", 2)[2] for f in files})  # the method groups this folder holds
     out.baseline["n_edits_complete"] = sum(len(v) == n_groups for v in per.values())
     out.rows.sort(key=lambda r: r["edit"])
     return out
 
 
-def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 8000,
-                  tau_quantiles: Sequence[float] = (0.9,), mom2_eps_rel: float = 1e-2, log=None,
+def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
+    """The real text of the second moments: for ``n_tokens ≤ 8000`` the 75 passages ``docs[1700:1775]`` of the
+    earlier runs (truncated to 128 tokens each: ~9,600 tokens); above, every passage from ``docs[1700]`` on split
+    into its two halves (6 verses / 3 instructions each, ~1,300 pieces of ≤ 128 tokens, ~150k tokens), so that
+    ``n_tokens`` = 100,000 (ROME's ``mom2_n_samples``) is reached. None of it is in the transcoder's training
+    store (its 160k tokens come from the first ~400 passages) or in the held-out text (Ruth)."""
+    if n_tokens <= 8000:
+        return list(docs[1700:1775])
+    out = []
+    for d in docs[1700:]:
+        lines = d.splitlines()
+        h = (len(lines) + 1) // 2
+        out.extend(x for x in ("\n".join(lines[:h]), "\n".join(lines[h:])) if x.strip())
+    return out
+
+
+def plan_keys(model, layer: int, transcoder: Transcoder, n_edits: int, templates: Sequence[str], seed: int = 0,
+              fact_token: str = "subject_last"):
+    """The edit plan of :func:`compare_real` (facts both the plain and the spliced model know, :func:`edit_plan`)
+    and the keys ``k*`` of its requests at both sites, before any edit: ``(plan, keys_tc [n, d_sae],
+    keys_mlp [n, d_mlp])``."""
+    from .rome import compute_key
+    known, _ = known_facts(model)
+    with splice(model, layer, transcoder):
+        known_tc, _ = known_facts(model, known)
+    both = [f for f in known if f in set(known_tc)]
+    plan = edit_plan(both, n_edits, seed)
+    tc_site, mlp_site = TranscoderSite(model, layer, transcoder), MLPSite(model, layer)
+    reqs = [f.request(new) for f, new in plan]
+    keys_tc = torch.stack([compute_key(tc_site, r, templates, fact_token) for r in reqs])
+    keys_mlp = torch.stack([compute_key(mlp_site, r, templates, fact_token) for r in reqs])
+    return plan, keys_tc, keys_mlp
+
+
+def tau_for_fraction(keys: torch.Tensor, frac: float, step: float = 1e-3) -> tuple[float, float]:
+    """TCPE's τ by the digest's recipe rule "|S| ≈ 1–3% of d_tc", made exact: the smallest τ on a grid of
+    ``step`` such that the mean over ``keys [n, d]`` of ``|S| = |{a : k*_a > 0, k*_a ≥ τ}|`` is at most
+    ``frac · d`` (τ = 0 when the keys' own supports are already that small). Uses the keys only, never edit
+    outcomes. Returns ``(τ, mean |S| / d)``."""
+    d = keys.shape[1]
+    pos = [k[k > 0].sort().values for k in keys]
+
+    def mean_s(t: float) -> float:
+        return float(np.mean([len(v) - int(torch.searchsorted(v, torch.tensor(t, dtype=v.dtype))) for v in pos]))
+
+    if mean_s(0.0) <= frac * d:
+        return 0.0, mean_s(0.0) / d
+    lo, hi = 0, int(np.ceil(float(max(float(v[-1]) for v in pos if len(v)) / step))) + 1  # grid index bisection
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mean_s(mid * step) <= frac * d else (mid, hi)
+    t = round(hi * step, 6)
+    return t, mean_s(t) / d
+
+
+def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 100_000,
+                  tau_quantiles: Sequence[float] = (0.5, 0.9), tau_frac: float = 0.02, mom2_eps_rel: float = 1e-2,
+                  methods: Sequence[str] = ("tcpe", "rome_tc", "rome"), log=None,
                   reverse: bool = False) -> tuple[RealEditComparison, dict]:
     """Validation 3 of TCPE (digest §5) on ``zoo:smollm2-135m``, resumable in ``cache_dir``.
 
     Steps (each cached in ``cache_dir``): harvest ``blocks.{l}.ln2.hook_normalized`` / ``hook_mlp_out`` on
     :func:`training_documents` (160k tokens, ``store_L{l}``, :func:`interp.store.harvest` resumes); train the
     transcoder (d_sae 2304, L1 6.0, 2 epochs, checkpoint ``tc_ckpt_L{l}``, result ``tc_L{l}`` in sae-lens
-    format); its metrics on held-out text (``tc_metrics_L{l}.json``); TCPE's τ = quantiles of the active
-    feature values at the subjects' last tokens (τ = 0 is always added); then :func:`compare_real` with
-    ``run_dir = cache_dir/edits_L{l}[_ridge{mom2_eps_rel}]`` (one file per edit and method group; ``reverse``: a
-    second worker). ``mom2_eps_rel``: ridge ``C + mom2_eps_rel · mean(diag C) · I`` for both sites. The default
-    1e-2 is set from a diagnostic, not from edit outcomes: ``C`` of the 2304 transcoder features from 8,000
-    tokens is singular (17 features never active, smallest eigenvalue ~ −1e-8), and without a ridge
-    ``u = C⁻¹k*`` is nearly orthogonal to ``k*`` (``cos_uk`` 0.05 and −0.004 on the first two edits; MLP site
-    0.53): the update then lives in directions text rarely visits, the unmasked transcoder update destroys the
-    model (perplexity 1e4) and TCPE's masked rows carry ~0% of ``uᵀk*`` (no effect). At 1e-2 ``cos_uk`` is 0.59–0.62,
-    the MLP site's level. ``mom2_eps_rel=0`` reproduces the unregularised run (``edits_L{l}``).
-    Returns the comparison and
-    ``{"metrics", "taus", "tau_quantiles", "subject_l0"}``.
+    format); its metrics on held-out text (``tc_metrics_L{l}.json``); the edit plan's keys and the second
+    moments of both sites from ``n_mom2`` tokens of :func:`moment_texts` (``mom2_L{l}_n{n_mom2}/``, with
+    :func:`~.rome.moment_diagnostics` of both in ``diagnostics.json``); TCPE's τ sweep; then
+    :func:`compare_real` with ``run_dir = cache_dir/edits_L{l}[_n{n_mom2}][_ridge{mom2_eps_rel}]`` (one file per
+    edit and method group; ``reverse``: a second worker).
+
+    **τ** (every value fixed before any edit is made): 0 (all of ``k*``'s features), the **rule τ**
+    ``tau_frac`` (:func:`tau_for_fraction`: the smallest τ whose mean mask over the plan's keys is ≤ 2% of
+    d_sae, the middle of the digest's "|S| ≈ 1–3% of d_tc"; the configuration the goal is judged on), and the
+    ``tau_quantiles`` of the active feature values at the subjects' last tokens (:func:`subject_activation_quantiles`;
+    0.9 is the earlier runs' τ).
+
+    ``mom2_eps_rel``: ridge ``C + mom2_eps_rel · mean(diag C) · I`` for both sites. With ``n_mom2 = 8000`` (the
+    earlier runs) ``C`` of the transcoder was singular and ``u = C⁻¹k*`` nearly orthogonal to ``k*`` without
+    it (``cos_uk`` 0.05, −0.004; MLP site 0.53), hence 1e-2. At ``n_mom2 = 100,000`` the choice follows
+    ``diagnostics.json`` (rule fixed before it was computed: no ridge if the transcoder's ``C`` on the features
+    active in the text has no eigenvalue below 1e-6 · mean(diag C) and the median ``cos_uk`` without ridge over
+    the plan's keys is at least half the MLP site's; otherwise 1e-2); docs/editing.md gives the numbers.
+    ``mom2_eps_rel=0`` reproduces an unregularised run. ``methods``: FT-L (``"ft"``) does not depend on ``C``,
+    τ or the transcoder and is not rerun by default (add it to extend a run folder).
+    Returns the comparison and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule",
+    "tau_rule_frac", "moments"}``.
     """
     from pathlib import Path
 
@@ -342,6 +425,7 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     from interp.io import atomic_write_json, load_json
     from interp.store import harvest
 
+    from .rome import moment_diagnostics
     from .transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
@@ -368,13 +452,36 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     if log:
         log(f"transcoder {metrics}")
     qs, l0 = subject_activation_quantiles(model, layer, tc, known_facts(model)[0], qs=tuple(tau_quantiles))
-    taus = (0.0,) + tuple(round(qs[q], 3) for q in tau_quantiles)
-    res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus,
-                       config=EditConfig(n_templates=n_templates, mom2_eps_rel=mom2_eps_rel),
-                       context_texts=docs[1700:1775], heldout=held, n_mom2=n_mom2, log=log,
-                       run_dir=str(cache / (f"edits_L{layer}" + (f"_ridge{mom2_eps_rel:g}" if mom2_eps_rel else ""))),
-                       reverse=reverse)
-    return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0}
+    cfg = EditConfig(n_templates=n_templates, mom2_eps_rel=mom2_eps_rel)
+    suffix = (f"_n{n_mom2}" if n_mom2 != 8000 else "") + (f"_ridge{mom2_eps_rel:g}" if mom2_eps_rel else "")
+    run_dir = cache / f"edits_L{layer}{suffix}"
+    templates = load_json(run_dir / "setup.json", what="real-edit run")["baseline"]["templates"] \
+        if (run_dir / "setup.json").is_file() else context_templates(model, cfg)
+    texts = moment_texts(docs, n_mom2)
+    mdir = cache / f"mom2_L{layer}_n{n_mom2}"
+    mdir.mkdir(parents=True, exist_ok=True)
+    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, n_edits, templates, fact_token=cfg.fact_token)
+    tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, tau_frac)
+    dpath = mdir / f"diagnostics_{n_edits}.json"
+    if dpath.is_file():
+        moments = load_json(dpath, what="second-moment diagnostics")
+    else:
+        moments = {}
+        for name, site, keys in (("tc", TranscoderSite(model, layer, tc), keys_tc),
+                                 ("mlp", MLPSite(model, layer), keys_mlp)):
+            C = second_moment(site, texts, n_tokens=n_mom2, cache_file=str(mdir / f"mom2_{name}.safetensors"))
+            moments[name] = moment_diagnostics(C, keys, eps_rels=(0.0, 1e-2))
+            moments[name]["n_keys_active"] = [int((k > 0).sum()) for k in keys] if name == "tc" else \
+                [int((k != 0).sum()) for k in keys]
+        atomic_write_json(dpath, moments)
+    if log:
+        log(f"tau_rule {tau_rule} (mean |S| {tau_rule_frac:.4f} of d_sae), quantiles {qs}")
+    taus = tuple(sorted({0.0, tau_rule} | {round(qs[q], 3) for q in tau_quantiles}))
+    res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus, config=cfg, methods=tuple(methods),
+                       context_texts=texts, heldout=held, n_mom2=n_mom2, log=log, run_dir=str(run_dir),
+                       reverse=reverse, templates=templates, mom2_dir=str(mdir))
+    return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0, "tau_rule": tau_rule,
+                 "tau_rule_frac": tau_rule_frac, "moments": moments}
 
 
 def _null():
@@ -383,4 +490,5 @@ def _null():
 
 
 __all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1",
-           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "load_run", "validate_real"]
+           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "load_run", "validate_real", "moment_texts",
+           "plan_keys", "tau_for_fraction"]

@@ -478,6 +478,39 @@ def left_vector(C: torch.Tensor, k: torch.Tensor, eps: float = 0.0) -> tuple[tor
                      "EditConfig(mom2_eps=...) > 0")
 
 
+@torch.no_grad()
+def moment_diagnostics(C: torch.Tensor, keys: torch.Tensor, eps_rels: Sequence[float] = (0.0, 1e-2),
+                       tiny: float = 1e-6) -> dict:
+    """How well-conditioned a second moment ``C [d, d]`` is for the keys ``keys [n, d]`` it will be solved
+    against (ROME's ``u = (C + ε I)⁻¹ k*``).
+
+    Returns ``d``, ``mean_diag``, ``n_never_active`` (features with ``C_aa = 0``: never active in C's text),
+    ``eig_min`` / ``eig_max`` of ``C``, the same on the block of features active in the text (``eig_min_active``,
+    ``cond_active``), ``n_tiny_active`` (eigenvalues of that block below ``tiny · mean_diag``) and, per
+    ``eps_rel`` (ridge ``ε = eps_rel · mean(diag C)``, as ``EditConfig.mom2_eps_rel``), the per-key
+    ``cos_uk = uᵀk*/‖k*‖`` (:func:`left_vector`) and ``n_blind`` (key features never active in C's text).
+    """
+    C = C.double()
+    diag = torch.diagonal(C)
+    act = diag > 0
+    md = float(diag.mean())
+    ev = torch.linalg.eigvalsh(C)
+    ev_a = torch.linalg.eigvalsh(C[act][:, act]) if bool(act.any()) else ev[:0]
+    out = {"d": len(C), "mean_diag": md, "n_never_active": int((~act).sum()),
+           "eig_min": float(ev[0]), "eig_max": float(ev[-1]),
+           "eig_min_active": float(ev_a[0]) if len(ev_a) else float("nan"),
+           "cond_active": float(ev_a[-1] / ev_a[0]) if len(ev_a) and float(ev_a[0]) > 0 else float("inf"),
+           "n_tiny_active": int((ev_a < tiny * md).sum()),
+           "n_blind": [int(((k != 0) & ~act).sum()) for k in keys]}
+    for e in eps_rels:
+        cos = []
+        for k in keys:
+            u, _ = left_vector(C, k.double(), e * md)
+            cos.append(float(u.double() @ k.double() / k.double().norm().clamp_min(1e-30)))
+        out[f"cos_uk_ridge{e:g}"] = cos
+    return out
+
+
 def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig | None = None,
              tau: float | None = None, ablate: bool = False, method: str = "rome",
              templates: Sequence[str] | None = None) -> Edit:

@@ -272,3 +272,31 @@ def test_relative_ridge_on_the_second_moment(model):
     assert torch.allclose(e.u.double(), ref / ref.norm(), atol=1e-5)
     assert e.residual < 1e-3                                         # still exact at k*: W' k* + b = v*
     assert e.log["cos_uk"] > 0
+
+
+def test_moment_diagnostics_sees_never_active_features_and_the_ridge():
+    """On a C with two never-active features and a rarely-active one, the diagnostic counts them, its active
+    block's smallest eigenvalue is tiny, and a ridge raises cos(u, k*) (the quantity the ridge is chosen from)."""
+    from interp.editing import moment_diagnostics
+    g = torch.Generator().manual_seed(0)
+    Z = torch.relu(torch.randn(5000, 16, dtype=torch.float64, generator=g))
+    Z[:, :2] = 0                                       # never active
+    Z[1:, 2] = 0                                       # active on one sample only
+    Z[0, 2] = 1.0
+    Z[:, 3] = Z[:, 4] * 1.0001                        # nearly collinear pair
+    C = (Z.T @ Z / len(Z)).float()
+    k = Z[:3].mean(0).float()
+    d = moment_diagnostics(C, k[None], eps_rels=(0.0, 1e-2))
+    assert d["d"] == 16 and d["n_never_active"] == 2 and d["n_blind"] == [0]
+    assert d["eig_min"] < 1e-6 and 0 < d["eig_min_active"] < 1e-6 * d["mean_diag"] and d["n_tiny_active"] >= 1
+    assert d["cos_uk_ridge0.01"][0] > d["cos_uk_ridge0"][0]
+
+
+def test_tau_for_fraction_is_the_smallest_grid_tau_meeting_the_mask_size():
+    from interp.editing.real_facts import tau_for_fraction
+    keys = torch.zeros(2, 100)
+    keys[0, :10] = torch.arange(1, 11) / 10           # 0.1 .. 1.0
+    keys[1, :6] = torch.arange(1, 7) / 10             # 0.1 .. 0.6
+    assert tau_for_fraction(keys, 0.1) == (0.0, 0.08)  # mean support 8 <= 10
+    t, f = tau_for_fraction(keys, 0.05)                # mean |S| <= 5: tau 0.4 keeps 7 and 3
+    assert t == pytest.approx(0.301) and f == 0.05     # smallest grid tau above 0.3 (0.3 keeps 8 and 4: 6)
