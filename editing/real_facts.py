@@ -386,8 +386,20 @@ def tau_for_fraction(keys: torch.Tensor, frac: float, step: float = 1e-3) -> tup
     return t, mean_s(t) / d
 
 
+def ridge_rule(moments: dict, tiny_ok: int = 0, cos_ratio: float = 0.5, ridge: float = 1e-2) -> float:
+    """The ridge of :func:`validate_real` from the second-moment diagnostics (rule fixed before they were
+    computed): 0 if the transcoder's ``C`` has at most ``tiny_ok`` eigenvalues below 1e-6 · mean(diag C) on the
+    features active in the text and the median ``cos(u, k*)`` without ridge over the plan's keys is at least
+    ``cos_ratio`` times the MLP site's (ROME's own site); otherwise ``ridge`` (the earlier runs' 1e-2)."""
+    tc, mlp = moments["tc"], moments["mlp"]
+    ok = tc["n_tiny_active"] <= tiny_ok and \
+        float(np.median(tc["cos_uk_ridge0"])) >= cos_ratio * float(np.median(mlp["cos_uk_ridge0"]))
+    return 0.0 if ok else ridge
+
+
 def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 100_000,
-                  tau_quantiles: Sequence[float] = (0.5, 0.9), tau_frac: float = 0.02, mom2_eps_rel: float = 1e-2,
+                  tau_quantiles: Sequence[float] = (0.5, 0.9), tau_frac: float = 0.02,
+                  mom2_eps_rel: float | str = "auto",
                   methods: Sequence[str] = ("tcpe", "rome_tc", "rome"), log=None,
                   reverse: bool = False) -> tuple[RealEditComparison, dict]:
     """Validation 3 of TCPE (digest §5) on ``zoo:smollm2-135m``, resumable in ``cache_dir``.
@@ -409,14 +421,14 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
 
     ``mom2_eps_rel``: ridge ``C + mom2_eps_rel · mean(diag C) · I`` for both sites. With ``n_mom2 = 8000`` (the
     earlier runs) ``C`` of the transcoder was singular and ``u = C⁻¹k*`` nearly orthogonal to ``k*`` without
-    it (``cos_uk`` 0.05, −0.004; MLP site 0.53), hence 1e-2. At ``n_mom2 = 100,000`` the choice follows
-    ``diagnostics.json`` (rule fixed before it was computed: no ridge if the transcoder's ``C`` on the features
-    active in the text has no eigenvalue below 1e-6 · mean(diag C) and the median ``cos_uk`` without ridge over
-    the plan's keys is at least half the MLP site's; otherwise 1e-2); docs/editing.md gives the numbers.
+    it (``cos_uk`` 0.05, −0.004; MLP site 0.53), hence 1e-2 there. ``"auto"`` (default) decides from
+    ``diagnostics.json`` by a rule fixed before it was computed (:func:`ridge_rule`): no ridge if the
+    transcoder's ``C`` on the features active in the text has no eigenvalue below 1e-6 · mean(diag C) and the
+    median ``cos_uk`` without ridge over the plan's keys is at least half the MLP site's; otherwise 1e-2.
     ``mom2_eps_rel=0`` reproduces an unregularised run. ``methods``: FT-L (``"ft"``) does not depend on ``C``,
     τ or the transcoder and is not rerun by default (add it to extend a run folder).
     Returns the comparison and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule",
-    "tau_rule_frac", "moments"}``.
+    "tau_rule_frac", "moments", "mom2_eps_rel"}``.
     """
     from pathlib import Path
 
@@ -452,15 +464,11 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     if log:
         log(f"transcoder {metrics}")
     qs, l0 = subject_activation_quantiles(model, layer, tc, known_facts(model)[0], qs=tuple(tau_quantiles))
-    cfg = EditConfig(n_templates=n_templates, mom2_eps_rel=mom2_eps_rel)
-    suffix = (f"_n{n_mom2}" if n_mom2 != 8000 else "") + (f"_ridge{mom2_eps_rel:g}" if mom2_eps_rel else "")
-    run_dir = cache / f"edits_L{layer}{suffix}"
-    templates = load_json(run_dir / "setup.json", what="real-edit run")["baseline"]["templates"] \
-        if (run_dir / "setup.json").is_file() else context_templates(model, cfg)
+    templates = context_templates(model, EditConfig(n_templates=n_templates))  # seeded: the same in every run
     texts = moment_texts(docs, n_mom2)
     mdir = cache / f"mom2_L{layer}_n{n_mom2}"
     mdir.mkdir(parents=True, exist_ok=True)
-    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, n_edits, templates, fact_token=cfg.fact_token)
+    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, n_edits, templates)
     tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, tau_frac)
     dpath = mdir / f"diagnostics_{n_edits}.json"
     if dpath.is_file():
@@ -474,14 +482,18 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
             moments[name]["n_keys_active"] = [int((k > 0).sum()) for k in keys] if name == "tc" else \
                 [int((k != 0).sum()) for k in keys]
         atomic_write_json(dpath, moments)
+    eps = ridge_rule(moments) if mom2_eps_rel == "auto" else float(mom2_eps_rel)
+    cfg = EditConfig(n_templates=n_templates, mom2_eps_rel=eps)
+    suffix = (f"_n{n_mom2}" if n_mom2 != 8000 else "") + (f"_ridge{eps:g}" if eps else "")
+    run_dir = cache / f"edits_L{layer}{suffix}"
     if log:
-        log(f"tau_rule {tau_rule} (mean |S| {tau_rule_frac:.4f} of d_sae), quantiles {qs}")
+        log(f"tau_rule {tau_rule} (mean |S| {tau_rule_frac:.4f} of d_sae), quantiles {qs}, ridge {eps:g}")
     taus = tuple(sorted({0.0, tau_rule} | {round(qs[q], 3) for q in tau_quantiles}))
     res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus, config=cfg, methods=tuple(methods),
                        context_texts=texts, heldout=held, n_mom2=n_mom2, log=log, run_dir=str(run_dir),
                        reverse=reverse, templates=templates, mom2_dir=str(mdir))
     return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0, "tau_rule": tau_rule,
-                 "tau_rule_frac": tau_rule_frac, "moments": moments}
+                 "tau_rule_frac": tau_rule_frac, "moments": moments, "mom2_eps_rel": eps}
 
 
 def _null():
@@ -491,4 +503,4 @@ def _null():
 
 __all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1",
            "perplexity", "RealEditComparison", "edit_plan", "compare_real", "load_run", "validate_real", "moment_texts",
-           "plan_keys", "tau_for_fraction"]
+           "plan_keys", "tau_for_fraction", "ridge_rule"]
