@@ -25,12 +25,30 @@ from .io import SerializationError, check_output, load_tensors_json, output_dir,
 SCHEMA_VERSION = 1
 
 
+#: every :class:`Result` subclass by qualified name, so that a result nested in another one (a field holding a
+#: result) is restored by looking its type up here, never by importing a module named in a file
+_RESULT_TYPES: dict[str, type] = {}
+
+
 def _is_tensor_like(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, np.ndarray))
 
 
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_nested(value: Any) -> bool:
+    return _is_tensor_like(value) or isinstance(value, (dict, list, tuple, Result))
+
+
 def _flatten_tensors(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> Any:
-    """Move tensors (also inside dicts and lists) into ``out``; return the JSON skeleton with references."""
+    """Move tensors (also inside dicts, lists and nested results) into ``out``; return the JSON skeleton with
+    references."""
+    if isinstance(value, Result) and dataclasses.is_dataclass(value):
+        return {"__result__": _type_name(type(value)),
+                "fields": {f.name: _flatten_tensors(f"{prefix}.{f.name}", getattr(value, f.name), out)
+                           for f in dataclasses.fields(value)}}
     if _is_tensor_like(value):
         key = prefix
         tensor = torch.as_tensor(value).detach().cpu().contiguous()
@@ -38,7 +56,7 @@ def _flatten_tensors(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> A
         return {"__tensor__": key, "numpy": isinstance(value, np.ndarray)}
     if isinstance(value, dict):
         return {"__dict__": {str(k): _flatten_tensors(f"{prefix}.{k}", v, out) for k, v in value.items()}}
-    if isinstance(value, (list, tuple)) and any(_is_tensor_like(v) or isinstance(v, (dict, list, tuple)) for v in value):
+    if isinstance(value, (list, tuple)) and any(_is_nested(v) for v in value):
         return {"__list__": [_flatten_tensors(f"{prefix}.{i}", v, out) for i, v in enumerate(value)]}
     if isinstance(value, Path):
         return str(value)
@@ -56,6 +74,12 @@ def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
             return {k: _restore(v, tensors) for k, v in value["__dict__"].items()}
         if "__list__" in value:
             return [_restore(v, tensors) for v in value["__list__"]]
+        if "__result__" in value:
+            cls = _RESULT_TYPES.get(value["__result__"])
+            if cls is None:
+                raise SerializationError(f"nested result of unknown type {value['__result__']!r} (import the module "
+                                         "that defines it first)")
+            return cls(**{k: _restore(v, tensors) for k, v in value["fields"].items()})
         return value
     return value
 
@@ -76,6 +100,10 @@ class Result:
 
     kind: ClassVar[str] = "result"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _RESULT_TYPES[_type_name(cls)] = cls
+
     def to_frame(self):  # pragma: no cover - each subclass defines its table
         raise TypeError(f"{type(self).__name__} defines no table view")
 
@@ -85,6 +113,8 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field (tensors and arrays as nested lists)."""
         def convert(v: Any) -> Any:
+            if isinstance(v, Result) and dataclasses.is_dataclass(v):
+                return v.to_dict()
             if _is_tensor_like(v):
                 return torch.as_tensor(v).detach().cpu().tolist()
             if isinstance(v, dict):
@@ -111,7 +141,7 @@ class Result:
             raise TypeError(f"{type(self).__name__} must be a dataclass to be saved")
         tensors: dict[str, torch.Tensor] = {}
         skeleton = {f.name: _flatten_tensors(f.name, getattr(self, f.name), tensors) for f in dataclasses.fields(self)}
-        meta = {"schema_version": SCHEMA_VERSION, "type": f"{type(self).__module__}.{type(self).__qualname__}",
+        meta = {"schema_version": SCHEMA_VERSION, "type": _type_name(type(self)),
                 "fields": skeleton}
         with output_dir(path, overwrite=overwrite, writer="Result.save", legacy=_legacy_result_files) as tmp:
             save_tensors_json(tmp, tensors, meta, tensor_file="tensors.safetensors", json_file="result.json")
@@ -137,7 +167,7 @@ class Result:
         path = Path(path)
         tensors, meta = load_tensors_json(path, tensor_file="tensors.safetensors", json_file="result.json",
                                           what="result", tensors_optional=True)
-        expected = f"{cls.__module__}.{cls.__qualname__}"
+        expected = _type_name(cls)
         if meta.get("type") != expected:
             raise TypeError(f"{path} holds a {meta.get('type')}, not a {expected}")
         if not isinstance(meta.get("fields"), dict):

@@ -119,6 +119,30 @@ def test_result_round_trip_and_old_files(tmp_path):
         _Res.load(tmp_path / "nothing")
 
 
+@dataclass
+class _Outer(Result):
+    inner: _Res
+    parts: list
+    maybe: _Res | None = None
+
+
+def test_nested_results_round_trip_and_unknown_types_are_refused(tmp_path):
+    """A field holding a result (e.g. the raptor audit check's distances and trajectories) is saved with its
+    tensors and restored as its own type; a nested type that no imported module defines is refused by name."""
+    r = _res()
+    out = _Outer(r, [r, {"x": torch.arange(3)}], None)
+    back = _Outer.load(out.save(tmp_path / "o"))
+    assert isinstance(back.inner, _Res) and torch.equal(back.inner.scores, r.scores)
+    assert isinstance(back.parts[0], _Res) and (back.parts[0].table == r.table).all()
+    assert torch.equal(back.parts[1]["x"], torch.arange(3)) and back.maybe is None
+    assert back.to_dict()["inner"]["n"] == 7
+    meta = json.loads((tmp_path / "o" / "result.json").read_text())
+    meta["fields"]["inner"]["__result__"] = "os.system"
+    (tmp_path / "o" / "result.json").write_text(json.dumps(meta))
+    with pytest.raises(SerializationError, match="unknown type 'os.system'"):
+        _Outer.load(tmp_path / "o")
+
+
 def test_steering_vector_round_trip_and_old_files(tmp_path):
     from interp.steering import SteeringVector
 

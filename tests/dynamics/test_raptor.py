@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -308,9 +309,14 @@ DIGITS_STEPS, DIGITS_EPOCHS = 300, 60
 @pytest.fixture(scope="module")
 def digits_recipe_result(tmp_path_factory):
     """The digest's CPU-scale recipe: three digit ViT teachers (stochastic depth 0 / 0.2 / 0.4, L = 8, d = 64,
-    4 heads, 2x2 patches), max-cut phases, Raptor Stage 1 TF->AR then Stage 2, 5 random splits, k = 3 / 4."""
+    4 heads, 2x2 patches), max-cut phases, Raptor Stage 1 TF->AR then Stage 2, 5 random splits, k = 3 / 4.
+
+    ``INTERP_RAPTOR_DIGITS_DIR``: a folder that keeps the teachers and finished runs between sessions (a rerun resumes;
+    several processes may fill it first, e.g. one ``digits_recipe(out, p_drops=(p,))`` per teacher); by default a
+    temporary folder (cold run)."""
     from interp.dynamics.raptor.experiments import digits_recipe
-    return digits_recipe(tmp_path_factory.mktemp("digits_recipe"), steps=DIGITS_STEPS, epochs=DIGITS_EPOCHS)
+    out = os.environ.get("INTERP_RAPTOR_DIGITS_DIR") or tmp_path_factory.mktemp("digits_recipe")
+    return digits_recipe(out, steps=DIGITS_STEPS, epochs=DIGITS_EPOCHS)
 
 
 P_DROPS = (0.0, 0.2, 0.4)
@@ -381,7 +387,7 @@ def test_digits_raptor_r2_rises_with_stochastic_depth(digits_recipe_result):
     assert digits_recipe_result["spearman_r2"] > 0
 
 
-def test_audit_check_on_a_tiny_vit(planted):
+def test_audit_check_on_a_tiny_vit(planted, tmp_path):
     from interp.audit import AuditData
     from interp.dynamics.raptor.audit_check import RaptorCheck, RaptorCheckConfig
     with pytest.raises(ValueError, match="raptor.n_images"):
@@ -392,6 +398,12 @@ def test_audit_check_on_a_tiny_vit(planted):
     assert "dp/k=2" in res.phases and res.fit is None
     rendered = check.render(res)
     assert len(rendered.figures) == 2 and "speed jumps" in rendered.html.lower()
+    # the report writes the check's result (nested results: distances, trajectories) and reads it back
+    from interp.dynamics.raptor.audit_check import RaptorCheckResult
+    back = RaptorCheckResult.load(res.save(tmp_path / "raptor"))
+    assert torch.equal(back.distances.cosine, res.distances.cosine) and back.phases == res.phases
+    assert torch.equal(back.trajectories.speed["cls"], res.trajectories.speed["cls"])
+    assert back.trajectories.to_frame().equals(res.trajectories.to_frame())
     assert check.to_json(res)["schema"] == "interp.checks.raptor/1"
 
 
