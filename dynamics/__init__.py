@@ -10,8 +10,8 @@ from .influence import (FeatureInfluence, MajorityConfig, MajorityResult, QProxy
                         train_with_influence)
 from .untied import PositionSplit, second_network_params, untie_gpt2  # noqa: F401
 from .q_domains import QDomainResult, domain_corpora, run_q_domains  # noqa: F401
-from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_token_loss,  # noqa: F401
-                    analyse, breakthrough_step, build_basis, cluster_direction, exact_losses, first_order,
-                    homogeneity, lanczos_top, load_checkpoints, plateau_step, polca_trajectories, run_addition,
-                    second_order, span_diagnostics)
-from .tasks import TaskBatch, addition, conditioned_majority, majority  # noqa: F401
+from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_carry_summary,  # noqa: F401
+                    addition_token_loss, analyse, breakthrough_step, build_basis, cluster_direction, exact_losses,
+                    first_order, homogeneity, label_fraction, lanczos_top, load_checkpoints, plateau_step,
+                    polca_trajectories, run_addition, second_order, span_diagnostics, span_interval)
+from .tasks import TaskBatch, addition, addition_problems, conditioned_majority, majority  # noqa: F401

@@ -162,14 +162,22 @@ def lanczos_top(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int
 
 
 def build_basis(space: ParamSpace, loss_fn: LossFn, examples, thetas: torch.Tensor, at: Sequence[int],
-                k: int = 1, n_iter: int = 20, seed: int = 0) -> torch.Tensor:
+                k: int = 1, n_iter: int = 20, seed: int = 0, resume: torch.Tensor | None = None,
+                on_batch: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """Algorithm 1: for each checkpoint index in ``at`` (in order), append the top-``k`` eigenvectors of
-    ``Π⊥ H(θ_t) Π⊥`` (Hessian of the mean loss on ``examples``). Returns ``B`` ``[P, len(at)·k]``, orthonormal."""
-    B = torch.zeros(space.numel, 0, dtype=torch.float64)
-    for i, t in enumerate(progress(list(at), desc="POLCA basis")):
+    ``Π⊥ H(θ_t) Π⊥`` (Hessian of the mean loss on ``examples``). Returns ``B`` ``[P, len(at)·k]``, orthonormal.
+    ``resume``: the first columns of an interrupted run (whole batches of ``k``), continued from there;
+    ``on_batch(B)`` is called after each appended batch (e.g. to save it)."""
+    B = torch.zeros(space.numel, 0, dtype=torch.float64) if resume is None else resume.to(torch.float64)
+    if B.shape[1] % k or B.shape[1] > len(at) * k:
+        raise ValueError(f"resume has {B.shape[1]} columns: not whole batches of k={k} within {len(at)} checkpoints")
+    done = B.shape[1] // k
+    for i, t in enumerate(progress(list(at)[done:], desc="POLCA basis"), start=done):
         _, vecs = lanczos_top(hvp_fn(space, loss_fn, examples, thetas[t].float()), space.numel, k, n_iter,
                               project=B, seed=seed + i)
         B = torch.cat([B, vecs], 1)
+        if on_batch is not None:
+            on_batch(B.float())
     return B.float()
 
 
@@ -234,7 +242,26 @@ def exact_losses(model, loss_fn: LossFn, examples, thetas: torch.Tensor) -> torc
         return torch.stack([f(th) for th in thetas], -1)
 
 
-def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thetas: torch.Tensor) -> dict:
+def span_interval(model, loss_fn: LossFn, examples, basis: torch.Tensor, theta_t: torch.Tensor,
+                  theta_next: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One checkpoint interval of :func:`span_diagnostics`: ``first``/``second`` ``[n, k]`` (POLCA terms),
+    ``exact_along_b`` ``[n, k]`` (``L(θ_t + b s_b) − L(θ_t)``), ``exact_in_span`` ``[n]`` (``L(θ_t + B s) − L(θ_t)``),
+    ``base`` ``[n]`` (``L(θ_t)``) and ``frac_in_span`` (``‖B s‖/‖Δθ‖``, a 0-dim tensor), ``s = Bᵀ(θ_{t+1} − θ_t)``."""
+    space = _check(model, basis, theta_t, theta_next)
+    f = space.losses(loss_fn, examples)
+    a, h = second_order(space, loss_fn, examples, basis, theta_t, theta_next)
+    d = theta_next - theta_t
+    st = basis.T @ d
+    with torch.no_grad():
+        base = f(theta_t)
+        along = torch.stack([f(theta_t + basis[:, j] * st[j]) - base for j in range(basis.shape[1])], 1)
+        span = f(theta_t + basis @ st) - base
+    return {"first": a, "second": h, "exact_along_b": along, "exact_in_span": span, "base": base,
+            "frac_in_span": (basis @ st).norm() / d.norm().clamp_min(1e-30)}
+
+
+def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thetas: torch.Tensor,
+                     cache: str | Path | None = None) -> dict:
     """Where POLCA's tracking of the exact per-example loss change is lost, interval by interval.
 
     For each checkpoint interval ``Δθ = θ_{t+1} − θ_t`` and ``s = Bᵀ Δθ``: the POLCA terms (first and exact second
@@ -243,36 +270,47 @@ def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thet
     the fraction ``‖B s‖/‖Δθ‖`` (``[T-1]``). Returns those tensors and R² against the exact per-example change
     (``"r2"``: total over all intervals and per interval, for POLCA 1st+2nd, 1st only, Σ_b exact along b, and exact
     in span; ``"r2_taylor"``: POLCA vs exact along b per (x, b, t); ``"r2_zero"``: of predicting no change).
-    The Taylor terms can only be as good as the span: if ``exact_in_span`` misses the change, so does POLCA."""
+    The Taylor terms can only be as good as the span: if ``exact_in_span`` misses the change, so does POLCA.
+    ``cache``: a folder where each interval's terms are written (atomically) and read back on a rerun.
+    ``"trajectories"`` ``[n, k, T]`` is :func:`polca_trajectories` (first + second order), from the same terms."""
+    from interp.io import load_tensors, save_tensors
     space = model if isinstance(model, ParamSpace) else ParamSpace(model)
     f = space.losses(loss_fn, examples)
     with torch.no_grad():
-        base = torch.stack([f(th) for th in thetas], -1)                      # [n, T]
-    p1s, hs, along, span, frac = [], [], [], [], []
+        last = f(thetas[-1])
+    parts = []
     for t in progress(range(thetas.shape[0] - 1), desc="POLCA span"):
-        a, h = second_order(space, loss_fn, examples, basis, thetas[t], thetas[t + 1])
-        p1s.append(a)
-        hs.append(h)
-        d = thetas[t + 1] - thetas[t]
-        st = basis.T @ d
-        with torch.no_grad():
-            along.append(torch.stack([f(thetas[t] + basis[:, j] * st[j]) - base[:, t] for j in range(basis.shape[1])], 1))
-            span.append(f(thetas[t] + basis @ st) - base[:, t])
-        frac.append(float((basis @ st).norm() / d.norm().clamp_min(1e-30)))
-    p1, h = torch.stack(p1s, -1), torch.stack(hs, -1)
-    along, span = torch.stack(along, -1), torch.stack(span, -1)
+        file = None if cache is None else Path(cache) / f"interval_{t:05d}.safetensors"
+        if file is not None and file.is_file():
+            got, meta = load_tensors(file, what="POLCA interval", tensors=_SPAN_KEYS)
+            if meta.get("n_basis") == basis.shape[1]:
+                parts.append(got)
+                continue
+        part = span_interval(space, loss_fn, examples, basis, thetas[t], thetas[t + 1])
+        if file is not None:
+            save_tensors(file, part, {"n_basis": basis.shape[1]})
+        parts.append(part)
+    cat = {k: torch.stack([p[k] for p in parts], -1) for k in _SPAN_KEYS}
+    p1, h, along, span = cat["first"], cat["second"], cat["exact_along_b"], cat["exact_in_span"]
+    base = torch.cat([cat["base"], last[:, None]], -1)                          # [n, T]
     true_inc = base[:, 1:] - base[:, :-1]
 
     def r2(p: torch.Tensor, y: torch.Tensor) -> float:
         return float(1 - ((p - y) ** 2).sum() / ((y - y.mean()) ** 2).sum().clamp_min(1e-30))
     preds = {"polca": (p1 + h).sum(1), "polca_first_order": p1.sum(1), "exact_along_each_b": along.sum(1),
              "exact_in_span": span}
-    return {"first": p1, "second": h, "exact_along_b": along, "exact_in_span": span, "frac_in_span": torch.tensor(frac),
+    inc = p1 + h
+    traj = torch.cat([torch.zeros_like(inc[..., :1]), inc.cumsum(-1)], -1)
+    return {"first": p1, "second": h, "exact_along_b": along, "exact_in_span": span, "frac_in_span": cat["frac_in_span"],
+            "exact": base, "trajectories": traj,
             "r2": {k: {"total": r2(v.sum(-1), true_inc.sum(-1)), "per_interval": r2(v.flatten(), true_inc.flatten())}
                    for k, v in preds.items()},
             "r2_taylor": r2((p1 + h).flatten(), along.flatten()),
             "r2_zero": {"total": r2(torch.zeros(base.shape[0]), true_inc.sum(-1)),
                         "per_interval": r2(torch.zeros_like(true_inc).flatten(), true_inc.flatten())}}
+
+
+_SPAN_KEYS = ("first", "second", "exact_along_b", "exact_in_span", "base", "frac_in_span")
 
 
 def drop_oscillating(traj: torch.Tensor) -> torch.Tensor:
@@ -282,17 +320,23 @@ def drop_oscillating(traj: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------- clustering
-def cluster_direction(traj_b: torch.Tensor, min_cluster_size: int | None = None) -> np.ndarray:
+def cluster_direction(traj_b: torch.Tensor, min_cluster_size: int | None = None, min_samples: int | None = None,
+                      drop_rising: bool = True) -> np.ndarray:
     """HDBSCAN labels ``[n]`` for one direction's trajectories ``[n, T]``: examples whose projected loss rises
-    overall get ``-2`` (dropped before clustering), HDBSCAN outliers ``-1``."""
+    overall get ``-2`` (dropped before clustering; ``drop_rising=False`` keeps them), HDBSCAN outliers ``-1``.
+    Defaults scale the paper's arithmetic setting (Table 4: ``min_cluster_size`` 150 of 5000 tokens,
+    ``min_samples`` = number of tokens / 15): ``min_cluster_size`` = 3 % of the ``n`` examples (at least 5),
+    ``min_samples`` = the clustered examples / 15 (at least 1)."""
     from sklearn.cluster import HDBSCAN
     x = traj_b.detach().double().numpy()
     labels = np.full(x.shape[0], -2)
-    keep = x[:, -1] <= x[:, 0]
-    if keep.sum() < 3:
+    keep = x[:, -1] <= x[:, 0] if drop_rising else np.ones(x.shape[0], dtype=bool)
+    n_keep = int(keep.sum())
+    if n_keep < 3:
         return labels
-    mcs = min_cluster_size or max(5, int(0.02 * keep.sum()))
-    labels[keep] = HDBSCAN(min_cluster_size=min(mcs, int(keep.sum())), copy=True).fit_predict(x[keep])
+    mcs = min(min_cluster_size or max(5, round(0.03 * x.shape[0])), n_keep)
+    ms = min(min_samples or max(1, round(n_keep / 15)), n_keep)
+    labels[keep] = HDBSCAN(min_cluster_size=max(2, mcs), min_samples=ms, copy=True).fit_predict(x[keep])
     return labels
 
 
@@ -303,6 +347,13 @@ def homogeneity(labels: np.ndarray, truth: np.ndarray) -> dict[int, float]:
         _, counts = np.unique(truth[labels == c], return_counts=True)
         out[int(c)] = float(counts.max() / counts.sum())
     return out
+
+
+def label_fraction(labels: np.ndarray, truth: np.ndarray, value: int = 1) -> dict[int, float]:
+    """Per cluster id (``>= 0``): the share of its members whose ``truth`` equals ``value``. The paper's "carry
+    homogeneity" (Table 1, App. G) is this with ``value`` = carry: the fraction of a cluster's tokens that carry,
+    so a cluster of non-carry tokens scores 0 (where :func:`homogeneity` would give 1)."""
+    return {int(c): float((truth[labels == c] == value).mean()) for c in np.unique(labels[labels >= 0])}
 
 
 def breakthrough_step(f: torch.Tensor, steps: Sequence[int], delta: int) -> torch.Tensor:
@@ -331,8 +382,12 @@ def plateau_step(agg_loss: torch.Tensor, steps: Sequence[int], frac: float = 0.0
 
 @dataclasses.dataclass
 class PolcaResult(Result):
-    """Clusters of one analysis. ``clusters`` rows: source (``"polca:b"`` or ``"exact"``), cluster id, size,
-    homogeneity per label, mean breakthrough step, hidden (mean break > τ). ``traj [n, k, T]``, ``exact [n, T]``."""
+    """Clusters of one analysis. ``clusters`` rows: source (``"polca:b"``, ``"exact"`` = exact-loss trajectories,
+    ``"exact_change"`` = their per-interval changes), cluster id, size, homogeneity per label (``hom_*``: share of
+    the most common value), fraction per positive label (``frac_*``: share of the given value, the paper's carry
+    homogeneity), mean breakthrough step, hidden (mean break > τ). ``traj [n, k, T]``, ``exact [n, T]``,
+    ``assignments``: source -> cluster label per example ``[n]`` (``-1`` outlier, ``-2`` dropped),
+    ``diagnostics``: numbers of the run (e.g. R² and the share of each step in the basis' span)."""
 
     steps: list[int]
     tau: int
@@ -340,6 +395,8 @@ class PolcaResult(Result):
     traj: torch.Tensor
     exact: torch.Tensor
     clusters: list[dict]
+    assignments: dict = dataclasses.field(default_factory=dict)
+    diagnostics: dict = dataclasses.field(default_factory=dict)
 
     kind = "polca"
 
@@ -348,11 +405,16 @@ class PolcaResult(Result):
         return pd.DataFrame(self.clusters)
 
     def summary(self, label: str = "carry") -> dict[str, float]:
-        """Max homogeneity (``label``) and fraction of clusters with hidden breakthroughs, POLCA vs exact loss."""
+        """Max homogeneity (``hom_<label>``, and ``frac_<label>`` when present) and the fraction of clusters with
+        hidden breakthroughs, for POLCA, exact-loss and change-in-exact-loss clusters."""
         df = self.to_frame()
         out = {}
-        for name, sub in (("polca", df[df.source != "exact"]), ("exact", df[df.source == "exact"])):
+        groups = (("polca", df[df.source.str.startswith("polca")]), ("exact", df[df.source == "exact"]),
+                  ("exact_change", df[df.source == "exact_change"]))
+        for name, sub in groups:
             out[f"{name}_max_{label}_homogeneity"] = float(sub[f"hom_{label}"].max()) if len(sub) else float("nan")
+            if f"frac_{label}" in df:
+                out[f"{name}_max_{label}_fraction"] = float(sub[f"frac_{label}"].max()) if len(sub) else float("nan")
             out[f"{name}_hidden_breakthrough_fraction"] = float(sub.hidden.mean()) if len(sub) else float("nan")
             out[f"{name}_n_clusters"] = int(len(sub))
         return out
@@ -371,51 +433,65 @@ class PolcaResult(Result):
 
 
 def analyse(traj: torch.Tensor, exact: torch.Tensor, steps: Sequence[int], labels: dict[str, np.ndarray],
-            delta: int, tau: int | None = None, min_cluster_size: int | None = None) -> PolcaResult:
-    """Cluster each kept direction's trajectories and the exact-loss trajectories; homogeneity per label and
-    hidden breakthroughs (mean break step of a cluster > ``tau``; default :func:`plateau_step` of the mean
-    exact loss). ``labels``: name -> ``[n]`` integer labels."""
+            delta: int, tau: int | None = None, min_cluster_size: int | None = None,
+            positive: dict[str, int] | None = None) -> PolcaResult:
+    """Cluster each kept direction's projected-loss trajectories (after dropping examples whose projected loss
+    rises) and, as the paper's baselines, the exact-loss trajectories ``L(x, θ_t)`` (``"exact"``) and their
+    per-interval changes ``L(x, θ_t) − L(x, θ_{t−1})`` (``"exact_change"``; App. G), all examples. Per cluster:
+    homogeneity per label, the fraction of each ``positive`` value (e.g. ``{"carry": 1}``), and hidden breakthroughs
+    (mean break step > ``tau``; break on ``L_b`` for POLCA clusters, on the exact loss for the baselines; default
+    ``tau``: :func:`plateau_step` of the mean exact loss). ``labels``: name -> ``[n]`` integer labels."""
     steps = list(steps)
+    positive = dict(positive or {})
     if traj.shape[-1] != len(steps) or exact.shape[-1] != len(steps):
         raise ValueError("traj and exact need one value per checkpoint step")
+    for k in positive:
+        if k not in labels:
+            raise ValueError(f"positive names a label that is not given: {k!r}")
     tau = plateau_step(exact.mean(0), steps) if tau is None else tau
     kept = drop_oscillating(traj)
-    rows = []
+    rows, assignments = [], {}
 
     def add(source: str, f: torch.Tensor, lab: np.ndarray):
+        assignments[source] = lab
         brk = breakthrough_step(f, steps, delta).numpy()
         homs = {k: homogeneity(lab, np.asarray(v)) for k, v in labels.items()}
+        fracs = {k: label_fraction(lab, np.asarray(labels[k]), v) for k, v in positive.items()}
         for c in np.unique(lab[lab >= 0]):
             m = lab == c
             mb = float(brk[m].mean())
             rows.append({"source": source, "cluster": int(c), "size": int(m.sum()), "mean_break": mb,
-                         "hidden": bool(mb > tau), **{f"hom_{k}": h[int(c)] for k, h in homs.items()}})
+                         "hidden": bool(mb > tau), **{f"hom_{k}": h[int(c)] for k, h in homs.items()},
+                         **{f"frac_{k}": h[int(c)] for k, h in fracs.items()}})
     for b in torch.nonzero(kept).flatten().tolist():
         add(f"polca:{b}", traj[:, b], cluster_direction(traj[:, b], min_cluster_size))
-    ex = exact - exact[:, :1]
-    add("exact", exact, cluster_direction(ex, min_cluster_size))
-    return PolcaResult(steps=steps, tau=int(tau), kept=kept, traj=traj, exact=exact, clusters=rows)
+    add("exact", exact, cluster_direction(exact, min_cluster_size, drop_rising=False))
+    add("exact_change", exact, cluster_direction(exact[:, 1:] - exact[:, :-1], min_cluster_size, drop_rising=False))
+    return PolcaResult(steps=steps, tau=int(tau), kept=kept, traj=traj, exact=exact, clusters=rows,
+                       assignments=assignments)
 
 
 # ----------------------------------------------------------------------------------------- 3-digit addition recipe
 @dataclasses.dataclass
 class AdditionConfig:
-    """The digest's CPU-scale POLCA recipe (the paper: 3 layers, d=512, 10k steps, 1250 problems, a basis vector
-    every 200 steps, POLCA every 20)."""
+    """POLCA on 3-digit addition at CPU scale (the paper: 3 layers, d=512, AdamW, 10k steps, 1250 problems, one
+    basis vector every 200 steps = 50 vectors, POLCA every 20). Defaults: the measured run of docs/dynamics.md
+    (2 layers, d=64, Adam, 2000 steps, checkpoints every 40, one Lanczos vector at every checkpoint = 50 vectors
+    spread over training, 128 analysed problems = 512 answer tokens)."""
 
     n_layers: int = 2
     d_model: int = 64
     n_heads: int = 4
-    steps: int = 3000
+    steps: int = 2000
     batch: int = 64
     lr: float = 1e-3
-    every: int = 20             # checkpoint (and POLCA step) interval
-    basis_every: int = 200      # one Lanczos batch of k vectors every this many steps
+    every: int = 40             # checkpoint (and POLCA step) interval
+    basis_every: int = 40       # one Lanczos batch of k vectors every this many steps
     k: int = 1
     lanczos_iter: int = 20
-    n_hessian: int = 256        # problems for the Hessian estimate
-    n_eval: int = 256           # analysed problems (4 output tokens each)
-    delta: int = 100            # breakthrough window Δ in steps
+    n_hessian: int = 128        # problems for the Hessian estimate
+    n_eval: int = 128           # analysed problems (4 output tokens each)
+    delta: int = 80             # breakthrough window Δ in steps (a multiple of every)
     seed: int = 0
 
     def __post_init__(self):
@@ -441,11 +517,51 @@ def addition_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), tokens[:, -n_ans:].reshape(-1), reduction="none")
 
 
+def addition_carry_summary(res: PolcaResult, digit: np.ndarray, carry: np.ndarray, eligible: float = 0.85) -> dict:
+    """The paper's carry criteria (Table 1 and App. G) per source (``polca``, ``exact``, ``exact_change``):
+    ``max_carry_fraction`` = the largest fraction of carry tokens in any cluster, over the clusters in which more
+    than ``eligible`` of the carry tokens are 10s or 100s digits (``digit`` 1 or 2; carries into the 1000s digit are
+    just "predict 1" and are excluded by the paper), with that cluster's ``recall`` (its carry tokens over the carry
+    tokens in any cluster of the same source, outliers excluded) and size; ``hidden_fraction`` = share of all the
+    source's clusters with a hidden breakthrough. ``digit``, ``carry``: per-token labels ``[n]``."""
+    digit, carry = np.asarray(digit), np.asarray(carry)
+    df = res.to_frame()
+    out = {}
+    for name, pred in (("polca", lambda s: s.startswith("polca")), ("exact", lambda s: s == "exact"),
+                       ("exact_change", lambda s: s == "exact_change")):
+        best = {"max_carry_fraction": float("nan"), "recall": float("nan"), "size": 0, "source": None, "cluster": None}
+        n_clusters = n_eligible = 0
+        for src, lab in res.assignments.items():
+            if not pred(src):
+                continue
+            lab = np.asarray(lab)
+            in_any = (lab >= 0) & (carry == 1)
+            for c in np.unique(lab[lab >= 0]):
+                n_clusters += 1
+                m = lab == c
+                cm = m & (carry == 1)
+                if cm.sum() == 0 or np.isin(digit[cm], (1, 2)).mean() <= eligible:
+                    continue
+                n_eligible += 1
+                frac = float(cm.sum() / m.sum())
+                if not frac <= best["max_carry_fraction"]:
+                    best = {"max_carry_fraction": frac, "recall": float(cm.sum() / max(1, in_any.sum())),
+                            "size": int(m.sum()), "source": src, "cluster": int(c)}
+        sub = df[df.source.map(pred)] if len(df) else df
+        out[name] = {**best, "n_clusters": n_clusters, "n_eligible": n_eligible,
+                     "hidden_fraction": float(sub.hidden.mean()) if len(sub) else float("nan")}
+    return out
+
+
 def run_addition(cfg: AdditionConfig, folder: str | Path) -> PolcaResult:
     """Train a small GPT-2 on 3-digit addition writing checkpoints to ``folder`` (resumes if present), build the
-    basis (``k`` vectors every ``basis_every`` steps), compute POLCA trajectories on ``n_eval`` held-out problems
-    and cluster them against carry / digit labels."""
+    basis (``k`` vectors every ``basis_every`` steps; saved after each batch and resumed), compute the POLCA terms
+    and :func:`span_diagnostics` on ``n_eval`` held-out problems (each interval cached under ``folder/span``) and
+    cluster them against carry / digit labels. ``diagnostics``: R² of POLCA vs the exact per-token loss change, the
+    share of each step in the basis' span, and :func:`addition_carry_summary`."""
     import transformers as T
+
+    from interp.io import load_tensors, save_tensors
 
     from .tasks import addition
     folder = Path(folder)
@@ -472,8 +588,22 @@ def run_addition(cfg: AdditionConfig, folder: str | Path) -> PolcaResult:
     hess = addition(cfg.n_hessian, seed=cfg.seed + 1).tokens
     ev = addition(cfg.n_eval, seed=cfg.seed + 2)
     at = [i for i, s in enumerate(steps) if s % cfg.basis_every == 0 and s < steps[-1]]
-    B = build_basis(space, addition_token_loss, hess, thetas, at, k=cfg.k, n_iter=cfg.lanczos_iter, seed=cfg.seed)
-    traj = polca_trajectories(space, addition_token_loss, ev.tokens, B, thetas)
-    exact = exact_losses(space, addition_token_loss, ev.tokens, thetas)
+    basis_file, conf_meta = folder / "basis.safetensors", {"config": dataclasses.asdict(cfg)}
+    resume = None
+    if basis_file.is_file():
+        got, meta = load_tensors(basis_file, what="POLCA basis", tensors=("basis",))
+        if meta.get("config") != conf_meta["config"]:
+            raise ValueError(f"{basis_file} was built with another AdditionConfig; use a fresh folder")
+        resume = got["basis"]
+    B = resume if resume is not None and resume.shape[1] == len(at) * cfg.k else build_basis(
+        space, addition_token_loss, hess, thetas, at, k=cfg.k, n_iter=cfg.lanczos_iter, seed=cfg.seed, resume=resume,
+        on_batch=lambda b: save_tensors(basis_file, {"basis": b}, conf_meta))
+    diag = span_diagnostics(space, addition_token_loss, ev.tokens, B, thetas, cache=folder / "span")
     labels = {k: v[:, -4:].reshape(-1).numpy() for k, v in ev.labels.items()}
-    return analyse(traj, exact, steps, labels, delta=cfg.delta)
+    res = analyse(diag["trajectories"], diag["exact"], steps, labels, delta=cfg.delta, positive={"carry": 1})
+    frac = diag["frac_in_span"]
+    res.diagnostics = {"n_basis": int(B.shape[1]), "n_kept": int(res.kept.sum()), "r2": diag["r2"],
+                       "r2_taylor": diag["r2_taylor"], "r2_zero": diag["r2_zero"],
+                       "frac_in_span": {"mean": float(frac.mean()), "min": float(frac.min()), "max": float(frac.max())},
+                       "carry": addition_carry_summary(res, labels["digit"], labels["carry"])}
+    return res

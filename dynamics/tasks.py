@@ -4,8 +4,8 @@
   then ``n_out`` tokens each drawn uniformly among the *current* majority tokens (counts include the outputs
   generated so far). Features ``is_majority_v`` at every position. At input positions they are useless for
   the next token (the next input is uniform), yet a model must compute them later.
-* :func:`addition` — POLCA's 3-digit addition: ``a+b=`` then the 4 result digits most-significant first, with
-  per-output-token digit-position and carry labels.
+* :func:`addition` / :func:`addition_problems` — POLCA's 3-digit addition: ``a+b=`` then the 4 result digits
+  most-significant first, with per-output-token digit-position and carry labels (the paper's definitions).
 
 Token ids: every sequence starts with a BOS token so that the first real token also has a prediction
 (choice of ours; the official code has no BOS in its Majority sampler).
@@ -56,17 +56,35 @@ PLUS, EQ, BOS_ADD = 10, 11, 12
 
 
 def addition(n: int, n_digits: int = 3, seed: int = 0) -> TaskBatch:
-    """3-digit addition ``BOS a + b = c`` with ``c`` as ``n_digits + 1`` digits, most significant first
-    (zero-padded). Tokens: digits 0-9, ``+`` = 10, ``=`` = 11, BOS = 12. Labels ``[n, seq]`` at each answer
-    digit (−1 elsewhere): ``digit`` (0 = the most significant answer digit ... n_digits = the units) and
-    ``carry`` (1 if a carry flows *into* that digit's column, i.e. the digit differs from the carry-free sum)."""
+    """3-digit addition ``BOS a + b = c`` on ``n`` uniformly drawn operand pairs: see :func:`addition_problems`."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 6:
-        raise ValueError(f"n_digits must be an integer in 1..6, got {n_digits!r}")
+    _check_digits(n_digits)
     g = torch.Generator().manual_seed(seed)
     a = torch.randint(0, 10 ** n_digits, (n,), generator=g)
     b = torch.randint(0, 10 ** n_digits, (n,), generator=g)
+    return addition_problems(a, b, n_digits)
+
+
+def _check_digits(n_digits) -> None:
+    if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 6:
+        raise ValueError(f"n_digits must be an integer in 1..6, got {n_digits!r}")
+
+
+def addition_problems(a: torch.Tensor, b: torch.Tensor, n_digits: int = 3) -> TaskBatch:
+    """``BOS a + b = c`` for given operands ``a``, ``b`` ``[n]`` (``0 <= a, b < 10**n_digits``), ``c`` as
+    ``n_digits + 1`` digits, most significant first (zero-padded). Tokens: digits 0-9, ``+`` = 10, ``=`` = 11,
+    BOS = 12. Labels ``[n, seq]`` at each answer digit (−1 elsewhere): ``digit`` (0 = the most significant answer
+    digit ... n_digits = the units) and ``carry`` — the paper's definition (POLCA, App. E.1): the sum of the lower
+    places carries into this digit's place (e.g. the 10s digit carries when the units sum to 10 or more), i.e. the
+    digit differs from the carry-free digit sum. The units digit never carries."""
+    _check_digits(n_digits)
+    a, b = torch.as_tensor(a, dtype=torch.long), torch.as_tensor(b, dtype=torch.long)
+    if a.dim() != 1 or a.shape != b.shape or a.numel() == 0:
+        raise ValueError(f"a and b must be non-empty [n] tensors of the same shape, got {tuple(a.shape)}, {tuple(b.shape)}")
+    if bool((a < 0).any() | (b < 0).any() | (a >= 10 ** n_digits).any() | (b >= 10 ** n_digits).any()):
+        raise ValueError(f"operands must lie in [0, 10**{n_digits})")
+    n = a.shape[0]
     pw = 10 ** torch.arange(n_digits, -1, -1)                                      # most significant first
     dig = lambda x, k: (x[:, None] // pw[-k:]) % 10                                 # noqa: E731
     c = a + b

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from interp.dynamics.polca import (CheckpointRecorder, ParamSpace, analyse, breakthrough_step, build_basis,
-                                   cluster_direction, exact_losses, first_order, homogeneity, hvp_fn, lanczos_top,
-                                   load_checkpoints, plateau_step, polca_trajectories, second_order)
+from interp.dynamics.polca import (CheckpointRecorder, ParamSpace, PolcaResult, addition_carry_summary, analyse,
+                                   breakthrough_step, build_basis, cluster_direction, exact_losses, first_order,
+                                   homogeneity, hvp_fn, label_fraction, lanczos_top, load_checkpoints, plateau_step,
+                                   polca_trajectories, second_order, span_diagnostics)
 
 
 def _mlp(seed=0):
@@ -133,6 +134,66 @@ def test_breakthrough_plateau_homogeneity_and_clusters():
     polca = df[df.source == "polca:0"]
     assert set(polca.hom_kind) == {1.0} and polca.hidden.sum() == 1
     assert res.figure().data and res.summary("kind")["polca_max_kind_homogeneity"] == 1.0
+
+
+def test_paper_carry_homogeneity_definition():
+    """The paper's carry homogeneity (Table 1, App. G) is the fraction of a cluster's tokens that carry, over clusters
+    whose carry tokens are > 85 % 10s/100s digits; a cluster of units digits (never a carry) scores 0, not 1."""
+    # 12 tokens: digit 0 = 1000s ... 3 = units
+    digit = np.array([3, 3, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0])
+    carry = np.array([0, 0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 0])
+    lab = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    assert homogeneity(lab, carry)[0] == 1.0                    # majority-label share: units cluster looks pure
+    assert label_fraction(lab, carry) == {0: 0.0, 1: 0.75, 2: 0.75}
+    res = PolcaResult(steps=[0], tau=0, kept=torch.ones(1, dtype=torch.bool), traj=torch.zeros(12, 1, 1),
+                      exact=torch.zeros(12, 1), assignments={"polca:0": lab, "exact": np.zeros(12, dtype=int),
+                                                             "exact_change": -np.ones(12, dtype=int)},
+                      clusters=[{"source": "polca:0", "cluster": c, "hidden": c == 1} for c in range(3)]
+                      + [{"source": "exact", "cluster": 0, "hidden": False}])
+    s = addition_carry_summary(res, digit, carry)
+    # cluster 2 (1000s carries) is not eligible; cluster 0 has no carry token; cluster 1: 3 of 4 carry
+    assert s["polca"]["max_carry_fraction"] == 0.75 and s["polca"]["cluster"] == 1 and s["polca"]["n_eligible"] == 1
+    assert s["polca"]["recall"] == 3 / 6 and abs(s["polca"]["hidden_fraction"] - 1 / 3) < 1e-12
+    # one cluster of everything: 6 carries, only 3 of them 10s/100s (50 % <= 85 %): not eligible
+    assert np.isnan(s["exact"]["max_carry_fraction"]) and s["exact"]["n_clusters"] == 1
+    assert s["exact_change"]["n_clusters"] == 0
+
+
+def test_exact_baselines_cluster_loss_and_its_changes():
+    """The paper's baselines: "exact" clusters the raw loss trajectories L(x, θ_t) (so two groups with the same loss
+    drop but different loss levels separate), "exact_change" their per-interval changes (which do not differ)."""
+    steps = list(range(0, 200, 10))
+    t = torch.tensor(steps, dtype=torch.float)
+    drop = 1 - torch.sigmoid((t - 60) / 5)
+    g = torch.Generator().manual_seed(0)
+    exact = torch.cat([3 + drop.expand(60, -1), 1 + drop.expand(60, -1)]) + 0.01 * torch.randn(120, 20, generator=g)
+    traj = (exact - exact[:, :1])[:, None]
+    res = analyse(traj, exact, steps, {"level": np.array([0] * 60 + [1] * 60)}, delta=20, tau=100)
+    ex = res.assignments["exact"]
+    assert (ex[:60] >= 0).mean() > 0.9 and (ex[60:] >= 0).mean() > 0.9
+    assert set(ex[:60][ex[:60] >= 0]).isdisjoint(ex[60:][ex[60:] >= 0])
+    ch = res.assignments["exact_change"]           # same changes: no split by level (here: one noisy blob)
+    split = ((ch[:60] >= 0).mean() > 0.9 and (ch[60:] >= 0).mean() > 0.9
+             and set(ch[:60][ch[:60] >= 0]).isdisjoint(ch[60:][ch[60:] >= 0]))
+    assert not split
+    assert "exact" in set(res.to_frame().source)
+
+
+def test_span_diagnostics_cache_roundtrip(tmp_path):
+    """Per-interval terms written to the cache are read back unchanged (the addition run resumes from them)."""
+    model = _mlp()
+    space = ParamSpace(model)
+    ex = _data(8)
+    theta = space.flatten()
+    thetas = torch.stack([theta, theta + 0.01 * torch.randn(space.numel, generator=torch.Generator().manual_seed(4)),
+                          theta + 0.02 * torch.randn(space.numel, generator=torch.Generator().manual_seed(5))])
+    B, _ = torch.linalg.qr(torch.randn(space.numel, 3, generator=torch.Generator().manual_seed(6)))
+    a = span_diagnostics(space, loss_fn, ex, B, thetas, cache=tmp_path / "span")
+    assert len(list((tmp_path / "span").glob("interval_*.safetensors"))) == 2
+    b = span_diagnostics(space, loss_fn, ex, B, thetas, cache=tmp_path / "span")
+    torch.testing.assert_close(a["trajectories"], b["trajectories"], atol=0, rtol=0)
+    torch.testing.assert_close(a["trajectories"], polca_trajectories(space, loss_fn, ex, B, thetas))
+    torch.testing.assert_close(a["exact"], exact_losses(space, loss_fn, ex, thetas))
 
 
 def test_bad_inputs(tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from interp.dynamics.tasks import addition, conditioned_majority, majority
+from interp.dynamics.tasks import addition, addition_problems, conditioned_majority, majority
 
 
 def test_majority_outputs_are_running_majorities():
@@ -35,3 +35,20 @@ def test_conditioned_majority_and_addition():
     assert torch.equal(a.labels["carry"][:, 11].bool(), tens)
     with pytest.raises(ValueError, match="n_vocab"):
         majority(3, n_vocab=1)
+
+
+def test_addition_labels_follow_the_paper():
+    """POLCA's Figure 2: an answer 1433 whose skills are 1000s carry, 100s no carry, 10s carry, 1s no carry
+    (706 + 727); App. E.1: a digit carries when the lower places sum past its place (cascades included)."""
+    b = addition_problems(torch.tensor([706, 95, 999, 0]), torch.tensor([727, 5, 1, 0]))
+    assert b.tokens[0].tolist() == [12, 7, 0, 6, 10, 7, 2, 7, 11, 1, 4, 3, 3]
+    assert b.labels["carry"][:, -4:].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]]
+    assert b.labels["digit"][0, -4:].tolist() == [0, 1, 2, 3] and (b.labels["digit"][:, :-4] == -1).all()
+    lower = lambda x, k: x % 10 ** k                                          # noqa: E731
+    a = addition(200, seed=5)
+    num = lambda t: t[:, 0] * 100 + t[:, 1] * 10 + t[:, 2]                   # noqa: E731
+    x, y = num(a.tokens[:, 1:4]), num(a.tokens[:, 5:8])
+    for k, col in ((1, 11), (2, 10), (3, 9)):                                 # 10s, 100s, 1000s answer tokens
+        assert torch.equal(a.labels["carry"][:, col].bool(), lower(x, k) + lower(y, k) >= 10 ** k)
+    with pytest.raises(ValueError, match="operands"):
+        addition_problems(torch.tensor([1000]), torch.tensor([1]))
