@@ -55,7 +55,7 @@ PF_LONG_TASK = {"kind": "pf", "variant": "long", "path_len": 6, "n_nodes": 36, "
 
 
 #: config fields added later, with their defaults (omitted from ``to_params`` at the default)
-_LATER_FIELDS = {"followup_queries": 0}
+_LATER_FIELDS = {"followup_queries": 0, "backward_queries": 0}
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ class PlanningModelConfig:
     #: path finding only: sub-queries of the same graph appended (with their answers, which get the loss) after
     #: each training example's target (``PathFinding.training_examples``; recipe choice, see ``PF_TRAIN``)
     followup_queries: int = 0
+    #: path finding only: backward sub-queries (``< w u : w .. u``, predecessor lookups) mixed into the follow-ups
+    #: (``PathFinding.training_examples(backward=...)``; needs ``task["backward_marker"]``; recipe choice)
+    backward_queries: int = 0
 
     def __post_init__(self):
         if self.objective not in ("ntp", "mtp"):
@@ -93,6 +96,10 @@ class PlanningModelConfig:
             raise ValueError("an MTP model needs mtp_heads >= 1")
         if self.followup_queries < 0:
             raise ValueError(f"followup_queries must be >= 0, got {self.followup_queries}")
+        if self.backward_queries < 0:
+            raise ValueError(f"backward_queries must be >= 0, got {self.backward_queries}")
+        if self.backward_queries and not dict(self.task).get("backward_marker"):
+            raise ValueError("backward_queries needs a path-finding task with a backward_marker")
 
     def to_params(self) -> dict:
         """The recipe dict; fields added after the first entries were cached (:data:`_LATER_FIELDS`) are left out
@@ -356,8 +363,9 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     task = task_from_params(cfg.task)
     tokenizer = make_tokenizer(task)
     torch.manual_seed(cfg.seed)
-    probe = (task.training_examples(1, seed=0, followups=cfg.followup_queries) if cfg.followup_queries
-             else task.examples(1, seed=0))
+    aided = cfg.followup_queries > 0 or cfg.backward_queries > 0
+    probe = (task.training_examples(1, seed=0, followups=cfg.followup_queries, backward=cfg.backward_queries)
+             if aided else task.examples(1, seed=0))
     seq = int(_encode(tokenizer, probe, cfg.loss_on)[0].shape[1])
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
                          num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
@@ -381,8 +389,9 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     name = f"planning-{task.name}-{cfg.objective}"
     for step in progress(range(cfg.steps), desc=f"{name}: training", total=cfg.steps):
         seed = cfg.seed * 1_000_003 + step
-        if cfg.followup_queries > 0:
-            batch = task.training_examples(cfg.batch_size, seed=seed, followups=cfg.followup_queries)
+        if aided:
+            batch = task.training_examples(cfg.batch_size, seed=seed, followups=cfg.followup_queries,
+                                           backward=cfg.backward_queries)
         else:
             batch = task.examples(cfg.batch_size, seed=seed)
         ids, mask, lab = _encode(tokenizer, batch, cfg.loss_on)

@@ -234,8 +234,15 @@ class PathFinding:
     n_dead_out: int = 1
     n_dead_in: int = 0
     name: str | None = None
+    #: training aid (opt-in, outside the contract): the marker word of *backward* sub-queries
+    #: (:meth:`backward_subqueries`); when set it is added to :attr:`vocab` (after the other words)
+    backward_marker: str | None = None
 
     def __post_init__(self):
+        if self.backward_marker is not None and (self.backward_marker in ("?", ":", ",")
+                                                 or self.backward_marker.startswith("n") or " " in self.backward_marker
+                                                 or self.backward_marker in SPECIAL_TOKENS):
+            raise ValueError(f"backward_marker {self.backward_marker!r} clashes with the task's words")
         if self.variant not in ("short", "long"):
             raise ValueError(f"PathFinding variant must be 'short' or 'long', got {self.variant!r}")
         if self.path_len is None:
@@ -256,7 +263,8 @@ class PathFinding:
 
     @property
     def vocab(self) -> tuple[str, ...]:
-        return SPECIAL_TOKENS + self.nodes + (",", "?", ":")
+        extra = (self.backward_marker,) if self.backward_marker else ()
+        return SPECIAL_TOKENS + self.nodes + (",", "?", ":") + extra
 
     def _graph(self, rng: random.Random) -> dict:
         m = self.path_len - 2
@@ -319,7 +327,37 @@ class PathFinding:
                                                meta={**example.meta, "source": u, "goal": w, "subquery": True}))
         return out
 
-    def training_examples(self, n: int, seed: int = 0, followups: int = 0) -> list[PlanningExample]:
+    def backward_subqueries(self, example: PlanningExample) -> list[tuple[str, tuple[str, ...]]]:
+        """Backward sub-queries of ``example``'s graph: ``(query, answers)`` word strings (needs ``backward_marker``).
+
+        For two nodes ``u``, ``w`` at least two steps apart on one chain (either correct path, the decoy, a dead-end
+        branch), the query ``< w u :`` (``<`` = :attr:`backward_marker`) asks for the walk from ``w`` back to ``u``
+        against the edges; the answer is the reversed chain segment ``w .. u``. The main pair is included:
+        ``< g s :`` has two answers (both reversed paths; with ``n_dead_in = 0`` every predecessor of the goal is
+        on a correct path, so it needs no look-ahead). Each answer step is a *predecessor* lookup of the word just
+        written (``b = pred(g)``); a decision with two predecessors (``< g a :``) is decided by a successor lookup
+        of the query's end node. PF-short yields 9 per graph.
+
+        A *training aid* (recipe choice, issue #15): the first step of the main query needs the predecessors of the
+        goal's predecessors, which forward answers never supervise densely (every later forward step is solved by a
+        successor lookup of the word just written, the "Clever Hans" shortcut of teacher forcing).
+        """
+        if not self.backward_marker:
+            raise ValueError("backward sub-queries need PathFinding(backward_marker=...)")
+        chains = [a.split() for a in example.answers] + [example.decoy.split()] + [list(c) for c in
+                                                                                   example.meta["dead_ends"]]
+        found: dict[tuple[str, str], list[str]] = {}
+        for chain in chains:
+            for i in range(len(chain)):
+                for j in range(i + 2, len(chain)):
+                    seg = " ".join(reversed(chain[i:j + 1]))
+                    answers = found.setdefault((chain[j], chain[i]), [])
+                    if seg not in answers:
+                        answers.append(seg)
+        return [(f"{self.backward_marker} {w} {u} :", tuple(a)) for (w, u), a in found.items()]
+
+    def training_examples(self, n: int, seed: int = 0, followups: int = 0,
+                          backward: int = 0) -> list[PlanningExample]:
         """Training documents: :meth:`examples` with ``followups`` sub-queries of the same graph appended.
 
         Each example is the main example of :meth:`examples` (same prompt, same target) with
@@ -332,18 +370,29 @@ class PathFinding:
         graph, too little signal for a small model to discover in-context edge lookup (measured: chance-level
         one-hop lookup after 6,000 steps); the follow-ups add lookups forwards and backwards and one-step branch
         choices that compose into the main query. Evaluation always uses :meth:`examples` alone.
+
+        ``backward > 0`` (needs ``backward_marker``) adds ``min(backward, 9)`` distinct
+        :meth:`backward_subqueries` (one of its answers at random where there are two), and shuffles them in with the
+        forward ones (drawn from their own random stream, so ``backward = 0`` leaves the documents unchanged).
         """
-        if followups < 0:
-            raise ValueError(f"followups must be >= 0, got {followups}")
+        if followups < 0 or backward < 0:
+            raise ValueError(f"followups and backward must be >= 0, got {followups}, {backward}")
         base = self.examples(n, seed)
-        if followups == 0:
+        if followups == 0 and backward == 0:
             return base
         rng = random.Random(f"followups-{seed}")
+        brng = random.Random(f"backward-{seed}")
         out = []
         for ex in base:
             subs = self.subqueries(ex)
             picked = rng.sample(subs, min(followups, len(subs)))
             pairs = tuple((q.prompt.rsplit(" ? ", 1)[1].join(["? ", ""]), q.target) for q in picked)
+            if backward:
+                bsubs = self.backward_subqueries(ex)
+                bpairs = [(q, brng.choice(a)) for q, a in brng.sample(bsubs, min(backward, len(bsubs)))]
+                mixed = list(pairs) + bpairs
+                brng.shuffle(mixed)
+                pairs = tuple(mixed)
             out.append(PlanningExample(prompt=ex.prompt, target=ex.target, answers=ex.answers, decoy=ex.decoy,
                                        meta={**ex.meta, "followups": pairs}))
         return out

@@ -49,6 +49,26 @@ def test_encode_followups_label_answers_only():
     assert lab[0].tolist() == [-100 if w is None else v[w] for w in labelled]
 
 
+def test_backward_queries_recipe():
+    """Backward sub-queries need a task with a marker word; their queries are unlabelled, their answers labelled;
+    the recipe field is left out of the params at its default (recipe hashes of older entries unchanged)."""
+    from interp.zoo.planning import PF_SHORT_TASK, PlanningModelConfig
+
+    with pytest.raises(ValueError):
+        PlanningModelConfig(backward_queries=2)  # the default PF task has no backward marker
+    cfg = PlanningModelConfig(task={**PF_SHORT_TASK, "backward_marker": "<"}, followup_queries=2, backward_queries=2)
+    assert cfg.to_params()["backward_queries"] == 2
+    assert "backward_queries" not in PlanningModelConfig().to_params()
+    task = PathFinding("short", backward_marker="<")
+    tok = make_tokenizer(task)
+    doc = PlanningExample(prompt="n1 n2 ? n1 n2 :", target="n1 n2", meta={"followups": (("< n5 n2 :", "n5 n7 n2"),)})
+    ids, _, lab = _encode(tok, [doc], "target")
+    v = tok.get_vocab()
+    words = "<bos> n1 n2 ? n1 n2 : n1 n2 < n5 n2 : n5 n7 n2".split()
+    assert ids[0].tolist() == [v[w] for w in words]
+    assert [i for i, x in enumerate(lab[0].tolist()) if x != -100] == [7, 8, 13, 14, 15]
+
+
 def test_step_accuracy_hand_checked():
     from interp.zoo.planning import _step_accuracy
 

@@ -235,3 +235,38 @@ def test_pathfinding_training_followups():
     assert len(every) == 8  # capped at the graph's sub-queries
     with pytest.raises(ValueError):
         task.training_examples(4, followups=-1)
+
+
+def test_pathfinding_backward_subqueries():
+    """Backward sub-queries (opt-in training aid): ``< w u :`` answered by the reversed chain segment ``w .. u``."""
+    plain = PathFinding("short")
+    assert "<" not in plain.vocab
+    with pytest.raises(ValueError):
+        plain.backward_subqueries(plain.examples(1)[0])
+    with pytest.raises(ValueError):
+        PathFinding("short", backward_marker="?")
+    task = PathFinding("short", backward_marker="<")
+    assert task.vocab == plain.vocab + ("<",) and task.examples(10, seed=5) == plain.examples(10, seed=5)
+    for ex in task.examples(20, seed=5):
+        edges, _, _ = _parse_edges(ex.prompt)
+        back = task.backward_subqueries(ex)
+        assert len(back) == 9  # the 8 forward pairs and the main pair, reversed
+        for query, answers in back:
+            mark, w, u, colon = query.split()
+            assert (mark, colon) == ("<", ":")
+            walks = sorted(" ".join(reversed(p)) for p in _all_simple_paths(edges, u, w))
+            assert sorted(answers) == walks  # every backward walk w -> u, i.e. every forward walk u -> w
+            assert len(answers) == (2 if (u, w) == (ex.meta["source"], ex.meta["goal"]) else 1)
+    # backward=0 keeps the forward-only documents; backward > 0 mixes in distinct backward queries
+    assert task.training_examples(8, seed=2, followups=8) == plain.training_examples(8, seed=2, followups=8)
+    docs = task.training_examples(30, seed=2, followups=8, backward=4)
+    assert docs == task.training_examples(30, seed=2, followups=8, backward=4)
+    for doc, ex in zip(docs, task.examples(30, seed=2)):
+        assert (doc.prompt, doc.target) == (ex.prompt, ex.target)
+        fu = doc.meta["followups"]
+        backs = [(q, a) for q, a in fu if q.startswith("<")]
+        assert len(fu) == 12 and len(backs) == 4 and len({q for q, _ in fu}) == 12
+        allowed = dict(task.backward_subqueries(ex))
+        assert all(a in allowed[q] for q, a in backs)
+    with pytest.raises(ValueError):
+        plain.training_examples(2, followups=2, backward=1)
