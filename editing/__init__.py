@@ -7,10 +7,11 @@ __all__ = ["Transcoder", "Spliced", "splice", "harvest_pairs", "TranscoderTraini
            "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder"]
 from .rome import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, compute_key, compute_v,
                    context_templates, edit_batch, fine_tune, left_vector, moment_diagnostics, rank_one, restrict, rome, second_moment,
+                   second_moments,
                    tcpe)
 
 __all__ += ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-            "compute_key", "second_moment", "moment_diagnostics", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune",
+            "compute_key", "second_moment", "second_moments", "moment_diagnostics", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune",
             "edit_batch"]
 from .facts import FactsComparison, FactsTask, compare_methods, fact_predictions, train_facts_model
 

@@ -437,7 +437,7 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     from interp.io import atomic_write_json, load_json
     from interp.store import harvest
 
-    from .rome import moment_diagnostics
+    from .rome import moment_diagnostics, second_moments
     from .transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
@@ -475,9 +475,9 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
         moments = load_json(dpath, what="second-moment diagnostics")
     else:
         moments = {}
-        for name, site, keys in (("tc", TranscoderSite(model, layer, tc), keys_tc),
-                                 ("mlp", MLPSite(model, layer), keys_mlp)):
-            C = second_moment(site, texts, n_tokens=n_mom2, cache_file=str(mdir / f"mom2_{name}.safetensors"))
+        Cs = second_moments([TranscoderSite(model, layer, tc), MLPSite(model, layer)], texts, n_tokens=n_mom2,
+                            cache_files=[str(mdir / "mom2_tc.safetensors"), str(mdir / "mom2_mlp.safetensors")])
+        for name, C, keys in (("tc", Cs[0], keys_tc), ("mlp", Cs[1], keys_mlp)):
             moments[name] = moment_diagnostics(C, keys, eps_rels=(0.0, 1e-2))
             moments[name]["n_keys_active"] = [int((k > 0).sum()) for k in keys] if name == "tc" else \
                 [int((k != 0).sum()) for k in keys]

@@ -239,7 +239,6 @@ def _site_digest(site: _Site) -> str:
     return h.hexdigest()
 
 
-@torch.no_grad()
 def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
                   max_length: int | None = 128, cache_file: str | None = None) -> torch.Tensor:
     """``C = E[k kᵀ] [d_key, d_key]`` over the real tokens of ``texts`` (at most ``n_tokens``); cached in
@@ -247,44 +246,90 @@ def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, bat
 
     ``cache_file``: a ``.safetensors`` file (written atomically) holding ``C`` with, in its metadata, digests of the
     texts and of the key's weights (:func:`_site_digest`) and ``n_tokens``/``max_length``; a matching file
-    is read instead of recomputing, a stale one is recomputed and replaced.
+    is read instead of recomputing, a stale one is recomputed and replaced. (:func:`second_moments` computes
+    several sites from one forward pass.)
     """
+    return second_moments([site], texts, n_tokens, batch_size, max_length, [cache_file])[0]
+
+
+@torch.no_grad()
+def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
+                   max_length: int | None = 128, cache_files: Sequence[str | None] | None = None) -> list[torch.Tensor]:
+    """:func:`second_moment` of several sites of one model from one forward pass per batch (same tokens, so each
+    ``C`` is the single-site one up to float64 round-off; same memory and file caches). At most one site may be
+    a :class:`TranscoderSite` (its splice is open for the pass); every :class:`MLPSite` must sit at or before
+    its layer, whose key (``mlp.hook_post``, inside the MLP) the splice of ``hook_mlp_out`` does not change.
+
+    The float64 accumulation ``Σ k kᵀ`` is restricted per batch to the key features active in it (exact: the
+    others add zeros); for a sparse transcoder this is most of the cost saved.
+    """
+    import contextlib
     if not texts:
         raise ValueError("texts is empty: C is estimated from real text")
+    sites = list(sites)
+    files = list(cache_files) if cache_files is not None else [None] * len(sites)
+    if len(files) != len(sites) or not sites or len({id(s.model) for s in sites}) != 1:
+        raise ValueError("second_moments needs one or more sites of one model and one cache file (or None) each")
+    tcs = [s for s in sites if isinstance(s, TranscoderSite)]
+    if len(tcs) > 1 or (tcs and any(not isinstance(s, TranscoderSite) and s.layer > tcs[0].layer for s in sites)):
+        raise ValueError("at most one TranscoderSite, with every other site at or before its layer")
     h = hashlib.sha1("\x00".join(texts).encode()).hexdigest()
-    key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)
-    if key in _MOM2:
-        return _MOM2[key]
-    meta = None
-    if cache_file is not None:
-        from pathlib import Path
-        from interp.io import load_tensors
-        meta = {"texts": h, "site": _site_digest(site), "n_tokens": n_tokens, "max_length": max_length}
-        if Path(cache_file).is_file():
-            t, m = load_tensors(cache_file, what="second moment", tensors=("C",))
-            if all(m.get(k) == v for k, v in meta.items()):
-                _MOM2[key] = t["C"].float()
-                return _MOM2[key]
-    model, acc, n = site.model, None, 0
-    bar = progress(total=n_tokens, desc=f"second moment {site.key}")
-    with site.open():
-        for i in range(0, len(texts), batch_size):
-            batch = model.tokenize(list(texts[i:i + batch_size]), max_length=max_length)
-            _, cache = model.run_with_cache(batch, names=[site.key], stop_at_layer=site.layer + 1)
-            k = cache[site.key][batch["attention_mask"].bool().to(cache[site.key].device)].double().cpu()
-            k = k[: n_tokens - n]
-            acc = k.T @ k if acc is None else acc + k.T @ k
-            n += len(k)
-            bar.update(len(k))
+    out: list = [None] * len(sites)
+    metas: list = [None] * len(sites)
+    for i, (site, cf) in enumerate(zip(sites, files)):
+        key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)
+        if key in _MOM2:
+            out[i] = _MOM2[key]
+            continue
+        if cf is not None:
+            from pathlib import Path
+            from interp.io import load_tensors
+            metas[i] = {"texts": h, "site": _site_digest(site), "n_tokens": n_tokens, "max_length": max_length}
+            if Path(cf).is_file():
+                t, m = load_tensors(cf, what="second moment", tensors=("C",))
+                if all(m.get(k) == v for k, v in metas[i].items()):
+                    out[i] = _MOM2[key] = t["C"].float()
+    todo = [i for i in range(len(sites)) if out[i] is None]
+    if not todo:
+        return out
+    model, n = sites[0].model, 0
+    acc = {i: None for i in todo}
+    names = list(dict.fromkeys(sites[i].key for i in todo))
+    stop = max(sites[i].layer for i in todo) + 1
+    bar = progress(total=n_tokens, desc=f"second moment {', '.join(names)}")
+    with contextlib.ExitStack() as stack:
+        for i in todo:
+            if isinstance(sites[i], TranscoderSite):
+                stack.enter_context(sites[i].open())
+        for b in range(0, len(texts), batch_size):
+            batch = model.tokenize(list(texts[b:b + batch_size]), max_length=max_length)
+            _, cache = model.run_with_cache(batch, names=names, stop_at_layer=stop)
+            m = None
+            for i in todo:
+                c = cache[sites[i].key]
+                k = c[batch["attention_mask"].bool().to(c.device)].double().cpu()[: n_tokens - n]
+                if acc[i] is None:
+                    acc[i] = torch.zeros(k.shape[1], k.shape[1], dtype=torch.float64)
+                cols = (k != 0).any(0).nonzero().flatten()
+                if len(cols) < 0.9 * k.shape[1]:
+                    kk = k[:, cols]
+                    acc[i][cols[:, None], cols[None, :]] += kk.T @ kk
+                else:
+                    acc[i] += k.T @ k
+                m = len(k)
+            n += m
+            bar.update(m)
             if n >= n_tokens:
                 break
     bar.close()
-    C = (acc / n).float()
-    _MOM2[key] = C
-    if cache_file is not None:
-        from interp.io import save_tensors
-        save_tensors(cache_file, {"C": C}, {**meta, "n_seen": n})
-    return C
+    for i in todo:
+        site = sites[i]
+        C = (acc[i] / n).float()
+        out[i] = _MOM2[(id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)] = C
+        if files[i] is not None:
+            from interp.io import save_tensors
+            save_tensors(files[i], {"C": C}, {**metas[i], "n_seen": n})
+    return out
 
 
 def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts: Sequence[str],
@@ -654,4 +699,4 @@ def edit_batch(fn, requests: Sequence[EditRequest], *args, **kwargs) -> list[Edi
 
 
 __all__ = ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-           "compute_key", "second_moment", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]
+           "compute_key", "second_moment", "second_moments", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]

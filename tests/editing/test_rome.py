@@ -300,3 +300,24 @@ def test_tau_for_fraction_is_the_smallest_grid_tau_meeting_the_mask_size():
     assert tau_for_fraction(keys, 0.1) == (0.0, 0.08)  # mean support 8 <= 10
     t, f = tau_for_fraction(keys, 0.05)                # mean |S| <= 5: tau 0.4 keeps 7 and 3
     assert t == pytest.approx(0.301) and f == 0.05     # smallest grid tau above 0.3 (0.3 keeps 8 and 4: 6)
+
+
+def test_second_moments_of_two_sites_in_one_pass_equal_the_single_site_ones(model, tc, tmp_path):
+    """One forward pass for the MLP key and the spliced transcoder's features (same layer) gives each site's own
+    C (the splice at hook_mlp_out leaves mlp.hook_post alone); the sparse-column accumulation is exact; each
+    result is written to the single-site cache file."""
+    import sys
+    from interp.editing import second_moments
+    R = sys.modules["interp.editing.rome"]
+    sites = [TranscoderSite(model, 1, tc), MLPSite(model, 1)]
+    R._MOM2.clear()
+    files = [str(tmp_path / "tc.safetensors"), str(tmp_path / "mlp.safetensors")]
+    both = second_moments(sites, TEXTS, n_tokens=300, cache_files=files)
+    R._MOM2.clear()
+    alone = [second_moment(s, TEXTS, n_tokens=300) for s in sites]
+    for a, b in zip(both, alone):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-7)
+    R._MOM2.clear()
+    assert torch.equal(second_moment(sites[0], TEXTS, n_tokens=300, cache_file=files[0]), both[0])  # read back
+    with pytest.raises(ValueError, match="at most one TranscoderSite"):
+        second_moments([TranscoderSite(model, 1, tc), MLPSite(model, 2)], TEXTS)
