@@ -448,7 +448,7 @@ class Edit(Result):
         after = getattr(self, "_after", None)
         if sign < 0 and after is not None and torch.allclose(now, after, rtol=0, atol=1e-6):
             # the weight is as this edit left it: restore the saved values (no round-off from w + d - d)
-            model.add_to_weight("W_out", self.layer, self._before - now)
+            model.add_to_weight("W_out", self.layer, self._before.double() - now.double())  # float64: no float32 drift
             return
         model.add_to_weight("W_out", self.layer, sign * self.delta)
         if sign > 0:

@@ -109,7 +109,8 @@ class Model:
     def add_to_weight(self, name: str, layer: int, delta: torch.Tensor) -> None:
         """Add ``delta`` (TransformerLens shape of ``weight(name)[layer]``) to that weight IN PLACE: the one
         way analyzers write weights (``W_in``, ``W_gate``, ``W_out``, ``W_O`` and their biases). Revert by
-        adding ``-delta``. HF backends (torch, nnsight)."""
+        adding ``-delta``; a float64 ``delta`` is added at float64 and rounded once, so adding
+        ``saved.double() - now.double()`` restores a saved weight up to float64 round-off. HF backends (torch, nnsight)."""
         raise ValueError(f"editing weights is supported on the torch and nnsight backends, not {self.backend!r}: "
                          "wrap the Hugging Face model with one of those, edit, then wrap it again")
 

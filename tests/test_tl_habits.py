@@ -153,6 +153,13 @@ def test_add_to_weight_writes_in_tl_shape_and_reverts(arch):
         assert torch.equal(model.weight(name)[0], model.weight(name)[0])
         model.add_to_weight(name, 1, -delta)
         assert torch.allclose(model.weight(name)[1], w, atol=1e-6)
+        # a large edit and its float64 restore: float64 round-off only (w + d - d in float32 drifts by |d| 2^-24)
+        big = torch.randn_like(w) * 1e3
+        model.add_to_weight(name, 1, big)
+        drift = model.weight(name)[1] - big - w
+        assert name == "b_O" or drift.abs().max() > 1e-5  # float32 round-off is real here (b_O starts at 0)
+        model.add_to_weight(name, 1, w.double() - model.weight(name)[1].double())
+        assert (model.weight(name)[1] - w).abs().max() < 1e-9
     assert (model(TEXTS) - before).abs().max() < 1e-5
     with pytest.raises(ValueError, match="shape"):
         model.add_to_weight("W_out", 1, torch.zeros(3))

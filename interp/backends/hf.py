@@ -71,11 +71,10 @@ class HFModel(Model):
         if name.startswith("b_"):
             if getattr(mod, "bias", None) is None:
                 raise KeyError(f"{name}: this architecture's module has no bias to edit")
-            mod.bias.add_(delta.to(mod.bias))
+            _add_rounded_once(mod.bias, delta)
             return
         d = delta.flatten(0, 1) if name == "W_O" else delta  # W_O [H, d_head, d] -> [H * d_head, d] = [in, out]
-        w = mod.weight
-        w.add_((d if type(mod).__name__ == "Conv1D" else d.T).to(w))  # weights are read as [in, out]
+        _add_rounded_once(mod.weight, d if type(mod).__name__ == "Conv1D" else d.T)  # weights are read as [in, out]
 
     @torch.no_grad()
     def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
@@ -311,3 +310,13 @@ def _project_output_off(module: nn.Module, r_hat: torch.Tensor) -> None:
     if b is not None:
         bf = b.float()
         b.copy_((bf - (bf @ r) * r).to(b.dtype))
+
+
+def _add_rounded_once(param: torch.Tensor, delta: torch.Tensor) -> None:
+    """``param += delta`` in place. A float64 ``delta`` is added at float64 and rounded once to the parameter's
+    dtype, so ``add(saved.double() - now.double())`` restores ``saved`` up to float64 round-off (``|d| · 2⁻⁵³``),
+    where ``w + d - d`` in float32 drifts by ``|d| · 2⁻²⁴`` per entry, which large edits make visible."""
+    if delta.dtype == torch.float64 and param.dtype != torch.float64:
+        param.copy_((param.double() + delta).to(param.dtype))
+    else:
+        param.add_(delta.to(param))

@@ -164,7 +164,7 @@ def test_edit_batch_is_sequential(model):
     assert torch.allclose(edits[1].k_star @ W + model.weight("b_out")[2], edits[1].v_star, rtol=1e-3, atol=1e-4)
     for e in reversed(edits):
         e.revert(model)
-    assert torch.allclose(model.weight("W_out"), W0, atol=1e-5)
+    assert (model.weight("W_out") - W0).abs().max() < 1e-9  # reverted in reverse order: the saved weights
 
 
 def _word_model():
