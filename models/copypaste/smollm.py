@@ -10,7 +10,8 @@ Pipeline (:func:`smollm_experiment`):
 3. Alg. 2 pairs on training samples (70 % counterfactual contexts): candidates = the model's own answer and a
    memory-attributed answer (non-CopyPaste), a CP-Order answer (the context sentence, verbatim) and a CP-Link
    answer (sentence + link); a faithfulness judge (context answer named, memorised answer not), ties by κ;
-   answer stamping ``"{response} Answer: {answer}"``;
+   answer stamping ``SmolConfig.stamp_template`` (default ``"{response} {answer}."``: Alg. 2's "r* ⊕ gold answer"
+   as plain concatenation, the answer written as the context writes it, so a stamped copy is still a verbatim copy);
 4. LoRA (r 16 on the attention and MLP projections) trained with our DPO (β = 0.3), checkpointed and resumable;
 5. before and after: faithfulness (share of answers naming the context's answer and not the memorised one) on
    counterfactual and on original contexts, κ of the answers, and Alg. 3's contextual share through the capture
@@ -21,6 +22,12 @@ candidates of Alg. 2 and both answers of Alg. 3) is cut by one rule, :func:`answ
 after the stamped answer when the line carries the ``"Answer:"`` stamp; greedy decoding makes this the same as
 stopping the generation there. Answers are capped at 24 new tokens (a stamped CP-Order answer is ~15).
 
+Stamp. Alg. 2 appends the gold answer to the best CP response (``r* ⊕ a``); the paper's exact stamp text is not in
+the digest. The first runs used ``"{response} Answer: {answer}"``: the word "Answer:" (and the answer without its
+period) is not in the context, so a perfectly stamped copy has κ = 0.75 while SmolLM2-Instruct's unstamped copy of
+the context sentence already has κ = 1 — κ could not rise. The default now appends the answer as ``" {answer}."``
+(κ = 1 for a stamped copy); :func:`answer_end` still cuts at an ``"Answer:"`` stamp when a model writes one.
+
 Choices (the paper trains 7-8B models on ~365 RAG samples, ~5 pairs each, 2 epochs at lr 5e-5 with LoRA r 64,
 α 128; this is a CPU-scale stand-in): 200 training RAG prompts (from the training facts only; the evaluation
 facts stay held out) give 576 Alg. 2 pairs, of which 128 are drawn at random for training (sized for the shared
@@ -29,8 +36,10 @@ accumulation 4, 1 epoch = 16 optimiser steps; LoRA r 16, α 32; learning rate 2e
 is a cumulative lr x steps of ~1.2e-2; 16 steps at 5e-5 would be 8e-4. The first run (16 steps, 96 pairs) used
 5e-4: its DPO loss reached 0 by step 2 and the answers drifted from the copied sentence to a terse stamped format
 ("Capital of Poland: Sofia Answer: Sofia"), so the rate was lowered to 2e-4 (cumulative 3.2e-3). Measured on the
-same 128 pairs (docs/models/copypaste.md): 2e-4 keeps original-context accuracy (0.967 -> 1.000) but raises
-counterfactual faithfulness only 0.800 -> 0.867; 5e-4 collapses every answer onto the stamp ("Answer: X").
+same 128 pairs with the "Answer:" stamp (docs/models/copypaste.md): 2e-4 keeps original-context accuracy
+(0.967 -> 1.000) but raises counterfactual faithfulness only 0.800 -> 0.867; 5e-4 collapses every answer onto the
+stamp ("Answer: X"). With the default stamp and 2e-4: faithfulness 0.800 -> 0.967, original accuracy 0.967 -> 1.000,
+κ 0.869 -> 0.767, Alg. 3 contextual share 0.780 -> 0.811.
 """
 from __future__ import annotations
 
@@ -121,6 +130,7 @@ class SmolConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     top_k: int = 10
+    stamp_template: str = "{response} {answer}."
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=2e-4, batch_size=2, grad_accum=4, epochs=1,
                                                              max_length=256))
     seed: int = 0
@@ -162,10 +172,32 @@ def first_answer(text: str) -> str:
     return text[:answer_end(text)].strip()
 
 
-def strip_stamp(answer: str) -> str:
-    """The response part of a stamped answer (text before the ``"Answer:"`` stamp; all of it if unstamped)."""
+def stamp_suffix(answer: str, template: str, answers=()) -> int | None:
+    """Where a stamp made by ``template`` starts in ``answer``, or ``None`` when it carries none.
+
+    A stamp is the ``"Answer:"`` word anywhere (the first runs' format), or, for another template, the template's
+    text after ``{response}`` filled with one of ``answers`` (e.g. ``" Berlin."`` for ``"{response} {answer}."``) at
+    the end of ``answer``, after a response that ends a sentence (so ``"The capital of X is Y."`` alone is unstamped
+    and ``"The capital of X is Y. Y."`` is stamped).
+    """
     k = answer.find(STAMP)
-    return answer if k < 0 else answer[:k].rstrip()
+    if k >= 0:
+        return k
+    tail = template.split("{response}", 1)[1]
+    a = answer.rstrip()
+    for x in sorted(answers, key=len, reverse=True):
+        suf = tail.format(answer=x).rstrip()
+        if suf.strip() and a.endswith(suf):
+            head = a[:len(a) - len(suf)].rstrip()
+            if head and head[-1] in ".!?":
+                return len(a) - len(suf)
+    return None
+
+
+def strip_stamp(answer: str, template: str = "{response} Answer: {answer}", answers=()) -> str:
+    """The response part of a stamped answer (text before the stamp, see :func:`stamp_suffix`; all if unstamped)."""
+    k = stamp_suffix(answer, template, answers)
+    return answer if k is None else answer[:k].rstrip()
 
 
 def names(answer: str, text: str) -> bool:
@@ -251,9 +283,12 @@ def measure(model, tok, ev_facts, cf_answers, cfg: SmolConfig) -> tuple[dict[str
         "orig_accuracy": sum(names(f.answer, a) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
         "cf_kappa": sum(kap(a, f.context(c)) for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
         "orig_kappa": sum(kap(a, f.context(f.answer)) for f, a in zip(ev_facts, a_or)) / len(ev_facts),
-        "cf_kappa_response": sum(kap(strip_stamp(a), f.context(c)) for f, c, a in zip(ev_facts, cf_answers, a_cf))
-        / len(ev_facts),
-        "cf_stamped": sum(STAMP in a for a in a_cf) / len(ev_facts),
+        "cf_delta": sum(copy_metrics(a, f.context(c))[1] if a.split() else 0.0
+                        for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
+        "cf_kappa_response": sum(kap(strip_stamp(a, cfg.stamp_template, (c, f.answer)), f.context(c))
+                                 for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
+        "cf_stamped": sum(stamp_suffix(a, cfg.stamp_template, (c, f.answer)) is not None
+                          for f, c, a in zip(ev_facts, cf_answers, a_cf)) / len(ev_facts),
         "cf_words": sum(len(a.split()) for a in a_cf) / len(ev_facts),
     }
     cap = capture_copying(model, cf_prompts, cb_prompts, [f.context(c) for f, c in zip(ev_facts, cf_answers)],
@@ -319,7 +354,8 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
         out = []
         for p, b, (f, a) in zip(prompts, base_ans, samples):
             wrong = f.answer if a != f.answer else other(f)
-            out.extend([vars(x) for x in rag_pairs(p, f, a, b, wrong)])
+            out.extend([vars(x) for x in rag_pairs(p, f, a, b, wrong, PreferenceConfig(
+                min_kappa=0.8, min_delta=3.0, stamp_template=cfg.stamp_template))])
         return out
 
     pairs_all = cached("pairs.json", make_pairs)
@@ -356,10 +392,12 @@ if __name__ == "__main__":  # pragma: no cover - the measured run
     import sys
 
     torch.set_num_threads(1)
-    # usage: python -m interp.models.copypaste.smollm WORK_DIR [N_TRAIN_SAMPLES N_PAIRS GRAD_ACCUM]
+    # usage: python -m interp.models.copypaste.smollm WORK_DIR [N_TRAIN_SAMPLES N_PAIRS GRAD_ACCUM [EPOCHS]]
     cfg = SmolConfig()
     if len(sys.argv) > 4:
         cfg.n_train_samples, cfg.n_pairs, cfg.dpo.grad_accum = map(int, sys.argv[2:5])
+    if len(sys.argv) > 5:
+        cfg.dpo.epochs = int(sys.argv[5])
     r = smollm_experiment(cfg, work_dir=sys.argv[1] if len(sys.argv) > 1 else None)
     print(r.to_frame().to_string())
     for e in r.examples:

@@ -345,6 +345,22 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
     assert [p.rejected_kind for p in pairs] == ["base", "attributed", "cp_link"]
     assert pairs[2].rejected.endswith("Answer: Paris")                                          # stamped wrong
     assert pairs[1].rejected == "From what I know, the capital of France is Paris."
+    # the SmolLM2 run's stamp (Alg. 2's "r* + gold answer" as plain concatenation, the answer written as the context
+    # writes it): a stamped CP-Order winner is itself a verbatim copy, so kappa can credit it
+    from interp.models.copypaste.preference import PreferenceConfig
+    from interp.models.copypaste.smollm import SmolConfig
+
+    cfg = PreferenceConfig(min_kappa=0.8, min_delta=3.0, stamp_template=SmolConfig().stamp_template)
+    bare = rag_pairs("P", f, "Berlin", "The capital of France is Paris.", "Paris", cfg)
+    assert {p.chosen for p in bare} == {"The capital of France is Berlin. Berlin."}
+    assert copy_metrics(bare[0].chosen, ctx)[0] == 1.0 and bare[2].rejected.endswith("So the answer is Berlin. Paris.")
+    assert copy_metrics("The capital of France is Berlin. Answer: Berlin", ctx)[0] == 0.75    # the "Answer:" stamp
+    from interp.models.copypaste.smollm import stamp_suffix, strip_stamp
+
+    t, xs = SmolConfig().stamp_template, ("Berlin", "Paris")
+    assert strip_stamp(bare[0].chosen, t, xs) == f.sentence("Berlin")                         # stamp detected...
+    assert stamp_suffix(f.sentence("Berlin"), t, xs) is None and stamp_suffix("Berlin.", t, xs) is None  # ...not here
+    assert stamp_suffix("The capital of France is Berlin. Answer: Berlin", t, xs) == 33       # "Answer:" still counts
     g = Fact("the Colosseum", "landmark", "Rome")
     assert g.sentence("Oslo") == "The Colosseum is located in Oslo." and g.question == "In which city is the Colosseum?"
 
@@ -388,34 +404,43 @@ def smollm_result(tmp_path_factory):
 
 @pytest.mark.slow
 def test_smollm_lora_dpo_no_drop_on_original_contexts(smollm_result):
-    # measured 2026-12-01 (SmolConfig defaults: one-line answer rule, 80/109 facts known, 30 held-out facts,
-    # 200 training prompts, 128 pairs, 16 LoRA-DPO steps at lr 2e-4): original-context accuracy 0.967 -> 1.000
+    # measured 2026-12-02 (SmolConfig defaults: stamp "{response} {answer}.", one-line answer rule, 80/109 facts known,
+    # 30 held-out facts, 200 training prompts, 128 pairs, 16 LoRA-DPO steps at lr 2e-4): original-context accuracy
+    # 0.967 -> 1.000, DPO loss 0.693 -> 0.010 (with the "Answer: {answer}" stamp: 0.967 -> 1.000 too)
     m = smollm_result.metrics
     assert smollm_result.n_known >= 40 and smollm_result.dpo_loss[-1] < smollm_result.dpo_loss[0]
     assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"]
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-01 (SmolConfig defaults: every answer cut at its first line / stamped answer, 128 pairs from "
-    "200 RAG prompts, 16 LoRA-DPO steps at lr 2e-4): counterfactual faithfulness 0.800 -> 0.867 (+0.067; criterion "
-    "+0.20), contextual share of Alg. 3 captures 0.780 -> 0.744 (criterion: up). Two thirds of the answers take the "
-    "stamped copy format, the rest collapse to terse 'X: Y' forms. At lr 5e-4 the model collapses onto the stamp "
-    "('Answer: Answer:'): faithfulness 0.367, original accuracy 0.533. The first run (16-token answers without the "
-    "one-line cut, 96 pairs, lr 5e-4) had reported 0.667 -> 0.967."))
-def test_smollm_lora_dpo_faithfulness(smollm_result):
+def test_smollm_lora_dpo_contextual_share_up(smollm_result):
+    # measured 2026-12-02 (SmolConfig defaults, stamp "{response} {answer}."): contextual share of the Alg. 3 captured
+    # tokens 0.780 -> 0.811, contextual captures per sample 2.13 -> 2.57 (with the earlier "Answer: {answer}" stamp the
+    # share fell, 0.780 -> 0.744, and this criterion was part of the strict xfail below)
     m = smollm_result.metrics
-    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
     assert m["contextual_share"]["after"] > m["contextual_share"]["before"]
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-01 (SmolConfig defaults, one-line answer rule in every condition): kappa of the answers to "
-    "counterfactual contexts 0.869 -> 0.571 (criterion: up; response part without the stamp 0.869 -> 0.732). The "
-    "stamp 'Answer: Y' is not in the context, so a perfect stamped copy has kappa 0.75 while the instruct model's "
-    "unstamped copy of the context sentence already had 1.0; a third of the answers also collapse to 'X: Y'. "
-    "(First run, 16-token answers without the cut, lr 5e-4: 0.848 -> 0.345.)"))
+    "Measured 2026-12-02 (SmolConfig defaults: stamp '{response} {answer}.', every answer cut at its first line, 128 "
+    "pairs from 200 RAG prompts, 16 LoRA-DPO steps at lr 2e-4): counterfactual faithfulness 0.800 -> 0.967 (+0.167; "
+    "criterion +0.20; 29 of 30 answers follow the context, but the base model already did in 24), answers naming the "
+    "memorised fact 0.100 -> 0.033. With the earlier stamp "
+    "'{response} Answer: {answer}': 0.800 -> 0.867 (+0.067), two thirds of the answers stamped, the rest terse "
+    "'X: Y'; at lr 5e-4 the model collapsed onto the stamp (faithfulness 0.367)."))
+def test_smollm_lora_dpo_faithfulness(smollm_result):
+    m = smollm_result.metrics
+    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Measured 2026-12-02 (SmolConfig defaults, stamp '{response} {answer}.', one-line answer rule): kappa of the "
+    "answers to counterfactual contexts 0.869 -> 0.767 (criterion: up; density delta 4.67 -> 3.30). A stamped copy "
+    "now has kappa 1, but 14 of 30 answers take a terse 'The capital of X: Y' form (kappa 0.6) and some go on "
+    "'... is a landmark in Y. Y. Y. ...'. With the earlier stamp '{response} Answer: {answer}' (kappa 0.75 for a "
+    "perfect stamped copy): 0.869 -> 0.571."))
 def test_smollm_lora_dpo_kappa_up(smollm_result):
     m = smollm_result.metrics
     assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"]
