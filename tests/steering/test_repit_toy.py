@@ -33,44 +33,107 @@ def test_toy_model_learned_the_rule(toy_refusal_path):
         assert x.harmful == bool(harmful_intent), x
 
 
-def test_repit_isolates_target_refusal(wmd, tmp_path):
+def test_repit_group_rule_and_bookkeeping(wmd, tmp_path):
+    """What holds for any toy model the recipe trains: the paper's rho rule, the criteria's arithmetic, the
+    data-efficiency rebuild, the saved result. Whether the group's refusal is isolated depends on the trained model
+    (2 of 6 recipe seeds pass every criterion; the CI machine's numerics trained a seventh model on which the
+    non-target criterion failed too): that is measured over seeds by the slow ``test_repit_toy_seeds_*``."""
     s = wmd.summary
-    assert s["none"]["target"] == 1.0 and s["none"]["nontarget"] == 1.0
-    # the plain target vector breaks refusal on every harmful category (P(refusal) < 0.5 for most prompts)
-    assert all(rate < 0.5 for rate in wmd.judged["natural"].values()), wmd.judged["natural"]
-    # RepIt: the targets' refusal is gone, the non-targets' kept (>= 90% of baseline)
-    assert s["repit"]["target"] <= 0.5 and wmd.criteria["repit_target_drop"]["passed"]
-    assert wmd.criteria["repit_nontarget_retain"]["passed"], wmd.criteria
-    assert all(wmd.judged["repit"][c] >= 0.8 for c in wmd.non_targets), wmd.judged["repit"]
-    assert wmd.passed
-    # the rho search chose a partial removal with feasible validation numbers
-    assert 0 < wmd.rho["affine"] < 1
-    chosen = [p for p in wmd.rho_search["affine"] if p["rho"] == wmd.rho["affine"]][0]
-    assert chosen["feasible"] and chosen["target_asr"] >= 0.8
-    # data efficiency: 12 prompts per target category give nearly the same vector
+    assert s["none"]["target"] == 1.0 and s["none"]["nontarget"] == 1.0  # the build requires 98% accuracy
+    # the paper's rule: among the rhos whose validation non-target ASR is <= the ceiling, the highest target ASR
+    # (ties: the smaller rho); if none is feasible, the lowest non-target ASR
+    points = wmd.rho_search["affine"]
+    feasible = [p for p in points if p["feasible"]]
+    best = (max(feasible, key=lambda p: (p["target_asr"], -p["rho"])) if feasible
+            else min(points, key=lambda p: p["nontarget_asr"]))
+    assert wmd.rho["affine"] == best["rho"]
+    crit = wmd.criteria
+    assert crit["repit_target_drop"]["value"] == pytest.approx(1 - s["repit"]["target"] / s["none"]["target"])
+    assert crit["repit_nontarget_retain"]["value"] == pytest.approx(s["repit"]["nontarget"] / s["none"]["nontarget"])
+    assert crit["natural_collateral"]["value"] == pytest.approx(s["natural"]["nontarget"] / s["none"]["nontarget"])
+    assert wmd.passed == all(c["passed"] for c in crit.values())
+    # data efficiency: 12 prompts per target category give nearly the same vector (0.992-0.999 over 6 seeds)
     assert wmd.data_efficiency["12"] > 0.8
-    # the correction is not spread evenly over the 64 residual dims
-    assert 0 < wmd.dims_90["affine"] < 0.9 * 64
     wmd.save(tmp_path / "wmd")
     back = RepItValidation.load(tmp_path / "wmd")
     assert back.judged == wmd.judged and back.data_efficiency == wmd.data_efficiency
-    # the category vectors overlap (shared intent words) but are not identical (measured: mean cosine 0.74)
-    assert 0.5 < wmd.category_cosine["all"] < 0.95 and back.category_cosine == wmd.category_cosine
+    assert back.category_cosine == wmd.category_cosine and back.criteria == wmd.criteria
     assert wmd.eval_layers == []  # the layer was fixed: no COSMIC selection
 
 
 def test_single_target_category(toy_refusal_path):
-    """The recipe's single target (one category against five)."""
+    """The recipe's single target (one category against five): RepIt removes bio's refusal and keeps the others'.
+    Measured on 6 seeds of the recipe: drop 1.00 on every seed, non-target refusal kept at 0.92-0.99. (That the
+    plain bio vector also breaks the others' refusal holds on 4 of the 6 seeds only: see the slow seed test.)"""
     res = experiment(toy_config(targets=("bio",)))
-    before, nat, rep = (res.summary[k] for k in ("none", "natural", "repit"))
+    before, rep = res.summary["none"], res.summary["repit"]
     assert before["target"] - rep["target"] >= 0.5  # >= 50 points
     assert rep["nontarget"] >= 0.9 * before["nontarget"]
-    assert nat["nontarget"] < 0.5 and nat["nontarget"] < rep["nontarget"]
 
 
 def test_projection_alone_carries_the_shared_refusal(wmd):
     """What RepIt removes (the component in the non-target span) is what all categories share: ablating it
     alone breaks non-target refusal too, while the isolated vector does not (first-token scores)."""
+    if wmd.rho["affine"] == 0:  # nothing was removed (one of 6 recipe seeds): there is no projection to test
+        assert "projection" not in wmd.scored
+        return
     proj = wmd.scored["projection"]
     assert sum(proj[c] for c in wmd.non_targets) / len(wmd.non_targets) < 0.5
     assert torch.tensor([wmd.scored["repit"][c] for c in wmd.non_targets]).mean() >= 0.9
+
+
+# ---------------------------------------------------------------- over seeds of the recipe (slow, ~35 CPU-minutes)
+SEEDS = range(6)
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory):
+    """The toy recipe (``ToyRefusalConfig``) trained with seeds 0-5, and the group and single-target validations on
+    each model. ``INTERP_REPIT_SEEDS_DIR`` keeps the models and results between sessions (a rerun resumes)."""
+    import os
+    from pathlib import Path
+
+    import interp
+    from interp.zoo.toy_refusal import ToyRefusalConfig, build_toy_refusal
+
+    root = Path(os.environ.get("INTERP_REPIT_SEEDS_DIR") or tmp_path_factory.mktemp("repit_seeds"))
+    out = {}
+    for seed in SEEDS:
+        folder = root / f"toy_seed{seed}"
+        if not (folder / "done").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            build_toy_refusal(folder, ToyRefusalConfig(seed=seed).to_params())
+            (folder / "done").write_text("built\n")
+        model = interp.load(str(folder), backend="torch")
+        runs = {}
+        for name, targets in (("group", ("bio", "chem", "nuclear")), ("single", ("bio",))):
+            path = root / f"{name}{seed}"
+            if not path.exists():
+                experiment(toy_config(targets=targets), model=model).save(path)
+            runs[name] = RepItValidation.load(path)
+        out[seed] = runs
+    return out
+
+
+@pytest.mark.slow
+def test_repit_toy_seeds_single_target_and_retention(seed_runs):
+    """On every seed: the single target's refusal goes (measured drop 1.00 on all 6) while the others' stays
+    (0.92-0.99 of baseline), and the group's non-target refusal is kept (0.958-1.00)."""
+    for seed, runs in seed_runs.items():
+        single = runs["single"].summary
+        assert single["none"]["target"] - single["repit"]["target"] >= 0.5, seed
+        assert single["repit"]["nontarget"] >= 0.9 * single["none"]["nontarget"], seed
+        assert runs["group"].criteria["repit_nontarget_retain"]["passed"], seed
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced on every model the toy recipe trains: the group (bio, chem, nuclear) passes every criterion on "
+    "seeds 0 and 5 only. Target refusal after RepIt (criterion <= 0.2) per seed 0-5: 0.00, 0.47, 0.52, 0.50, 0.29, "
+    "0.13; on seeds 2-4 one or two target categories keep their refusal (seed 2: bio 0.75, chem 0.44, nuclear 0.38; "
+    "seed 3: bio 0.69, nuclear 0.81; seed 4: chem 0.75): the pooled target vector's isolated part is one direction "
+    "and does not carry every target category's own refusal. On seed 1 the plain target vector breaks neither the "
+    "targets' nor the others' refusal (0.47 / 0.98), so the rho search keeps rho = 0"))
+def test_repit_toy_seeds_group_isolated_on_every_seed(seed_runs):
+    failed = {seed: runs["group"].criteria for seed, runs in seed_runs.items() if not runs["group"].passed}
+    assert not failed, failed
