@@ -1,4 +1,6 @@
 """POLCA (Kangaslahti et al.): identities, exactness of the second-order term, Lanczos, clustering helpers."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -137,8 +139,9 @@ def test_breakthrough_plateau_homogeneity_and_clusters():
 
 
 def test_paper_carry_homogeneity_definition():
-    """The paper's carry homogeneity (Table 1, App. G) is the fraction of a cluster's tokens that carry, over clusters
-    whose carry tokens are > 85 % 10s/100s digits; a cluster of units digits (never a carry) scores 0, not 1."""
+    """Our reading of the paper's carry homogeneity (Table 1; UNCERTAIN, see addition_carry_summary): the fraction
+    of a cluster's tokens that carry, over clusters whose carry tokens are > 85 % 10s/100s digits; a cluster of units
+    digits (never a carry) scores 0, not 1."""
     # 12 tokens: digit 0 = 1000s ... 3 = units
     digit = np.array([3, 3, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0])
     carry = np.array([0, 0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 0])
@@ -212,19 +215,53 @@ def test_bad_inputs(tmp_path):
         first_order(model, lambda m, e: loss_fn(m, e).mean(), _data(), torch.zeros(space.numel, 1), theta, theta)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "measured (2 layers, d=64, 2000 steps, checkpoints every 40, 10 Lanczos vectors, 128 problems): 9 of 10 "
-    "directions discarded as oscillating; exact-loss clustering already reaches carry homogeneity 1.0 (digit-pure "
-    "clusters; the units digit never receives a carry), so 'exact <= 0.65' fails; hidden-breakthrough fraction "
-    "0.0 for POLCA and 0.0 for exact loss (tau = 1080)"))
-def test_addition_paper_criteria(tmp_path):
-    """The digest's POLCA criteria 3-4 on 3-digit addition (2 layers, d=64, 3000 steps, 256 problems)."""
+# measured on AdditionConfig() (2 layers, d=64, Adam 1e-3, 2000 steps, checkpoints every 40, 50 Lanczos vectors,
+# 256 problems = 1024 answer tokens; run folder /work/runs/polca/add_n256, 2,711 s wall; docs/dynamics.md)
+XFAIL_R2 = ("measured R² of Σ_b POLCA vs the exact per-token loss change: total -287, per 40-step interval -0.149 "
+            "(predicting no change: -107 / -0.022), because the 50-vector basis holds only 11 % (7-16 %) of each Adam "
+            "step: even the exact loss change of the in-span step scores -198 / 0.136, while POLCA tracks the exact "
+            "change along each b with R² 0.856")
+XFAIL_CARRY = ("measured max carry homogeneity (fraction of carry tokens, clusters whose carries are >85 % 10s/100s): "
+               "POLCA 0.301 (< 0.8; 12 of 50 directions kept, 8 clusters, 4 eligible), exact loss 0.489 (<= 0.65 holds), "
+               "change in exact loss: no eligible cluster; POLCA's carry-rich clusters (0.831, 0.844) are 1000s-digit "
+               "carries (answer starts with 1), excluded by the rule (without it: POLCA 0.844, exact 0.531, change 0.518)")
+XFAIL_HIDDEN = ("measured hidden-breakthrough fraction (tau = 1080): POLCA 0.0 of 8 clusters, exact loss 0.0 of 4, change "
+                "in exact loss 0.0 of 2; every cluster's mean break step is 256-915 (also with the argmax on f as "
+                "written: 80-934), i.e. before the aggregate plateau")
+
+
+@pytest.fixture(scope="module")
+def addition_run(tmp_path_factory):
+    """The digest's CPU recipe (``AdditionConfig()``: 2 layers, d=64, 2000 steps, checkpoints every 40, 50 Lanczos
+    vectors, 256 problems = 1024 answer tokens; ~45 CPU-min). ``INTERP_POLCA_ADDITION_DIR``: a folder that keeps the
+    run between sessions (a rerun resumes from its checkpoints, basis and per-interval cache)."""
     from interp.dynamics import AdditionConfig, run_addition
-    res = run_addition(AdditionConfig(), tmp_path)
-    s = res.summary("carry")
-    assert s["polca_max_carry_homogeneity"] >= 0.8 and s["exact_max_carry_homogeneity"] <= 0.65
-    assert s["polca_hidden_breakthrough_fraction"] > s["exact_hidden_breakthrough_fraction"]
+    out = os.environ.get("INTERP_POLCA_ADDITION_DIR") or tmp_path_factory.mktemp("polca_addition")
+    return run_addition(AdditionConfig(), out)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=XFAIL_R2)
+def test_addition_criterion2_r2(addition_run):
+    """Criterion 2: Σ_b POLCA (1st + exact 2nd order) summed over steps tracks the exact per-token loss change."""
+    assert addition_run.diagnostics["r2"]["polca"]["total"] >= 0.8
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=XFAIL_CARRY)
+def test_addition_criterion3_carry(addition_run):
+    """Criterion 3 with the paper's carry homogeneity (fraction of carry tokens, 10s/100s carry clusters;
+    :func:`addition_carry_summary`): some POLCA cluster ≥ 0.8, every exact-loss cluster ≤ 0.65."""
+    c = addition_run.diagnostics["carry"]
+    assert c["polca"]["max_carry_fraction"] >= 0.8 and c["exact"]["max_carry_fraction"] <= 0.65
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=XFAIL_HIDDEN)
+def test_addition_criterion4_hidden(addition_run):
+    """Criterion 4: POLCA clusters have a strictly larger fraction of hidden breakthroughs than exact-loss ones."""
+    c = addition_run.diagnostics["carry"]
+    assert c["polca"]["hidden_fraction"] > c["exact"]["hidden_fraction"]
 
 
 class _Quad(nn.Module):
