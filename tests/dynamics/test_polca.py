@@ -220,7 +220,8 @@ def test_bad_inputs(tmp_path):
 XFAIL_R2 = ("measured R² of Σ_b POLCA vs the exact per-token loss change: total -287, per 40-step interval -0.149 "
             "(predicting no change: -107 / -0.022), because the 50-vector basis holds only 11 % (7-16 %) of each Adam "
             "step: even the exact loss change of the in-span step scores -198 / 0.136, while POLCA tracks the exact "
-            "change along each b with R² 0.856")
+            "change along each b with R² 0.856; the mean-loss gradient lies 88 % in the same span: Adam's "
+            "preconditioning takes the step out of it")
 XFAIL_CARRY = ("measured max carry homogeneity (fraction of carry tokens, clusters whose carries are >85 % 10s/100s): "
                "POLCA 0.301 (< 0.8; 12 of 50 directions kept, 8 clusters, 4 eligible), exact loss 0.489 (<= 0.65 holds), "
                "change in exact loss: no eligible cluster; POLCA's carry-rich clusters (0.831, 0.844) are 1000s-digit "
