@@ -142,7 +142,10 @@ def _desc(task: str, objective: str) -> str:
 #: (``PathFinding.training_examples``; recipe choice). Without them (6,000 steps, lr 1e-3) one-hop edge lookup
 #: stayed at chance (teacher-forced 0.09 at steps 500-1,000; greedy 0.07 at the end); with them it forms between
 #: steps 1,000 and 1,500 (lookup 0.16 -> 1.00, greedy 0.04 -> 0.62). The look-ahead for the first step is still
-#: not learned: NTP greedy 0.684 = a uniform pick among the source's 3 successors (docs/planning.md)
+#: not learned: NTP greedy 0.684 = a uniform pick among the source's 3 successors (docs/planning.md). Adding
+#: ``backward_queries=4`` (task with ``backward_marker``) teaches predecessor lookups and the one-step look-ahead
+#: sub-queries (0.92-0.96, chance without) but not the main query's two-step first choice: greedy 0.641 (measured
+#: 2026-12-02), so the entries keep this recipe
 PF_TRAIN = {"steps": 3000, "lr": 1e-3, "warmup": 200, "followup_queries": 8}
 
 #: the seven zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`
