@@ -426,7 +426,7 @@ def test_smollm_lora_dpo_contextual_share_up(smollm_result):
     "Measured 2026-12-02 (SmolConfig defaults: stamp '{response} {answer}.', every answer cut at its first line, 128 "
     "pairs from 200 RAG prompts, 16 LoRA-DPO steps at lr 2e-4): counterfactual faithfulness 0.800 -> 0.967 (+0.167; "
     "criterion +0.20; 29 of 30 answers follow the context, but the base model already did in 24), answers naming the "
-    "memorised fact 0.100 -> 0.033. With the earlier stamp "
+    "memorised fact 0.100 -> 0.033; two epochs (32 steps): 0.967 again. With the earlier stamp "
     "'{response} Answer: {answer}': 0.800 -> 0.867 (+0.067), two thirds of the answers stamped, the rest terse "
     "'X: Y'; at lr 5e-4 the model collapsed onto the stamp (faithfulness 0.367)."))
 def test_smollm_lora_dpo_faithfulness(smollm_result):
@@ -439,8 +439,9 @@ def test_smollm_lora_dpo_faithfulness(smollm_result):
     "Measured 2026-12-02 (SmolConfig defaults, stamp '{response} {answer}.', one-line answer rule): kappa of the "
     "answers to counterfactual contexts 0.869 -> 0.767 (criterion: up; density delta 4.67 -> 3.30). A stamped copy "
     "now has kappa 1, but 14 of 30 answers take a terse 'The capital of X: Y' form (kappa 0.6) and some go on "
-    "'... is a landmark in Y. Y. Y. ...'. With the earlier stamp '{response} Answer: {answer}' (kappa 0.75 for a "
-    "perfect stamped copy): 0.869 -> 0.571."))
+    "'... is a landmark in Y. Y. Y. ...'; two epochs (32 steps) drift further: 0.621, 24 of 30 in the 'X: Y' "
+    "form. With the earlier stamp '{response} Answer: {answer}' (kappa 0.75 for a perfect stamped copy): "
+    "0.869 -> 0.571."))
 def test_smollm_lora_dpo_kappa_up(smollm_result):
     m = smollm_result.metrics
     assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"]
