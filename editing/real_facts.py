@@ -347,17 +347,18 @@ def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
     return out
 
 
-def plan_keys(model, layer: int, transcoder: Transcoder, n_edits: int, templates: Sequence[str], seed: int = 0,
-              fact_token: str = "subject_last"):
+def plan_keys(model, layer: int, transcoder: Transcoder, n_edits: int | None, templates: Sequence[str],
+              seed: int = 0, fact_token: str = "subject_last"):
     """The edit plan of :func:`compare_real` (facts both the plain and the spliced model know, :func:`edit_plan`)
     and the keys ``k*`` of its requests at both sites, before any edit: ``(plan, keys_tc [n, d_sae],
-    keys_mlp [n, d_mlp])``."""
+    keys_mlp [n, d_mlp])``. ``n_edits=None``: the full plan (every fact both know), whose start is the plan of
+    any ``n_edits``."""
     from .rome import compute_key
     known, _ = known_facts(model)
     with splice(model, layer, transcoder):
         known_tc, _ = known_facts(model, known)
     both = [f for f in known if f in set(known_tc)]
-    plan = edit_plan(both, n_edits, seed)
+    plan = edit_plan(both, len(both) if n_edits is None else n_edits, seed)
     tc_site, mlp_site = TranscoderSite(model, layer, transcoder), MLPSite(model, layer)
     reqs = [f.request(new) for f, new in plan]
     keys_tc = torch.stack([compute_key(tc_site, r, templates, fact_token) for r in reqs])
@@ -409,12 +410,14 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     transcoder (d_sae 2304, L1 6.0, 2 epochs, checkpoint ``tc_ckpt_L{l}``, result ``tc_L{l}`` in sae-lens
     format); its metrics on held-out text (``tc_metrics_L{l}.json``); the edit plan's keys and the second
     moments of both sites from ``n_mom2`` tokens of :func:`moment_texts` (``mom2_L{l}_n{n_mom2}/``, with
-    :func:`~.rome.moment_diagnostics` of both in ``diagnostics.json``); TCPE's τ sweep; then
-    :func:`compare_real` with ``run_dir = cache_dir/edits_L{l}[_n{n_mom2}][_ridge{mom2_eps_rel}]`` (one file per
-    edit and method group; ``reverse``: a second worker).
+    :func:`~.rome.moment_diagnostics` of both in ``diagnostics.json``; the keys of the diagnostics and of the τ
+    rule are those of the full plan, every fact both models know, so extending ``n_edits`` changes neither);
+    TCPE's τ sweep; then :func:`compare_real` with
+    ``run_dir = cache_dir/edits_L{l}[_n{n_mom2}][_ridge{mom2_eps_rel}]`` (one file per edit and method group;
+    ``reverse``: a second worker).
 
     **τ** (every value fixed before any edit is made): 0 (all of ``k*``'s features), the **rule τ**
-    ``tau_frac`` (:func:`tau_for_fraction`: the smallest τ whose mean mask over the plan's keys is ≤ 2% of
+    ``tau_frac`` (:func:`tau_for_fraction`: the smallest τ whose mean mask over the full plan's keys is ≤ 2% of
     d_sae, the middle of the digest's "|S| ≈ 1–3% of d_tc"; the configuration the goal is judged on), and the
     ``tau_quantiles`` of the active feature values at the subjects' last tokens (:func:`subject_activation_quantiles`;
     0.9 is the earlier runs' τ).
@@ -468,9 +471,11 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     texts = moment_texts(docs, n_mom2)
     mdir = cache / f"mom2_L{layer}_n{n_mom2}"
     mdir.mkdir(parents=True, exist_ok=True)
-    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, n_edits, templates)
+    # the rule's keys: the full plan (every fact both models know), so that a run extended to more edits keeps its
+    # τ sweep and ridge (the plan of any n_edits is its start)
+    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, None, templates)
     tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, tau_frac)
-    dpath = mdir / f"diagnostics_{n_edits}.json"
+    dpath = mdir / "diagnostics.json"
     if dpath.is_file():
         moments = load_json(dpath, what="second-moment diagnostics")
     else:
