@@ -135,6 +135,9 @@ class SmolConfig:
                                                              max_length=256))
     seed: int = 0
 
+    def __post_init__(self):
+        PreferenceConfig(stamp_template=self.stamp_template)  # the stamp is checked where Alg. 2 defines it
+
 
 def chat_prompt(tokenizer, question: str, context: str | None) -> str:
     """The chat-template prompt of a (RAG) question; the model answers in one short sentence."""

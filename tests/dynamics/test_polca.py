@@ -251,8 +251,8 @@ def test_addition_criterion2_r2(addition_run):
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=XFAIL_CARRY)
 def test_addition_criterion3_carry(addition_run):
-    """Criterion 3 with the paper's carry homogeneity (fraction of carry tokens, 10s/100s carry clusters;
-    :func:`addition_carry_summary`): some POLCA cluster ≥ 0.8, every exact-loss cluster ≤ 0.65."""
+    """Criterion 3 with our reading of the paper's carry homogeneity (UNCERTAIN: fraction of carry tokens, 10s/100s
+    carry clusters; :func:`addition_carry_summary`): some POLCA cluster ≥ 0.8, every exact-loss cluster ≤ 0.65."""
     c = addition_run.diagnostics["carry"]
     assert c["polca"]["max_carry_fraction"] >= 0.8 and c["exact"]["max_carry_fraction"] <= 0.65
 

@@ -361,6 +361,8 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
     assert strip_stamp(bare[0].chosen, t, xs) == f.sentence("Berlin")                         # stamp detected...
     assert stamp_suffix(f.sentence("Berlin"), t, xs) is None and stamp_suffix("Berlin.", t, xs) is None  # ...not here
     assert stamp_suffix("The capital of France is Berlin. Answer: Berlin", t, xs) == 33       # "Answer:" still counts
+    with pytest.raises(ValueError, match="stamp_template"):
+        SmolConfig(stamp_template="{answer}.")                                                  # no response slot
     g = Fact("the Colosseum", "landmark", "Rome")
     assert g.sentence("Oslo") == "The Colosseum is located in Oslo." and g.question == "In which city is the Colosseum?"
 

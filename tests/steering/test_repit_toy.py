@@ -39,7 +39,8 @@ def test_repit_group_rule_and_bookkeeping(wmd, tmp_path):
     (2 of 6 recipe seeds pass every criterion; the CI machine's numerics trained a seventh model on which the
     non-target criterion failed too): that is measured over seeds by the slow ``test_repit_toy_seeds_*``."""
     s = wmd.summary
-    assert s["none"]["target"] == 1.0 and s["none"]["nontarget"] == 1.0  # the build requires 98% accuracy
+    # the build requires 98% held-out accuracy; every held-out prompt is refused on all 6 seeds measured
+    assert s["none"]["target"] == 1.0 and s["none"]["nontarget"] == 1.0
     # the paper's rule: among the rhos whose validation non-target ASR is <= the ceiling, the highest target ASR
     # (ties: the smaller rho); if none is feasible, the lowest non-target ASR
     points = wmd.rho_search["affine"]
