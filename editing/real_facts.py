@@ -429,7 +429,8 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     transcoder's ``C`` on the features active in the text has no eigenvalue below 1e-6 · mean(diag C) and the
     median ``cos_uk`` without ridge over the plan's keys is at least half the MLP site's; otherwise 1e-2.
     ``mom2_eps_rel=0`` reproduces an unregularised run. ``methods``: FT-L (``"ft"``) does not depend on ``C``,
-    τ or the transcoder and is not rerun by default (add it to extend a run folder).
+    τ or the transcoder and is not in the default methods; ``methods=("ft",)`` extends a run folder with it
+    (the validation-3 folder of docs/editing.md holds all four methods of the 20-edit plan).
     Returns the comparison and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule",
     "tau_rule_frac", "moments", "mom2_eps_rel"}``.
     """
