@@ -47,7 +47,8 @@ from .states import SetSpec, StateSets, final_layer, harvest_sets, prefix_layers
 from .vqvae import TrainConfig, VQVAEConfig, train_vqvae
 
 __all__ = ["CodeConfig", "HorizonConfig", "BranchConfig", "BlockMapConfig", "HorizonResult", "BranchResult",
-           "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "fit_codes", "mi_with_null"]
+           "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "block_map_from_sets", "fit_codes",
+           "mi_with_null"]
 
 
 # ----------------------------------------------------------------------------------------- configuration
@@ -521,6 +522,15 @@ def block_layer_map(model: Model, data, config: BlockMapConfig | None = None) ->
         for k in blocks:
             specs[f"b{l}_{k}"] = SetSpec.block(l, k, config.block_size)
     sets = harvest_sets(model, seqs, anchors, specs, hook=config.hook, batch_size=config.batch_size)
+    return block_map_from_sets(sets, layers, config, source)
+
+
+def block_map_from_sets(sets: dict[str, StateSets], layers: Sequence[int], config: BlockMapConfig,
+                        source: str = "sets") -> BlockMapResult:
+    """The coding and MI part of :func:`block_layer_map` on harvested sets (names ``zT``, ``zN``, ``s{l}``,
+    ``b{l}_{k}`` for ``k = 1..n_blocks``), e.g. sets cached from an earlier harvest."""
+    layers = list(layers)
+    blocks = list(range(1, config.n_blocks + 1))
     groups: dict[str, dict[str, StateSets]] = {"single": {"zT": sets["zT"], "zN": sets["zN"],
                                                            **{f"s{l}": sets[f"s{l}"] for l in layers}}}
     for l in layers:
@@ -553,4 +563,4 @@ def block_layer_map(model: Model, data, config: BlockMapConfig | None = None) ->
                           nmi_t=_nmi(m["mi_t"] - m["null_t"]), nmi_next=_nmi(m["mi_n"] - m["null_n"]),
                           cnmi_t=_nmi(m["cmi"] - m["null_c"]), mi_t=m["mi_t"], mi_next=m["mi_n"], cmi_t=m["cmi"],
                           null_t=m["null_t"], null_next=m["null_n"], null_cond=m["null_c"], null_std=m["std"],
-                          n=len(anchors), n_codes=config.n_codes, config=_config_dict(config), vqvae=summaries)
+                          n=len(zt), n_codes=config.n_codes, config=_config_dict(config), vqvae=summaries)

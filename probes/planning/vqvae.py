@@ -4,7 +4,12 @@ Architecture (sizes are UNCERTAIN in the paper; ours are CPU-scale defaults, :cl
 
 * **Input normalisation.** Each state is standardised by per-layer statistics fitted on the training
   sets (mean vector and one scalar RMS scale per layer), because residual-stream norms differ by orders
-  of magnitude across layers; the statistics are buffers saved with the model.
+  of magnitude across layers; the statistics are buffers saved with the model. ``normalize="feature"``
+  (opt-in) divides every feature by its own per-layer standard deviation instead (floored at 1e-3 of the
+  layer's median feature std): residual streams of real models can hold a few massive-activation features
+  (SmolLM2-135M layer 20: one feature carries 92% of the variance of the block states, values up to ~900
+  layer-RMS units), and with one scalar scale the reconstruction loss is then spent on those features and
+  the relative error of everything else stays near 1. ``"layer"`` (the default) keeps the scalar scale.
 * **Encoder.** ``Linear(d_in, d_model)`` + learned layer embedding + learned position embedding for every
   state of the set, a learned summary token prepended, a pre-norm Transformer encoder over the set with
   padding masked, and ``Linear(d_model, d_latent)`` of the summary token: the latent ``r_S: [d_latent]``.
@@ -68,6 +73,7 @@ class VQVAEConfig:
     lambda_cos: float = 0.1
     lambda_ent: float = 0.1
     ent_temperature: float = 1.0
+    normalize: str = "layer"     # "layer": one RMS scale per layer | "feature": one std per (layer, feature)
 
 
 @dataclass
@@ -117,6 +123,9 @@ class SetVQVAE(nn.Module):
         self.out_proj = nn.Linear(c.d_model, c.d_in)
         self.register_buffer("layer_mean", torch.zeros(c.max_layers, c.d_in))
         self.register_buffer("layer_scale", torch.ones(c.max_layers))
+        self.register_buffer("feature_scale", torch.ones(c.max_layers, c.d_in))
+        if c.normalize not in ("layer", "feature"):
+            raise ValueError(f"normalize must be 'layer' or 'feature', got {c.normalize!r}")
 
     # ------------------------------------------------------------------ pieces
     def fit_normalizer(self, sets: StateSets) -> None:
@@ -131,9 +140,17 @@ class SetVQVAE(nn.Module):
         scale = torch.where((count > 0) & (scale > 0), scale, torch.ones_like(scale))
         self.layer_mean.copy_(mean.float())
         self.layer_scale.copy_(scale.float())
+        fs = torch.ones(L, x.shape[1], dtype=torch.float64)
+        if self.config.normalize == "feature":
+            # per-(layer, feature) std in units of the layer scale, floored so near-constant features stay finite
+            sq_f = torch.zeros(L, x.shape[1], dtype=torch.float64).index_add_(0, layers, (x - mean[layers]) ** 2)
+            std_f = (sq_f / count.clamp_min(1)[:, None]).sqrt() / scale[:, None]
+            floor = 1e-3 * std_f.median(1, keepdim=True).values.clamp_min(1e-12)
+            fs = torch.where(count[:, None] > 0, std_f.maximum(floor), fs)
+        self.feature_scale.copy_(fs.float())
 
     def _standardise(self, states: torch.Tensor, layers: torch.Tensor) -> torch.Tensor:
-        return (states - self.layer_mean[layers]) / self.layer_scale[layers][..., None]
+        return (states - self.layer_mean[layers]) / (self.layer_scale[layers][..., None] * self.feature_scale[layers])
 
     def _indices(self, sets: StateSets, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.config
@@ -235,7 +252,9 @@ class SetVQVAE(nn.Module):
         if meta.get("type") != "SetVQVAE":
             raise TypeError(f"{path} does not hold a SetVQVAE")
         model = cls(VQVAEConfig(**meta["config"]))
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        state = load_file(str(path / "model.safetensors"))
+        state.setdefault("feature_scale", model.feature_scale.clone())   # models saved before the option
+        model.load_state_dict(state)
         model.eval()
         return model.to(device) if device is not None else model
 
@@ -257,8 +276,9 @@ def train_vqvae(sets: StateSets, config: VQVAEConfig | dict | None = None,
     """Train a :class:`SetVQVAE` on ``sets`` (one *type* of state set); returns ``(model, history)``.
 
     ``config`` defaults to ``VQVAEConfig(d_in=sets.d)`` (a dict updates those defaults); ``history`` holds
-    the per-evaluation validation losses, the step stopped at, the number of codes in use on the training
-    sets and the relative reconstruction error on the validation split.
+    the per-evaluation validation losses and relative reconstruction errors (``val_rel_error_curve``), the
+    step stopped at, the number of codes in use on the training sets and the relative reconstruction error
+    of the kept (best) weights on the validation split.
     """
     if isinstance(config, dict) or config is None:
         config = VQVAEConfig(d_in=sets.d, **(config or {}))
@@ -279,7 +299,7 @@ def train_vqvae(sets: StateSets, config: VQVAEConfig | dict | None = None,
     _init_codebook(model, tr, gen)
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     usage = torch.zeros(config.n_codes, dtype=torch.long)
-    history: dict[str, Any] = {"val_loss": [], "eval_steps": [], "reinitialised": 0}
+    history: dict[str, Any] = {"val_loss": [], "eval_steps": [], "val_rel_error_curve": [], "reinitialised": 0}
     best, best_state, bad = float("inf"), None, 0
     bs = min(train.batch_size, len(tr))
     step = 0
@@ -310,6 +330,7 @@ def train_vqvae(sets: StateSets, config: VQVAEConfig | dict | None = None,
             v = float(sum(float(o["rec"] + config.lambda_q * o["vq"]) * len(o["codes"]) for o in losses) / len(ev))
             history["val_loss"].append(v)
             history["eval_steps"].append(step + 1)
+            history["val_rel_error_curve"].append(model.reconstruction_error(ev))
             if v < best - 1e-4 * abs(best):
                 best, bad = v, 0
                 best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
