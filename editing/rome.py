@@ -510,14 +510,16 @@ def left_vector(C: torch.Tensor, k: torch.Tensor, eps: float = 0.0) -> tuple[tor
     can differ (their rank cut-offs differ; on SmolLM2's layer-8 transcoder ``C`` the cosine between them was
     0.63 for a random key in C's range), i.e. ROME's ``u`` is ill-determined there; TCPE's mask limits the
     update to the key's own features either way. Raises ``ValueError`` when ``k`` has no component in the range
-    of ``C + εI``; ``eps > 0`` (``EditConfig.mom2_eps``) is the documented regularisation.
+    of ``C + εI`` (``‖(C + εI) u‖ ≤ 1e-6 ‖k‖`` for the solution ``u`` of both drivers: an explicit test, not an exact
+    zero, which round-off does not guarantee); ``eps > 0`` (``EditConfig.mom2_eps``) is the documented regularisation.
     """
     A = C.double() + eps * torch.eye(len(C), dtype=torch.float64)
+    k64 = k.double()
     for driver in ("gelsy", "gelsd"):
-        u = torch.linalg.lstsq(A, k.double()[:, None], driver=driver).solution[:, 0]
-        n = u.norm()
-        if bool(torch.isfinite(u).all()) and bool(n > 0):
-            return (u / n).float(), driver
+        u = torch.linalg.lstsq(A, k64[:, None], driver=driver).solution[:, 0]
+        # ``A u`` is k's projection on A's range: ~0 (round-off, e.g. 1e-13) when k lies in the null space
+        if bool(torch.isfinite(u).all()) and bool((A @ u).norm() > 1e-6 * k64.norm()):
+            return (u / u.norm()).float(), driver
     raise ValueError("(C + εI)⁺k* is zero or not finite: the key has no component in the range of the second "
                      "moment (features never active in C's text); estimate C from more varied text or set "
                      "EditConfig(mom2_eps=...) > 0")

@@ -253,6 +253,14 @@ def test_left_vector_on_a_low_rank_second_moment():
     assert float(u @ k) > 0
     with pytest.raises(ValueError, match="range of the second moment"):
         left_vector(C, torch.eye(64)[0])                            # a dead feature only: no update exists
+    real_lstsq = torch.linalg.lstsq                                 # round-off instead of an exact zero (the solve
+    def noisy(A, B, driver=None):                                   # gave 1.8e-13 at some memory offsets): still refused
+        out = real_lstsq(A, B, driver=driver)
+        return type("S", (), {"solution": out.solution + 1.8e-13})()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.linalg, "lstsq", noisy)
+        with pytest.raises(ValueError, match="range of the second moment"):
+            left_vector(C, torch.eye(64)[0])
     full = C.double() + 0.1 * torch.eye(64, dtype=torch.float64)
     u2, d2 = left_vector(full.float(), k)
     ref2 = torch.linalg.solve(full, k.double())
