@@ -217,7 +217,10 @@ class PathFinding:
       chain of ``path_len - 2`` fresh nodes: a first step into a dead end cannot reach the goal, and a
       chain into the goal cannot be reached from the source, so choosing the first step needs look-ahead.
 
-    Prompt: the edges ``u v`` in random order separated by ``,``, then ``? source goal :``.
+    Prompt: the edges ``u v`` in random order separated by ``,``, then ``? source goal :``. With the opt-in
+    ``query_first=True`` the query also comes *before* the edges (``? source goal : edges ? source goal :``), so
+    the edge positions can already see the source and the goal (a format option, issue #15; the end of the prompt,
+    the target and every other field are the same).
     Target: one of the two paths (both are in ``answers``, in random order; ``answers[0] == target``) as
     its node words, source and goal included; ``decoy`` is the decoy path. ``is_correct`` accepts any
     valid source->goal walk of exactly ``path_len`` nodes along prompt edges (with these graphs: either
@@ -237,6 +240,10 @@ class PathFinding:
     #: training aid (opt-in, outside the contract): the marker word of *backward* sub-queries
     #: (:meth:`backward_subqueries`); when set it is added to :attr:`vocab` (after the other words)
     backward_marker: str | None = None
+    #: format option (opt-in): repeat the query ``? source goal :`` before the edge list, so that a causal model
+    #: reading the edges already knows the goal (edge positions can mark "leads to the goal"); default ``False``
+    #: keeps the original prompts (and the recipe hashes of the entries that do not set it)
+    query_first: bool = False
 
     def __post_init__(self):
         if self.backward_marker is not None and (self.backward_marker in ("?", ":", ",")
@@ -292,6 +299,8 @@ class PathFinding:
                 p1, p2 = p2, p1
             edge_words = " , ".join(f"{a} {b}" for a, b in gr["edges"])
             prompt = f"{edge_words} ? {gr['source']} {gr['goal']} :"
+            if self.query_first:
+                prompt = f"? {gr['source']} {gr['goal']} : {prompt}"
             answers = (" ".join(p1), " ".join(p2))
             out.append(PlanningExample(prompt=prompt, target=answers[0], answers=answers, decoy=" ".join(gr["decoy"]),
                                        meta={"source": gr["source"], "goal": gr["goal"],

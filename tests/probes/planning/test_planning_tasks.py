@@ -157,8 +157,9 @@ def test_tokenizer_round_trip(task):
 
 
 #: task fields added after the first zoo entries were cached, with their defaults (``PathFinding.backward_marker``:
-#: commit a48ff26, opt-in backward sub-queries); the entries that do not use them must not store them
-_LATER_TASK_FIELDS = {"backward_marker": None}
+#: commit a48ff26, opt-in backward sub-queries; ``PathFinding.query_first``: opt-in query-before-edges format); the
+#: entries that do not use them must not store them
+_LATER_TASK_FIELDS = {"backward_marker": None, "query_first": False}
 
 
 def test_protocol_and_task_for():
@@ -280,3 +281,24 @@ def test_pathfinding_backward_subqueries():
         assert all(a in allowed[q] for q, a in backs)
     with pytest.raises(ValueError):
         plain.training_examples(2, followups=2, backward=1)
+
+
+def test_pathfinding_query_first():
+    """``query_first`` (opt-in format): the query ``? s g :`` also before the edges; everything else unchanged."""
+    plain, task = PathFinding("short"), PathFinding("short", query_first=True, backward_marker="<")
+    assert task.vocab == plain.vocab + ("<",)
+    for ex, ref in zip(task.examples(20, seed=4), plain.examples(20, seed=4)):
+        s, g = ex.meta["source"], ex.meta["goal"]
+        assert ex.prompt == f"? {s} {g} : {ref.prompt}"
+        assert (ex.target, ex.answers, ex.decoy, ex.meta) == (ref.target, ref.answers, ref.decoy, ref.meta)
+        assert task.is_correct(ex, ex.answers[1]) and not task.is_correct(ex, ex.decoy)
+        # sub-queries keep the same edge list (with the main query in front) and their unique answers
+        subs = task.subqueries(ex)
+        assert [q.target for q in subs] == [q.target for q in plain.subqueries(ref)]
+        assert all(q.prompt.startswith(f"? {s} {g} : ") and q.prompt.endswith(":") for q in subs)
+    docs = task.training_examples(6, seed=1, followups=8, backward=4)
+    assert [d.meta["followups"] for d in docs] == [d.meta["followups"] for d in
+                                                   PathFinding("short", backward_marker="<").training_examples(
+                                                       6, seed=1, followups=8, backward=4)]
+    assert task_from_params({"kind": "pf", "variant": "short", "query_first": True}) == PathFinding(
+        "short", query_first=True)

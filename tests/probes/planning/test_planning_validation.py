@@ -66,7 +66,11 @@ _BRANCH_XFAIL = {
                              "decoy 0.344 nats, nulls 0.332/0.328), control 1.12, on 1,324 solved graphs. With 4 "
                              "backward sub-queries per graph (backward_queries=4, 3,000 steps): greedy 0.641 (256 "
                              "graphs; one-step look-ahead sub-queries 0.92-0.96 vs 0.28-0.38 without, backward walk "
-                             "from the goal 1.00), first step still uniform (93/100/107 of 300): ratio not measured",
+                             "from the goal 1.00), first step still uniform (93/100/107 of 300): ratio not measured. Same "
+                             "recipe with the query also before the edges (query_first, 4,000 steps): greedy 0.605 "
+                             "(lookup slower to form, 0.875); as a 6-layer d-128 model (2,500 steps, 2,306 CPU s): "
+                             "greedy 0.637 (fresh 0.68), every sub-query type 0.99-1.00, first step uniform "
+                             "(96/94/110 of 300)",
     "planning-pf-short-mtp": ("greedy accuracy 0.527 < 0.9 (edge lookup learned; one-step look-ahead "
                               "sub-queries 0.71-0.78, but the main query's two-step first choice is not); ratio not "
                               "measured for lack of a > 90% model. With 4 backward sub-queries per graph (3,000 "
