@@ -132,10 +132,12 @@ BRANCH_RUN = {"n_examples": 2000, "n_codes": 32, "vqvae": VALIDATION_VQ, "train"
               "n_seeds": 2}
 
 
-#: the block x layer map of zoo:smollm2-135m on 400 KJV passages of 100 words (3 anchors each)
-SMOLLM_RUN = {"n_examples": 1200, "n_codes": 16, "block_size": 8, "n_blocks": 3, "map_layers": (0, 10, 20, 29),
-              "anchors_per_text": 3, "max_tokens": 80, "vqvae": VALIDATION_VQ, "train": {"steps": 300}, "n_perm": 10,
-              "batch_size": 16}
+#: the block x layer map of zoo:smollm2-135m on 1000 KJV passages of 100 words (3 anchors each); per-feature
+#: input normalisation (SmolLM2's layer-20 residual stream has a massive-activation feature) and 2500 VQ steps
+#: (the block VQ-VAEs' reconstruction error only starts to fall after ~300-1000 steps; docs/planning.md section 5)
+SMOLLM_RUN = {"n_examples": 3000, "n_codes": 16, "block_size": 8, "n_blocks": 3, "map_layers": (0, 10, 20, 29),
+              "anchors_per_text": 3, "max_tokens": 80, "vqvae": {**VALIDATION_VQ, "normalize": "feature"},
+              "train": {"steps": 2500, "eval_every": 250, "patience": 10}, "n_perm": 20, "batch_size": 16}
 
 
 def horizon_run_for(task, **overrides) -> dict:

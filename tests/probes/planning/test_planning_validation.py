@@ -89,19 +89,19 @@ def test_branch_awareness_path_finding(name):
     assert 0.8 <= r.control_ratio <= 1.25, r.to_frame()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured (SMOLLM_RUN: 1200 KJV anchors, layers 0/10/20/29, 3 blocks of 8, K=16, 300 VQ steps): recent blocks "
-    "and late layers carry most (corrected I(B_k; Z_T^L) at layer 29: 0.125 0.090 0.063 for k=1..3; state at T "
-    "0.32 0.31 0.48 2.41 over layers), but the conditional I(B_k; Z_T^L | Z_T^l) - null is 0.002/0.010/0.007, "
-    "0.000/0.003/0.000, -0.004/0.010/-0.005 (k=1..3, layers 0/10/20), within ~1 null std (0.003-0.014) of 0; block "
-    "VQ-VAEs reconstruct little (relative error 0.92-1.00)"))
 def test_smollm_block_layer_map():
     """Paper (OpenWebText): recent blocks and late layers carry most information about Z_T^L; earlier blocks
-    still add information given the last position (conditional MI above its null)."""
+    still add information given the last position (conditional MI above its null).
+
+    Passes with SMOLLM_RUN (3000 anchors, 2500 VQ steps, per-feature input normalisation; docs/planning.md
+    section 5; 21.5 min on the shared 2-core machine): conditional I - null for B2 / B3 up to 0.042 / 0.030 nats
+    against 3 null std 0.016 / 0.017. With 1200 anchors and 300 steps the conditional part stayed within noise
+    of 0; with the default scalar normalisation B3 misses (0.015 < 0.019)."""
     from interp.data import kjv_text
 
     words = kjv_text().split()
-    texts = [" ".join(words[i:i + 100]) for i in range(0, 100 * 400, 100)]
+    n_texts = -(-SMOLLM_RUN["n_examples"] // SMOLLM_RUN["anchors_per_text"])   # 3 anchors per 100-word text
+    texts = [" ".join(words[i:i + 100]) for i in range(0, 100 * n_texts, 100)]
     r = block_layer_map(interp.load("zoo:smollm2-135m"), texts, BlockMapConfig(**SMOLLM_RUN))
     blocks = r.nmi_t[1:]                                               # [k, layer], k = 1 most recent
     half = blocks.shape[1] // 2
