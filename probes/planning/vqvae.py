@@ -7,7 +7,7 @@ Architecture (sizes are UNCERTAIN in the paper; ours are CPU-scale defaults, :cl
   of magnitude across layers; the statistics are buffers saved with the model. ``normalize="feature"``
   (opt-in) divides every feature by its own per-layer standard deviation instead (floored at 1e-3 of the
   layer's median feature std): residual streams of real models can hold a few massive-activation features
-  (SmolLM2-135M layer 20: one feature carries 92% of the variance of the block states, values up to ~900
+  (SmolLM2-135M layer 20: one feature carries 93% of the variance of the block states, values up to ~910
   layer-RMS units), and with one scalar scale the reconstruction loss is then spent on those features and
   the relative error of everything else stays near 1. ``"layer"`` (the default) keeps the scalar scale.
 * **Encoder.** ``Linear(d_in, d_model)`` + learned layer embedding + learned position embedding for every
