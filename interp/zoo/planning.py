@@ -50,6 +50,10 @@ CFG_TASK = {"kind": "cfg", "prompt_len": 24, "target_len": 12, "name": "cfg",
                         "p_transitive": 0.6, "max_depth": 2}}
 PF_SHORT_TASK = {"kind": "pf", "variant": "short", "path_len": 4, "n_nodes": 24, "n_dead_out": 1, "n_dead_in": 0,
                  "name": "pf-short"}
+#: PF-short as the digest states the paper's instances (two correct paths and a decoy path with no shared nodes)
+#: and nothing else: no dead-end branch out of the source, so the first step is a free choice between the two
+#: correct paths and no look-ahead is needed (our default PF adds a dead end to require one; docs/planning.md)
+PF_SHORT_NODEAD_TASK = {**PF_SHORT_TASK, "n_dead_out": 0, "name": "pf-short-nodead"}
 PF_LONG_TASK = {"kind": "pf", "variant": "long", "path_len": 6, "n_nodes": 36, "n_dead_out": 1, "n_dead_in": 0,
                 "name": "pf-long"}
 
@@ -130,6 +134,8 @@ _DESC = {
                 "and dead-end branches",
     "pf-long": "path finding on random directed graphs: two node-disjoint 6-node source->goal paths, a decoy path "
                "and dead-end branches",
+    "pf-short-nodead": "path finding on random directed graphs: two node-disjoint 4-node source->goal paths and a "
+                       "decoy path, no dead-end branch (the first step needs no look-ahead)",
 }
 
 
@@ -148,13 +154,19 @@ def _desc(task: str, objective: str) -> str:
 #: 2026-12-02), so the entries keep this recipe
 PF_TRAIN = {"steps": 3000, "lr": 1e-3, "warmup": 200, "followup_queries": 8}
 
-#: the seven zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`
+#: the planning zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`. The
+#: ``pf-short-nodead`` pair (added 2026-12-02) is the branch-awareness models of validation 4: NTP greedy 1.00
+#: (the main query's first step is a free choice; edge lookup forms between steps 2,000 and 2,500)
 PLANNING_SPECS: tuple[dict, ...] = (
     _spec("planning-horizon-ntp", HORIZON_TASK, "ntp", _desc("horizon", "ntp"), steps=400, min_accuracy=0.95),
     _spec("planning-cfg-ntp", CFG_TASK, "ntp", _desc("cfg", "ntp"), loss_on="all", steps=600, min_accuracy=0.5),
     _spec("planning-cfg-mtp", CFG_TASK, "mtp", _desc("cfg", "mtp"), loss_on="all", steps=600, min_accuracy=0.5),
     _spec("planning-pf-short-ntp", PF_SHORT_TASK, "ntp", _desc("pf-short", "ntp"), **PF_TRAIN, min_accuracy=0.3),
     _spec("planning-pf-short-mtp", PF_SHORT_TASK, "mtp", _desc("pf-short", "mtp"), **PF_TRAIN, min_accuracy=0.3),
+    _spec("planning-pf-short-nodead-ntp", PF_SHORT_NODEAD_TASK, "ntp", _desc("pf-short-nodead", "ntp"), **PF_TRAIN,
+          min_accuracy=0.3),
+    _spec("planning-pf-short-nodead-mtp", PF_SHORT_NODEAD_TASK, "mtp", _desc("pf-short-nodead", "mtp"), **PF_TRAIN,
+          min_accuracy=0.3),
     _spec("planning-pf-long-ntp", PF_LONG_TASK, "ntp", _desc("pf-long", "ntp"), steps=2000, min_accuracy=0.2),
     _spec("planning-pf-long-mtp", PF_LONG_TASK, "mtp", _desc("pf-long", "mtp"), steps=2000, min_accuracy=0.2),
 )

@@ -180,7 +180,7 @@ def test_protocol_and_task_for():
     assert isinstance(MyTask(), PlanningTask)
     assert task_for("pf-short") == PathFinding("short") and task_for("horizon") == HorizonToy()
     specs = planning_specs()
-    assert len(specs) == 7
+    assert len(specs) == 9
     for spec in specs:
         task = task_for(spec["name"])
         assert task_for("zoo:" + spec["name"]) == task
