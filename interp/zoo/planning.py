@@ -156,7 +156,8 @@ PF_TRAIN = {"steps": 3000, "lr": 1e-3, "warmup": 200, "followup_queries": 8}
 
 #: the planning zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`. The
 #: ``pf-short-nodead`` pair (added 2026-12-02) is the branch-awareness models of validation 4: NTP greedy 1.00
-#: (the main query's first step is a free choice; edge lookup forms between steps 2,000 and 2,500)
+#: (the main query's first step is a free choice; edge lookup forms between steps 2,000 and 2,500). Its MTP twin
+#: had not formed lookup by step 3,000 (greedy 0.074) and trains 6,000 steps (lookup forms at 3,000-4,000; 1.00)
 PLANNING_SPECS: tuple[dict, ...] = (
     _spec("planning-horizon-ntp", HORIZON_TASK, "ntp", _desc("horizon", "ntp"), steps=400, min_accuracy=0.95),
     _spec("planning-cfg-ntp", CFG_TASK, "ntp", _desc("cfg", "ntp"), loss_on="all", steps=600, min_accuracy=0.5),
@@ -165,8 +166,8 @@ PLANNING_SPECS: tuple[dict, ...] = (
     _spec("planning-pf-short-mtp", PF_SHORT_TASK, "mtp", _desc("pf-short", "mtp"), **PF_TRAIN, min_accuracy=0.3),
     _spec("planning-pf-short-nodead-ntp", PF_SHORT_NODEAD_TASK, "ntp", _desc("pf-short-nodead", "ntp"), **PF_TRAIN,
           min_accuracy=0.3),
-    _spec("planning-pf-short-nodead-mtp", PF_SHORT_NODEAD_TASK, "mtp", _desc("pf-short-nodead", "mtp"), **PF_TRAIN,
-          min_accuracy=0.3),
+    _spec("planning-pf-short-nodead-mtp", PF_SHORT_NODEAD_TASK, "mtp", _desc("pf-short-nodead", "mtp"),
+          **{**PF_TRAIN, "steps": 6000}, min_accuracy=0.3),
     _spec("planning-pf-long-ntp", PF_LONG_TASK, "ntp", _desc("pf-long", "ntp"), steps=2000, min_accuracy=0.2),
     _spec("planning-pf-long-mtp", PF_LONG_TASK, "mtp", _desc("pf-long", "mtp"), steps=2000, min_accuracy=0.2),
 )

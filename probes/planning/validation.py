@@ -128,7 +128,11 @@ def estimator_sanity(noise_levels: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
 VALIDATION_VQ = {"d_model": 64, "d_latent": 32, "n_encoder_layers": 2}
 HORIZON_RUN = {"n_examples": 2000, "n_codes": 32, "max_tau": 10, "vqvae": VALIDATION_VQ, "train": {"steps": 800},
                "n_perm": 20, "n_seeds": 1}
-BRANCH_RUN = {"n_examples": 2000, "n_codes": 32, "vqvae": VALIDATION_VQ, "train": {"steps": 600}, "n_perm": 20,
+#: branch awareness: N = 8000 (was 2000 until 2026-12-02). The ratio is of *plug-in* MIs, whose bias
+#: ~(K-1)²/(2N) nats (the shuffled-pairing null) is the same for both paths; at N = 2000 with K = 32 it was 0.21
+#: nats, ten times the decoy's null-corrected MI (0.02), which pulls the ratio towards 1 (1.44 on the no-dead-end
+#: NTP model; 2.68 at N = 8000, null 0.057; docs/planning.md section 4)
+BRANCH_RUN = {"n_examples": 8000, "n_codes": 32, "vqvae": VALIDATION_VQ, "train": {"steps": 600}, "n_perm": 20,
               "n_seeds": 2}
 
 

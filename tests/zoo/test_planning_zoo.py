@@ -208,10 +208,6 @@ _PF_MEASURED = {
                              "look-ahead sub-queries 0.71-0.78 (NTP: chance), same recipe as NTP (earlier recipe "
                              "without follow-ups, 6,000 steps: greedy 0.043); with 4 backward sub-queries per graph "
                              "as well: greedy 0.656, every sub-query type 0.95-1.00, first step still uniform",
-    "planning-pf-short-nodead-mtp": "greedy 0.074 after 3,000 steps (teacher-forced lookup 0.25, decoy nodes in 54% "
-                                    "of generations: edge lookup not formed; the NTP twin forms it between steps "
-                                    "2,000 and 2,500 and reaches 1.00); below the 0.3 floor, so the build refuses to "
-                                    "cache",
     "planning-pf-long-ntp": "greedy 0.000, first step 0.102, decoy nodes used 0.46 after 2,000 steps",
     "planning-pf-long-mtp": "not measured (build stopped: its NTP twin reached 0.000); expected to fail likewise",
 }
