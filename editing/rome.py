@@ -510,8 +510,9 @@ def left_vector(C: torch.Tensor, k: torch.Tensor, eps: float = 0.0) -> tuple[tor
     can differ (their rank cut-offs differ; on SmolLM2's layer-8 transcoder ``C`` the cosine between them was
     0.63 for a random key in C's range), i.e. ROME's ``u`` is ill-determined there; TCPE's mask limits the
     update to the key's own features either way. Raises ``ValueError`` when ``k`` has no component in the range
-    of ``C + εI`` (``‖(C + εI) u‖ ≤ 1e-6 ‖k‖`` for the solution ``u`` of both drivers: an explicit test, not an exact
-    zero, which round-off does not guarantee); ``eps > 0`` (``EditConfig.mom2_eps``) is the documented regularisation.
+    of ``C + εI`` (``‖(C + εI) u‖ ≤ 1e-6 ‖k‖`` for the solution ``u`` of both drivers: an explicit test, not an
+    exact zero, which round-off does not guarantee); ``eps > 0`` (``EditConfig.mom2_eps``) is the documented
+    regularisation.
     """
     A = C.double() + eps * torch.eye(len(C), dtype=torch.float64)
     k64 = k.double()

@@ -13,7 +13,8 @@ from .mi import (MIEstimate, conditional_mutual_information, entropy, miller_mad
 from .states import SetSpec, StateSets, final_layer, harvest_sets, prefix_layers
 from .vqvae import SetVQVAE, TrainConfig, VQVAEConfig, train_vqvae
 from .analyses import (BlockMapConfig, BlockMapResult, BranchConfig, BranchResult, CodeConfig, HorizonConfig,
-                       HorizonResult, block_layer_map, block_map_from_sets, branch_awareness, fit_codes, horizon_curve, mi_with_null)
+                       HorizonResult, block_layer_map, block_map_from_sets, branch_awareness, fit_codes,
+                       horizon_curve, mi_with_null)
 from .validation import EstimatorSanityResult, estimator_sanity, symbol_sets, true_symmetric_channel_mi
 from .tasks import (TASKS, ContextFreeGrammar, HorizonToy, PathFinding, PlanningExample, PlanningTask,
                     make_tokenizer, task_for, task_from_params, task_vocab)
@@ -23,7 +24,8 @@ __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "s
            "StateSets", "SetSpec", "harvest_sets", "final_layer", "prefix_layers",
            "SetVQVAE", "VQVAEConfig", "TrainConfig", "train_vqvae",
            "CodeConfig", "HorizonConfig", "BranchConfig", "BlockMapConfig", "HorizonResult", "BranchResult",
-           "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "block_map_from_sets", "fit_codes", "mi_with_null",
+           "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "block_map_from_sets",
+           "fit_codes", "mi_with_null",
            "EstimatorSanityResult", "estimator_sanity", "symbol_sets", "true_symmetric_channel_mi",
            "PlanningExample", "PlanningTask", "HorizonToy", "ContextFreeGrammar", "PathFinding", "TASKS",
            "make_tokenizer", "task_for", "task_from_params", "task_vocab"]

@@ -40,7 +40,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -179,7 +179,8 @@ class SetVQVAE(nn.Module):
         return self.out_proj(self.dec_norm(q))
 
     def forward(self, sets: StateSets) -> dict[str, torch.Tensor]:
-        """Losses of one batch (``loss`` = the weighted total) and the chosen codes ``[B]``."""
+        """Losses of one batch (``loss`` = the weighted total), the chosen codes ``[B]``, and the summed squared
+        reconstruction error ``sse`` and squared standardised states ``ss`` over real (unpadded) states."""
         c = self.config
         x, layers, pos, mask = self._indices(sets, self.codebook.device)
         r = self.latent(x, layers, pos, mask)
@@ -189,7 +190,8 @@ class SetVQVAE(nn.Module):
         z = r + (e - r).detach()
         recon = self.decode(z, layers, pos, mask)
         m = mask.float()
-        l_rec = (((recon - x) ** 2).mean(-1) * m).sum() / m.sum()
+        sq = (recon - x) ** 2
+        l_rec = (sq.mean(-1) * m).sum() / m.sum()
         l_vq = F.mse_loss(e, r.detach()) + c.beta * F.mse_loss(r, e.detach())
         cb = F.normalize(self.codebook, dim=-1)
         g = cb @ cb.T
@@ -198,7 +200,8 @@ class SetVQVAE(nn.Module):
         p_bar = F.softmax(-d / c.ent_temperature, -1).mean(0)
         l_ent = math.log(k) + (p_bar * torch.log(p_bar.clamp_min(1e-12))).sum()
         loss = l_rec + c.lambda_q * l_vq + c.lambda_cos * l_cos + c.lambda_ent * l_ent
-        return {"loss": loss, "rec": l_rec, "vq": l_vq, "cos": l_cos, "ent": l_ent, "codes": codes, "latent": r}
+        return {"loss": loss, "rec": l_rec, "vq": l_vq, "cos": l_cos, "ent": l_ent, "codes": codes, "latent": r,
+                "sse": sq[mask].sum().detach(), "ss": (x ** 2)[mask].sum().detach()}
 
     # ------------------------------------------------------------------ use
     @torch.no_grad()
@@ -220,17 +223,9 @@ class SetVQVAE(nn.Module):
         (0 = perfect, 1 = no better than the per-layer mean)."""
         was = self.training
         self.eval()
-        err = var = 0.0
-        for i in range(0, len(sets), batch_size):
-            b = sets[i:i + batch_size]
-            x, layers, pos, mask = self._indices(b, self.codebook.device)
-            r = self.latent(x, layers, pos, mask)
-            z = self.codebook[self.distances(r).argmin(-1)]
-            recon = self.decode(z, layers, pos, mask)
-            err += float(((recon - x) ** 2)[mask].sum())
-            var += float((x ** 2)[mask].sum())
+        out = [self(sets[i:i + batch_size]) for i in range(0, len(sets), batch_size)]
         self.train(was)
-        return err / max(var, 1e-12)
+        return _relative_error(out)
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into the folder ``path`` (atomically)."""
@@ -269,6 +264,11 @@ def _init_codebook(model: SetVQVAE, sets: StateSets, gen: torch.Generator) -> No
     pick = torch.randint(0, r.shape[0], (model.config.n_codes,), generator=gen)
     noise = torch.randn(model.config.n_codes, r.shape[1], generator=gen).to(r) * (r.std() * 0.01 + 1e-6)
     model.codebook.data.copy_(r[pick.to(r.device)] + noise)
+
+
+def _relative_error(outputs: Sequence[dict]) -> float:
+    """Relative reconstruction error over the batches' :meth:`SetVQVAE.forward` outputs: ``Σ sse / Σ ss``."""
+    return float(sum(o["sse"] for o in outputs)) / max(float(sum(o["ss"] for o in outputs)), 1e-12)
 
 
 def train_vqvae(sets: StateSets, config: VQVAEConfig | dict | None = None,
@@ -330,7 +330,7 @@ def train_vqvae(sets: StateSets, config: VQVAEConfig | dict | None = None,
             v = float(sum(float(o["rec"] + config.lambda_q * o["vq"]) * len(o["codes"]) for o in losses) / len(ev))
             history["val_loss"].append(v)
             history["eval_steps"].append(step + 1)
-            history["val_rel_error_curve"].append(model.reconstruction_error(ev))
+            history["val_rel_error_curve"].append(_relative_error(losses))
             if v < best - 1e-4 * abs(best):
                 best, bad = v, 0
                 best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
