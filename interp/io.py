@@ -14,6 +14,10 @@ Two layers:
   - a folder it writes is marked by a manifest, ``.interp-output.json``, listing the files it wrote. On a
     re-run it replaces only those files: anything the user added to the folder (``notes.txt``, ``mydata/``,
     even a file inside one of its sub-folders) is left alone;
+  - the manifest records which writer made the folder (``Result.save``, ``SteeringVector.save``,
+    ``interp audit``, ``interp reproduce`` ...); a writer refuses (:class:`OutputError`) a folder another kind
+    of writer made unless ``overwrite=True`` (``--force``), and then replaces that output by the same rule
+    as its own (the files the manifest lists; the user's files stay);
   - it refuses (:class:`OutputError`) to write into a non-empty folder it did not write, and to replace a
     file of the user's that happens to have the name of one of its outputs, unless asked
     (``overwrite=True``, ``--force``); even then only same-named files are replaced, nothing else is removed;
@@ -261,6 +265,13 @@ class _Target:
         entries = [e for e in os.listdir(p) if not _is_leftover(e)]
         manifest = read_manifest(p)
         if manifest is not None:
+            other = manifest.get("writer")
+            if other != writer and not overwrite:
+                who = f"{other}" if isinstance(other, str) and other else "an unknown writer (its manifest names none)"
+                raise OutputError(f"output folder {str(p)!r} holds output written by {who}, not by {writer} (see its "
+                                  f"{MANIFEST}); refusing to replace another writer's output: choose another folder, "
+                                  "or pass overwrite=True (--force) to replace that output (the files its manifest "
+                                  "lists are replaced; files you added stay)")
             self.owned = set(manifest["files"])
             self.owned_dirs = set(manifest.get("dirs", []))
         elif legacy is not None and entries and (found := legacy(p)) is not None:
@@ -325,7 +336,8 @@ def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str 
                legacy: LegacyFiles | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder; on success its files become the output at ``path``.
 
-    The rules are in the module docstring. ``writer`` names the program in error messages; ``legacy``
+    The rules are in the module docstring. ``writer`` names the kind of writer (recorded in the manifest
+    and compared on the next write: a folder of another writer is refused unless ``overwrite``); ``legacy``
     recognises outputs of this writer from before manifests existed (so they are replaced, not refused).
     On an exception nothing at ``path`` changes (files replaced during the final moves are restored).
     """
