@@ -1,4 +1,5 @@
-"""The ``interp`` command line: ``interp audit``, ``interp zoo ...``, ``interp hooks``, ``interp demo``."""
+"""The ``interp`` command line: ``interp audit``, ``interp reproduce``, ``interp zoo ...``, ``interp hooks``,
+``interp demo``."""
 from __future__ import annotations
 
 import importlib
@@ -16,7 +17,8 @@ def _mount_optional() -> None:
     mounts = {"zoo": lambda: app.add_typer(importlib.import_module("interp.zoo.cli").app, name="zoo",
                                            help="Built-in model zoo."),
               "audit": lambda: importlib.import_module("interp.audit.cli").register(app),
-              "harvest": lambda: importlib.import_module("interp.store.cli").register(app)}
+              "harvest": lambda: importlib.import_module("interp.store.cli").register(app),
+              "reproduce": lambda: importlib.import_module("interp.reproduce.cli").register(app)}
     for name, mount in mounts.items():
         try:
             mount()

@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 from filelock import FileLock
 
+from ..configs import digest
 from ..io import atomic_write_json, replace_dir
 from ..registry import Registry
 
@@ -204,8 +205,7 @@ def recipe(name: str) -> dict:
 
 def recipe_hash(name: str) -> str:
     """First 16 hex digits of the SHA-256 of the canonical JSON recipe."""
-    blob = json.dumps(recipe(name), sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return digest(recipe(name))
 
 
 def _folder(entry: ZooEntry, digest: str) -> Path:

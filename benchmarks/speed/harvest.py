@@ -11,8 +11,8 @@
    (a tiny 4-layer Llama, d_model 256, all residual streams; the model is tiny so the store can be big).
 3. Ray engine, 2 workers (1 thread each) vs the local engine on the same harvest, including start-up.
 
-``python benchmarks/harvest.py [--tokens 8192] [--skip-sae-lens] [--skip-ray]`` writes
-``benchmarks/results/harvest.json`` and ``benchmarks/results/harvest.md``.
+``python benchmarks/speed/harvest.py [--tokens 8192] [--skip-sae-lens] [--skip-ray]`` writes
+``benchmarks/speed/results/harvest.json`` and ``benchmarks/speed/results/harvest.md``.
 """
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def main() -> None:
         try:
             r = json.loads((RESULTS / "harvest.json").read_text())
             r["memory"] = memory(tmp, args.memory_docs)
-            r["command"] += f" ; python benchmarks/harvest.py --only-memory --memory-docs {args.memory_docs}"
+            r["command"] += f" ; python benchmarks/speed/harvest.py --only-memory --memory-docs {args.memory_docs}"
             (RESULTS / "harvest.json").write_text(json.dumps(r, indent=2))
             (RESULTS / "harvest.md").write_text(write_md(r))
             print(write_md(r))
@@ -267,7 +267,7 @@ def main() -> None:
         data = corpus(tmp)
         r = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)",
-             "command": "python benchmarks/harvest.py " + " ".join(sys.argv[1:])}
+             "command": "python benchmarks/speed/harvest.py " + " ".join(sys.argv[1:])}
         r["throughput"] = throughput(tmp, data, args.tokens, args.skip_sae_lens)
         print(json.dumps(r["throughput"], indent=1), flush=True)
         r["memory"] = memory(tmp, args.memory_docs)

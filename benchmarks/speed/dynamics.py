@@ -17,8 +17,8 @@ Three comparisons, each timed in interleaved rounds (median of ``--reps``), one 
    (per-example gradient by autograd, per-example ``bᵀH(x)b`` by double backward). The two must agree (max abs
    difference reported).
 
-Run: ``.venv/bin/python benchmarks/dynamics.py [--reps 3] [--threads 1]``. Writes
-``benchmarks/results/dynamics.json`` and ``dynamics.md``. Speed claims are these ratios only.
+Run: ``.venv/bin/python benchmarks/speed/dynamics.py [--reps 3] [--threads 1]``. Writes
+``benchmarks/speed/results/dynamics.json`` and ``dynamics.md``. Speed claims are these ratios only.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Two questions, each answered by ratios of medians of interleaved rounds:
 1. **The plain path is unchanged**: with none of ``attn.hook_rot_q/rot_k/attn_scores/pattern`` hooked, the
    torch and nnsight backends leave the model on its own attention implementation (sdpa here), so
    ``run_with_cache`` of every block's ``hook_resid_post`` + ``hook_mlp_out`` costs what it cost before
-   (``benchmarks/capture_overhead.py`` measures the same variants; the ratios here are re-measured in the
+   (``benchmarks/speed/capture_overhead.py`` measures the same variants; the ratios here are re-measured in the
    same process as the rows below).
 2. **Pattern/scores hooked**: interp's hook-calling attention (``run_with_cache`` of every block's
    ``attn.hook_pattern``, or of ``hook_attn_scores`` + ``hook_pattern``, or of rotated q/k) against the
@@ -14,7 +14,7 @@ Two questions, each answered by ratios of medians of interleaved rounds:
 
 Models: the 6-layer GPT-2 of ``capture_overhead.py`` (d_model 768, 12 heads) and a 6-layer Llama of the
 same width (12 heads, 4 key/value heads: rotary, grouped-query attention), random weights, built offline.
-Run: ``.venv/bin/python benchmarks/attention_hooks.py [--reps 7] [--shapes 1x16,4x64] [--tag _long]``; writes
+Run: ``.venv/bin/python benchmarks/speed/attention_hooks.py [--reps 7] [--shapes 1x16,4x64] [--tag _long]``; writes
 ``results/attention_hooks<tag>.{json,md}``. At these widths the 50,257-token unembedding dominates short
 inputs; ``--shapes 2x256 --tag _long`` weighs attention more.
 """

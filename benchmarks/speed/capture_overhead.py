@@ -23,7 +23,7 @@ Each variant is timed in interleaved rounds: every round calls every variant onc
 machine load hits all variants alike. Both the process CPU time (``time.process_time``: robust on a
 shared machine, the primary ratio) and the wall time are recorded; the tables give medians over
 ``--reps`` rounds (1x16), ``--reps-large`` (8x128) and ``--gen-reps`` (generation), and the load average
-before and after each section. Run: ``.venv/bin/python benchmarks/capture_overhead.py``.
+before and after each section. Run: ``.venv/bin/python benchmarks/speed/capture_overhead.py``.
 """
 from __future__ import annotations
 

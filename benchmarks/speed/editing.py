@@ -12,7 +12,7 @@ Transcoder training throughput, side by side on the same activation store (harve
 ours (``train_transcoder_from_store``) against sae-lens's own trainer (``SAETrainer``) driven by
 ``interp.store.train_transcoder`` (sae-lens 6 has no offline transcoder runner; that adapter is its trainer on
 a transcoder training class). Also ours harvesting on the fly (``train_transcoder``). Run:
-``.venv/bin/python benchmarks/editing.py``.
+``.venv/bin/python benchmarks/speed/editing.py``.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ rounds (median of ``--reps``), on the same token batch:
 * ``forward_pvz``      — the same forward capturing pattern, ``hook_v`` and ``hook_z`` (what scoring needs);
 * ``score_heads``      — :func:`probes.score_heads` with all score functions (target ≤ 1.5× ``forward_pattern``).
 
-Run: ``.venv/bin/python benchmarks/heads.py`` (default ``zoo:smollm2-135m``, 16 built-in texts, ≤ 64 tokens).
-Writes ``benchmarks/results/heads.json`` and ``heads.md``.
+Run: ``.venv/bin/python benchmarks/speed/heads.py`` (default ``zoo:smollm2-135m``, 16 built-in texts, ≤ 64 tokens).
+Writes ``benchmarks/speed/results/heads.json`` and ``heads.md``.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def main() -> dict:
     ap.add_argument("--concat", type=int, default=1, help="join this many built-in texts into one (longer) input")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/heads[_<tag>])")
+    ap.add_argument("--out", default=None, help="results path without suffix (default benchmarks/speed/results/heads[_<tag>])")
     ap.add_argument("--tag", default="", help="suffix of the default results name")
     args = ap.parse_args()
     if args.threads:

@@ -13,8 +13,8 @@ Timed in interleaved rounds (median of ``--reps``), greedy, same prompt, ``--tok
 * ``generate_monitor`` — ``Monitor.generate`` (hooks + window scoring + rule checks);
 * ``detector_window``  — one detector call on one window alone (the scoring part of the overhead).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/gavel_monitor.py`` (default ``zoo:smollm2-135m``).
-Writes ``benchmarks/results/gavel_monitor.json`` and ``gavel_monitor.md``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/gavel_monitor.py`` (default ``zoo:smollm2-135m``).
+Writes ``benchmarks/speed/results/gavel_monitor.json`` and ``gavel_monitor.md``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 * **VQ-VAE training** -- sets per second of :func:`train_vqvae` steps for the estimator-toy sets (2..6
   states of 16 dims) and prefix-like sets (42 states of 128 dims, the horizon toy's ``H``), batch 128.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planning.py``. Writes ``benchmarks/results/planning.json``
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/planning.py``. Writes ``benchmarks/speed/results/planning.json``
 and ``planning.md`` (speeds are side-by-side ratios on one machine, one thread, in process CPU time).
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> dict:
            "mi": mi_rows, "vqvae": vq_rows}
     RESULTS.mkdir(exist_ok=True)
     atomic_write_json(RESULTS / "planning.json", res)
-    lines = ["# planning probe throughput", "", "`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planning.py` "
+    lines = ["# planning probe throughput", "", "`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/planning.py` "
              f"(one thread, CPU time of the process, median of {args.reps} interleaved rounds; shared machine, so only the ratios matter).", "",
              "## Plug-in MI: ours vs `sklearn.metrics.mutual_info_score` (same codes, values agree to 1e-9)", "",
              "| N | K | ours (ms) | sklearn (ms) | speed-up | ours + 20-permutation null (ms) |", "|---|---|---|---|---|---|"]

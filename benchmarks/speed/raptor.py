@@ -17,7 +17,7 @@ on 56 px images (16 patches + CLS = 17 tokens). Rows, each timed in interleaved 
 * ``trajectories``: :func:`trajectory_metrics` on a precomputed stream vs a per-image numpy loop
   (``np.arccos`` / ``np.linalg.svd`` per image and layer), both giving the same numbers (checked).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/raptor.py`` (writes ``benchmarks/results/raptor.{json,md}``).
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/raptor.py`` (writes ``benchmarks/speed/results/raptor.{json,md}``).
 """
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def main(argv=None):
     atomic_write_json(Path(args.out) / "raptor.json", dict(meta=meta, results=res))
     B = args.batch
     md = ["# Raptor / ViT dynamics benchmark", "",
-          f"`benchmarks/raptor.py`: {meta['model']}, batch {B}, one thread, median of interleaved rounds; "
+          f"`benchmarks/speed/raptor.py`: {meta['model']}, batch {B}, one thread, median of interleaved rounds; "
           f"machine load average at the end {' '.join(load)} (shared 2-core machine: absolute times are noisy, "
           "the ratios within a table are the result). Every pair is checked to give the same numbers.", ""]
     md += table("Teacher capture (13 residual tensors)", res["capture"], "hf output_hidden_states", B)

@@ -1,0 +1,143 @@
+"""The reproduction report: ``index.html`` (self-contained, plotly inlined once; the audit's page style and
+helpers) and one record folder per paper, written through the writer rule (writer ``interp reproduce``).
+
+Per paper: a table of claims (the paper's number and where it stands | our criterion and when it was fixed,
+with the original where it changed after results were seen | our number, with the spread over seeds |
+verdict), the notes, the recipe's tables and figures, the config, the versions, the run time and the command
+that reruns it.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..audit.report import _CSS, _figure_html, _frame_html, _kv_table, environment
+from ..io import check_output, output_dir
+from .record import VERDICT_COLOURS, ReproductionRecord
+
+WRITER = "interp reproduce"
+REPORT_FILES = ("index.html", "summary.json")
+
+_EXTRA_CSS = """
+.verdict{font-weight:600;white-space:nowrap}
+td.left,th.left{text-align:left!important}
+table.claims td{vertical-align:top;text-align:left}
+.changed{color:#b45309;font-size:12px}
+"""
+
+
+def _legacy(folder: Path) -> list[str] | None:
+    return None
+
+
+def prepare_output(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Check that ``out`` can receive a report (see :func:`interp.io.check_output`)."""
+    return check_output(out, REPORT_FILES, overwrite=overwrite, writer=WRITER, legacy=_legacy)
+
+
+def _verdict(v: str) -> str:
+    return f'<span class="verdict" style="color:{VERDICT_COLOURS.get(v, "#000")}">{html.escape(v)}</span>'
+
+
+def _claims_table(rec: ReproductionRecord) -> str:
+    rows = []
+    for v in rec.verdicts:
+        crit = html.escape(v["criterion"]) + f'<br><span class="muted">fixed {html.escape(str(v.get("fixed")))}</span>'
+        if v.get("changed"):
+            ch = v["changed"]
+            crit += (f'<br><span class="changed">changed {html.escape(ch["date"])} after results were seen; '
+                     f'original: {html.escape(ch["original"])}; why: {html.escape(ch["why"])}</span>')
+        ours = html.escape(v["ours"])
+        if v.get("error"):
+            ours += f'<br><span class="muted">{html.escape(v["error"])}</span>'
+        note = f'<br><span class="muted">{html.escape(v["note"])}</span>' if v.get("note") else ""
+        rows.append(f'<tr><td>{html.escape(v["claim"])}{note}</td><td>{html.escape(str(v["paper"]))}'
+                    f'<br><span class="muted">{html.escape(v["where"])}</span></td><td>{crit}</td><td>{ours}</td>'
+                    f'<td>{_verdict(v["verdict"])}</td></tr>')
+    return ('<table class="data claims"><tr><th class="left">claim</th><th class="left">paper</th>'
+            '<th class="left">our criterion</th><th class="left">ours</th><th class="left">verdict</th></tr>'
+            + "".join(rows) + "</table>")
+
+
+def _section(run: Any, index: int) -> str:
+    import pandas as pd
+
+    rec: ReproductionRecord = run.record
+    parts = [f'<section id="paper-{html.escape(rec.paper)}" class="paper" data-paper="{html.escape(rec.paper)}">',
+             f"<h2>{html.escape(rec.paper)}: {html.escape(rec.title)}</h2>",
+             f'<p class="muted">preset <b>{html.escape(rec.preset)}</b> · {rec.seconds:.1f} s · {rec.summary()} · '
+             f"rerun: <code>{html.escape(rec.command)}</code> · record: <a href=\"{html.escape(rec.paper)}/result.json\">"
+             f"{html.escape(rec.paper)}/result.json</a></p>"]
+    if run.differences is not None:
+        if run.differences:
+            items = "".join(f"<li>{html.escape(d)}</li>" for d in run.differences)
+            parts.append(f'<p class="status-error">differs from the committed record:</p><ul>{items}</ul>')
+        else:
+            parts.append('<p class="status-ok">agrees with the committed record (within the stated tolerances)</p>')
+    parts.append(_claims_table(rec))
+    if rec.error:
+        parts.append(f'<h3>Error</h3><pre class="error">{html.escape(rec.error)}</pre>')
+    if rec.notes:
+        parts.append(f"<h3>Notes</h3><p>{html.escape(rec.notes)}</p>")
+    for caption, rows in rec.tables.items():
+        if rows:
+            parts.append(f"<h3>{html.escape(caption)}</h3>{_frame_html(pd.DataFrame(rows))}")
+    for i, (caption, fig) in enumerate(run.figures):
+        parts.append(f"<figure><figcaption>{html.escape(caption)}</figcaption>"
+                     f"{_figure_html(fig, f'fig-{rec.paper}-{i}')}</figure>")
+    parts.append(f"<details><summary>config ({html.escape(rec.config_type)}, digest {rec.config_key}; code "
+                 f"{rec.code_version})</summary><pre>{html.escape(json.dumps(rec.config, indent=2))}</pre></details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def render_html(runs: Sequence[Any]) -> str:
+    """The self-contained report page of ``runs`` (:class:`interp.reproduce.runner.Run` objects)."""
+    from plotly.offline import get_plotlyjs
+
+    n = len(runs)
+    title = "interp reproduce" + (f" — {runs[0].record.paper}" if n == 1 else f" — {n} papers")
+    presets = sorted({r.record.preset for r in runs})
+    overview = []
+    for r in runs:
+        rec = r.record
+        cells = " ".join(_verdict(v["verdict"]) for v in rec.verdicts)
+        overview.append(f'<tr><td><a href="#paper-{html.escape(rec.paper)}">{html.escape(rec.paper)}</a></td>'
+                        f'<td class="left">{html.escape(rec.title)}</td><td>{rec.preset}</td><td>{rec.seconds:.1f} s</td>'
+                        f'<td class="left">{cells}</td></tr>')
+    parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
+             f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}{_EXTRA_CSS}</style>',
+             f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
+             f"<header><h1>{html.escape(title)}</h1><p>{n} paper(s) · preset {', '.join(presets)} · "
+             f"{sum(r.record.seconds for r in runs):.0f} s</p></header><main>",
+             '<section id="overview"><h2>Overview</h2><p class="muted">Verdicts per claim: reproduced (every criterion '
+             "holds, on every seed), partly (some), not reproduced (none), error (the run raised or measured "
+             "nothing for a criterion). A quick preset is small: it proves that every stage and verdict runs, its "
+             "verdicts are not the paper's test; the full preset is.</p>",
+             '<table class="data"><tr><th>paper</th><th class="left">title</th><th>preset</th><th>time</th>'
+             f'<th class="left">verdicts</th></tr>{"".join(overview)}</table></section>']
+    parts += [_section(r, i) for i, r in enumerate(runs)]
+    parts.append(f'<section id="environment"><h2>Environment</h2>{_kv_table(environment())}</section>')
+    parts.append("</main></body></html>")
+    return "\n".join(parts)
+
+
+def write_report(out: str | os.PathLike, runs: Sequence[Any], overwrite: bool = False) -> Path:
+    """Write ``out/index.html``, ``out/summary.json`` and ``out/<paper>/`` (each record) atomically."""
+    page = render_html(runs)
+    summary = {"schema": "interp.reproduce.summary", "schema_version": 1,
+               "papers": [{"paper": r.record.paper, "preset": r.record.preset, "seconds": r.record.seconds,
+                           "error": r.record.error is not None, "differences": r.differences,
+                           "verdicts": {v["id"]: v["verdict"] for v in r.record.verdicts}} for r in runs]}
+    with output_dir(out, overwrite=overwrite, writer=WRITER, legacy=_legacy) as tmp:
+        for r in runs:
+            r.record.save(tmp / r.record.paper)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        (tmp / "index.html").write_text(page, encoding="utf-8")
+    return Path(out)
+
+
+__all__ = ["REPORT_FILES", "WRITER", "prepare_output", "render_html", "write_report"]
