@@ -29,21 +29,58 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
                 model_dtype: Optional[str] = typer.Option(None, help="Load the weights in this dtype."),
                 device: Optional[str] = typer.Option(None, help="Device to load the model on (cpu, cuda ...).")) -> None:
     """Harvest activations to a sharded safetensors store with a JSON manifest (resumable by rerunning)."""
+    import errno
+    from pathlib import Path
+
     from .harvest import harvest
     from .manifest import StoreError
 
     hooks = [n.strip() for item in names for n in item.split(",") if n.strip()]
     load_kwargs = {k: v for k, v in (("dtype", model_dtype), ("device", device)) if v is not None}
     try:
+        check_load_options(model_dtype, device)  # before the model loads (minutes for a large one)
         res = harvest(model, data, hooks, out, context_size=context_size, batch_size=batch_size, dtype=dtype,
                       max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=not no_bos, text_column=text_column,
                       engine=engine, num_workers=workers, gpus_per_worker=gpus_per_worker, repair=repair, backend=backend, load_kwargs=load_kwargs)
     except (StoreError, ValueError, KeyError, FileNotFoundError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # shards are written atomically and recorded only once complete: what is recorded is intact
+        typer.echo(f"error: disk full at {Path(out).expanduser().absolute()}; the store resumes: free some space "
+                   "and rerun the same command", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"{res.path}: {res.n_tokens} tokens ({res.n_contexts} contexts) in {res.n_shards} shards; "
                f"this run wrote {res.shards_written}, kept {res.shards_skipped}"
                + (f", {res.tokens_per_s:.0f} tokens/s" if res.tokens_computed else ""))
+
+
+def check_load_options(model_dtype: Optional[str], device: Optional[str]) -> None:
+    """Raise ``ValueError`` naming the option unless ``--model-dtype`` is a floating-point torch dtype and
+    ``--device`` a device this machine has (checked before any model is loaded)."""
+    import torch
+
+    if model_dtype is not None:
+        dt = getattr(torch, model_dtype, None) if model_dtype.isidentifier() else None
+        if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+            raise ValueError(f"--model-dtype {model_dtype!r} is not a floating-point torch dtype (e.g. float32, "
+                             "float16, bfloat16)")
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            raise ValueError(f"--device {device!r} is not a device (e.g. cpu, cuda, cuda:1, mps)") from None
+        if dev.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n == 0:
+                raise ValueError(f"--device {device!r}: this machine has no CUDA device (torch.cuda.is_available() "
+                                 "is False); use --device cpu")
+            if dev.index is not None and dev.index >= n:
+                raise ValueError(f"--device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+        elif dev.type == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"--device {device!r}: MPS is not available on this machine")
 
 
 def register(app: typer.Typer) -> None:
@@ -51,4 +88,4 @@ def register(app: typer.Typer) -> None:
     app.command(name="harvest")(harvest_cmd)
 
 
-__all__ = ["register", "harvest_cmd"]
+__all__ = ["register", "harvest_cmd", "check_load_options"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 import queue
 import threading
 import time
@@ -32,8 +33,8 @@ from interp.progress import progress
 from interp.results import Result
 
 from .manifest import (
-    MANIFEST, SCHEMA, SCHEMA_VERSION, CorruptShardError, IncompatibleStoreError, StoreError, read_manifest,
-    verify_shard, write_manifest, write_shard,
+    LOCK, MANIFEST, OWN_TEMPORARY, SCHEMA, SCHEMA_VERSION, CorruptShardError, IncompatibleStoreError, StoreError,
+    check_shard, read_manifest, write_manifest, write_shard,
 )
 from .packing import Context, pack, special_token_id, tokenized
 from .sources import DataSource, open_source
@@ -60,8 +61,8 @@ class HarvestConfig:
     - ``engine``: ``"local"`` or ``"ray"``; ``num_workers``: Ray actors (each loads the model once);
       ``gpus_per_worker``: GPUs each actor reserves (pass ``load_kwargs={"device": "cuda"}`` or
       ``{"device_map": "auto"}`` to use them).
-    - ``verify``: re-check the sha256 of completed shards when resuming; ``repair``: recompute shards
-      that fail it instead of stopping.
+    - ``verify``: re-check the full sha256 of completed shards when resuming (without it: sizes, headers
+      and sample hashes); ``repair``: recompute shards that fail it instead of stopping.
     """
 
     names: str | Sequence[str]
@@ -95,7 +96,8 @@ class HarvestConfig:
                              f"got {self.max_tokens!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.shard_mb, (int, float)) or self.shard_mb <= 0:
+        if not isinstance(self.shard_mb, (int, float)) or isinstance(self.shard_mb, bool) \
+                or not math.isfinite(self.shard_mb) or self.shard_mb <= 0:
             raise ValueError(f"shard_mb must be a positive number, got {self.shard_mb!r}")
         if not isinstance(self.gpus_per_worker, (int, float)) or self.gpus_per_worker < 0:
             raise ValueError(f"gpus_per_worker must be a number >= 0, got {self.gpus_per_worker!r}")
@@ -215,12 +217,44 @@ def _probe(model: Model, first: Context, names: Sequence[str], stop: int | None)
     return resolved, shapes, probe
 
 
+def weights_fingerprint(model: Model) -> str | None:
+    """SHA-256 over the shape, dtype and bytes of every parameter of ``model``, in the module's order.
+
+    Names are left out, so wrappers that prefix them (the torch and nnsight backends share the Hugging Face
+    module) give the same fingerprint; a reordering of equal-shaped weights still changes it. ``None`` when
+    the model exposes no parameters or some live on the ``meta`` device (offloaded): then nothing identifies
+    its weights. Cost: one pass over the weights (about 0.3 s per 500 MiB here).
+    """
+    h = hashlib.sha256()
+    n = 0
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            t = p.detach()
+            if t.device.type == "meta":
+                return None
+            h.update(f"{tuple(t.shape)}|{t.dtype}|".encode())
+            flat = t.reshape(-1).contiguous().cpu()
+            if flat.numel():
+                h.update(flat.view(torch.uint8).numpy().data)
+            n += 1
+    return h.hexdigest() if n else None
+
+
 def _check_same(old: dict[str, Any], new: dict[str, Any], folder: Path) -> None:
-    changed = [k for k in sorted(set(old) | set(new)) if k != "probe" and old.get(k) != new.get(k)]
+    changed = [k for k in sorted(set(old) | set(new)) if k not in ("probe", "weights") and old.get(k) != new.get(k)]
     if changed:
         lines = "; ".join(f"{k}: store has {old.get(k)!r}, this run {new.get(k)!r}" for k in changed[:6])
         raise IncompatibleStoreError(f"cannot resume the harvest in {str(folder)!r}: the {', '.join(changed)} "
                                      f"changed ({lines}). Use a new output folder, or delete this one to start over.")
+    if old.get("weights") is not None and new.get("weights") is not None:  # the model, identified by its weights
+        if old["weights"] != new["weights"]:
+            raise IncompatibleStoreError(
+                f"cannot resume the harvest in {str(folder)!r}: the model changed (its weights' fingerprint is "
+                f"{new['weights'][:12]}..., the store was harvested from {old['weights'][:12]}...: another "
+                "checkpoint, weight dtype, or a backend that holds processed weights). Use a new output folder, "
+                "or resume with the model the store was harvested from.")
+        return
+    # a store from before weight fingerprints (or a model without accessible weights): the activation probe
     for n, vec in new["probe"].items():
         a, b = torch.tensor(old["probe"][n]), torch.tensor(vec)
         if not torch.allclose(a, b, rtol=1e-3, atol=1e-4 * (1 + a.abs().max().item())):
@@ -284,9 +318,60 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
     if folder.is_symlink():  # the toolkit's writer rule (interp.io): never write through a link silently
         raise StoreError(f"output {str(folder)!r} is a symbolic link; refusing to write through it (pass its "
                          f"target {str(folder.resolve())!r} itself)")
-    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / MANIFEST).exists())):
+    if folder.exists() and (not folder.is_dir() or (
+            any(p.name != LOCK for p in folder.iterdir()) and not (folder / MANIFEST).exists())):
         raise StoreError(f"output {str(folder)!r} exists and is not an activation store; choose a new or empty folder")
     source = open_source(data, text_column=cfg.text_column, tokens_column=cfg.tokens_column)
+    with _StoreLock(folder):
+        return _harvest_locked(model, source, folder, cfg, spec, backend, load_kwargs)
+
+
+class _StoreLock:
+    """The store's lock (``LOCK`` in the folder, an OS file lock: released when the process dies, even by
+    ``kill -9``). Taken before anything in the folder is touched; a second harvest into the folder while it
+    is held is refused. A folder created for a harvest that failed before its manifest was written is
+    removed again (with the parents created for it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __enter__(self) -> "_StoreLock":
+        from filelock import FileLock, Timeout
+
+        from interp.io import _make_parents, _remove_if_empty
+
+        self.created = _make_parents(self.folder)
+        self.lock = FileLock(str(self.folder / LOCK), blocking=False)
+        try:
+            self.lock.acquire()
+        except Timeout:
+            _remove_if_empty(self.created)
+            raise StoreError(f"another harvest is writing into {str(self.folder)!r} (it holds {LOCK}); wait for "
+                             "it to finish (then rerun to resume or check it), or harvest into another folder") from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from interp.io import _remove_if_empty
+
+        try:
+            if self.created and not (self.folder / MANIFEST).exists():
+                (self.folder / LOCK).unlink(missing_ok=True)
+        finally:
+            self.lock.release()
+        if self.created and not (self.folder / MANIFEST).exists():
+            _remove_if_empty(self.created)
+
+
+def _remove_own_temporaries(folder: Path) -> None:
+    """Temporary shard and manifest files a killed harvest left (only the store's own names; the caller holds
+    the store's lock, so none of them belongs to a harvest still running)."""
+    for stray in folder.iterdir():
+        if OWN_TEMPORARY.fullmatch(stray.name) and stray.is_file() and not stray.is_symlink():
+            stray.unlink(missing_ok=True)
+
+
+def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: HarvestConfig, spec: str | None,
+                    backend: str, load_kwargs: dict[str, Any]) -> HarvestResult:
     m = _open_model(model, backend, load_kwargs)
     t0 = time.perf_counter()
     contexts = _contexts(source, m, cfg)
@@ -306,23 +391,22 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
         "contexts_per_shard": per_shard, "data": source.fingerprint, "tokenizer": _vocab_hash(m.tokenizer),
         "first_context": hashlib.sha256(first.tokens.tobytes()).hexdigest(),
         "model": {"family": m.cfg.family, "n_layers": m.cfg.n_layers, "d_model": m.cfg.d_model,
-                  "d_vocab": m.cfg.d_vocab}, "probe": probe,
+                  "d_vocab": m.cfg.d_vocab}, "probe": probe, "weights": weights_fingerprint(m),
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    for stray in folder.glob(".*.tmp"):  # shard or manifest temp files left by a run killed while writing
-        stray.unlink(missing_ok=True)
+    _remove_own_temporaries(folder)
     if (folder / MANIFEST).exists():
         manifest = read_manifest(folder)
         _check_same(manifest["identity"], identity, folder)
-        if cfg.verify:
-            for key, entry in list(manifest["shards"].items()):
-                try:
-                    verify_shard(folder, entry)
-                except CorruptShardError:
-                    if not cfg.repair:
-                        raise
-                    del manifest["shards"][key]
-                    manifest["complete"] = False
+        if manifest["identity"].get("weights") is None:  # a store from before fingerprints: record it now
+            manifest["identity"]["weights"] = identity["weights"]
+        for key, entry in list(manifest["shards"].items()):
+            try:
+                check_shard(folder, manifest, entry, sample=True, full=cfg.verify)
+            except CorruptShardError:
+                if not cfg.repair:
+                    raise
+                del manifest["shards"][key]
+                manifest["complete"] = False
     else:
         manifest = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "identity": identity, "complete": False,
                     "model": {"spec": spec, "backend": m.backend}, "data": source.to_json(), "names": resolved,

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from .manifest import META_KEYS, CorruptShardError, StoreError, read_manifest, verify_shard
+from .manifest import META_KEYS, CorruptShardError, StoreError, check_shard, read_manifest
 
 Index = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 
@@ -20,9 +20,12 @@ Index = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 class ActivationStore:
     """A harvested store: ``len(store)`` rows; ``store[name]`` a lazy column; ``store.batches(...)``.
 
-    ``verify=True`` checks every shard's sha256 against the manifest now (:class:`CorruptShardError`
-    names the first bad shard); ``allow_incomplete=True`` opens a store whose harvest has not finished
-    (its completed shards only, which need not be contiguous, so rows are renumbered densely).
+    The manifest is validated as untrusted input (see :mod:`interp.store.manifest`) and every shard is
+    held to it when the store is opened: its size and its safetensors header (names, shapes, dtypes). Each
+    shard's sample hash (all of a shard up to 4 MiB) is checked before the shard is first read. A failed
+    check raises :class:`CorruptShardError` naming the shard. ``verify=True`` checks every shard's full
+    sha256 now as well; ``allow_incomplete=True`` opens a store whose harvest has not finished (its completed
+    shards only, which need not be contiguous, so rows are renumbered densely).
     """
 
     def __init__(self, path: str | Path, verify: bool = False, allow_incomplete: bool = False) -> None:
@@ -39,6 +42,9 @@ class ActivationStore:
         self._offsets = np.concatenate([[0], np.cumsum([e["n_rows"] for e in self.shards])]).astype(np.int64)
         self._handles: dict[int, Any] = {}
         self._pid = os.getpid()
+        self._sampled: set[int] = set()  # shards whose sample hash was checked (kept across a fork)
+        for e in self.shards:  # size and header of every shard: a stat and a few hundred bytes each
+            check_shard(self.path, self.manifest, e)
         if verify:
             self.verify()
 
@@ -62,9 +68,11 @@ class ActivationStore:
         return dict(self.manifest.get("model", {}))
 
     def verify(self) -> None:
-        """Check every shard's sha256; raise :class:`CorruptShardError` naming the shard otherwise."""
-        for e in self.shards:
-            verify_shard(self.path, e)
+        """Check every shard's full sha256 (and header); raise :class:`CorruptShardError` naming the shard
+        otherwise."""
+        for k, e in enumerate(self.shards):
+            check_shard(self.path, self.manifest, e, full=True)
+            self._sampled.add(k)
 
     # ------------------------------------------------------------------ shard access
     def _handle(self, k: int):
@@ -73,7 +81,11 @@ class ActivationStore:
         if self._pid != os.getpid():  # forked (DataLoader workers): reopen
             self._handles, self._pid = {}, os.getpid()
         if k not in self._handles:
-            path = self.path / self.shards[k]["file"]
+            if k not in self._sampled:
+                path = check_shard(self.path, self.manifest, self.shards[k], sample=True)
+                self._sampled.add(k)
+            else:
+                path = self.path / self.shards[k]["file"]
             try:
                 self._handles[k] = safe_open(str(path), framework="pt")
             except Exception as exc:  # noqa: BLE001 - any failure to open is a damaged shard
