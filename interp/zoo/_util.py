@@ -45,14 +45,8 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 def warmup_cosine_schedule(optimizer, warmup: int, steps: int, floor: float = 0.05):
     """``LambdaLR``: linear warm-up over ``warmup`` steps, then cosine decay from 1 to ``floor`` at ``steps``."""
-    import math
-
     import torch
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        frac = (step - warmup) / max(1, steps - warmup)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+    from .training import warmup_cosine
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, steps, floor))

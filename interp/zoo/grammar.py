@@ -256,16 +256,9 @@ class ToyGrammarConfig:
 
 def make_tokenizer(grammar: ToyGrammar):
     """A word-level fast tokenizer over the grammar's vocabulary that prepends ``<bos>``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from .training import word_level_tokenizer
 
-    tok = Tokenizer(models.WordLevel(vocab=dict(grammar.token_id), unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
-                                                       special_tokens=[("<bos>", grammar.token_id["<bos>"])])
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    return word_level_tokenizer(grammar.token_id)
 
 
 def evaluate(model, grammar: ToyGrammar, docs: Sequence[Sequence[str]]) -> dict:
@@ -317,8 +310,8 @@ def _train_toy_grammar(out: Path, cfg: ToyGrammarConfig) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..progress import progress
-    from ._util import quiet_transformers, warmup_cosine_schedule
+    from ._util import quiet_transformers
+    from .training import LMTrainConfig, train_lm
 
     grammar = ToyGrammar(cfg.grammar)
     torch.manual_seed(cfg.seed)
@@ -332,20 +325,14 @@ def _train_toy_grammar(out: Path, cfg: ToyGrammarConfig) -> dict:
                          architectures=["LlamaForCausalLM"])
     with quiet_transformers():
         model = LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
-    model.train()
-    losses = []
-    for _ in progress(range(cfg.steps), desc="toy-grammar: training", total=cfg.steps):
-        docs = [grammar.sample_document(rng, cfg.seq_len) for _ in range(cfg.batch_size)]
-        ids = torch.tensor([[grammar.token_id[w] for w in d] for d in docs])
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss))
+
+    def batches():
+        while True:
+            docs = [grammar.sample_document(rng, cfg.seq_len) for _ in range(cfg.batch_size)]
+            yield torch.tensor([[grammar.token_id[w] for w in d] for d in docs])
+
+    losses = train_lm(model, batches(), LMTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup,
+                                                      weight_decay=cfg.weight_decay), desc="toy-grammar: training")
     model.eval()
     eval_rng = random.Random(cfg.seed + 10_007)  # fresh documents, never trained on
     docs = [grammar.sample_document(eval_rng, cfg.seq_len) for _ in range(cfg.n_eval_docs)]

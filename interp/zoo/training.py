@@ -1,0 +1,192 @@
+"""The building blocks every toy model shares: one word-level tokenizer builder and one small-LM trainer.
+
+:func:`word_level_tokenizer` builds the fast tokenizer of a synthetic task (a fixed vocabulary of
+whitespace-separated words, ``<bos>`` prepended). :func:`train_lm` is the training loop of the zoo's small
+language models and of the recipes' toy models: AdamW, linear warm-up then cosine decay, gradient clipping, a
+progress bar, and (with ``checkpoint=``) resumption after an interruption that gives the same weights as an
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+def word_level_tokenizer(vocab: Mapping[str, int] | Sequence[str], *, bos: str | None = "<bos>",
+                         eos: str | None = "<eos>", pad: str | None = "<pad>", unk: str = "<unk>",
+                         add_bos: bool = True):
+    """A ``PreTrainedTokenizerFast`` over a fixed word vocabulary (whitespace-split; ``<bos>`` prepended when
+    ``add_bos``; decoding joins words with spaces).
+
+    ``vocab``: ``{word: id}`` (ids as given), or a list of words (ids in list order). Every special token named
+    must be in the vocabulary: a missing one is a ``ValueError`` naming it (``unk`` always).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    ids = dict(vocab) if isinstance(vocab, Mapping) else {w: i for i, w in enumerate(vocab)}
+    if len(set(ids.values())) != len(ids):
+        raise ValueError("word_level_tokenizer: two words share an id")
+    missing = [t for t in (bos, eos, pad, unk) if t is not None and t not in ids]
+    if missing:
+        raise ValueError(f"word_level_tokenizer: special token(s) {missing} are not in the vocabulary")
+    tok = Tokenizer(models.WordLevel(vocab=ids, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if add_bos and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                           special_tokens=[(bos, ids[bos])])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    named = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk))
+             if v is not None}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **named)
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """The optimisation of :func:`train_lm`: AdamW(``lr``, ``betas``, ``weight_decay``), ``warmup`` steps of
+    linear warm-up then cosine decay to ``floor * lr`` at ``steps``, gradient norm clipped to ``clip``
+    (``None``: no clipping)."""
+
+    steps: int
+    lr: float = 3e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    clip: float | None = 1.0
+    floor: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0 or not self.lr > 0:
+            raise ValueError(f"LMTrainConfig needs steps >= 1, warmup >= 0 and lr > 0, got {self}")
+
+
+def warmup_cosine(step: int, warmup: int, steps: int, floor: float = 0.05) -> float:
+    """The learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, then cosine from 1 to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def default_loss(model: Any, batch: Any):
+    """Causal-LM loss of a Hugging Face model: ``batch`` is ``{input_ids, labels, ...}`` or a tensor of ids
+    (labels = ids)."""
+    if isinstance(batch, Mapping):
+        return model(**batch).loss
+    return model(input_ids=batch, labels=batch).loss
+
+
+def train_lm(model: Any, batches: Iterable[Any], cfg: LMTrainConfig, *, params: Iterable[Any] | None = None,
+             loss_fn: Callable[[Any, Any], Any] = default_loss, desc: str = "training",
+             checkpoint: str | Path | None = None, every: int = 200,
+             on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train ``model`` for ``cfg.steps`` steps on ``batches`` (an iterable yielding one batch per step, in a
+    fixed order); returns the per-step losses.
+
+    ``params``: the parameters to optimise (default: all of the model's). ``loss_fn(model, batch)`` returns
+    the scalar loss (default: the Hugging Face causal-LM loss). ``checkpoint``: a folder where the model,
+    optimizer and schedule state and the losses so far are saved atomically every ``every`` steps; a run
+    started again with the same folder resumes from the last checkpoint (the batch iterator is advanced past
+    the batches already used, so the data order, and hence the result, is that of an uninterrupted run).
+    The folder is the caller's (a stage folder, typically); it is removed when training completes.
+    """
+    import torch
+
+    from ..progress import progress
+
+    params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.warmup, cfg.steps, cfg.floor))
+    losses: list[float] = []
+    start = 0
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    if ckpt is not None and (ckpt / "train_state.json").is_file():
+        start, losses = _load_checkpoint(ckpt, model, opt, sched)
+    it: Iterator[Any] = iter(batches)
+    for _ in range(start):  # the batches the interrupted run used
+        next(it)
+    model.train()
+    for step in progress(range(start, cfg.steps), desc=desc, total=cfg.steps, initial=start):
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise ValueError(f"train_lm: the batches ran out after {step} of {cfg.steps} steps") from None
+        loss = loss_fn(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(step, losses[-1])
+        if ckpt is not None and (step + 1) % every == 0 and step + 1 < cfg.steps:
+            _save_checkpoint(ckpt, model, opt, sched, step + 1, losses)
+    model.eval()
+    if ckpt is not None:
+        import shutil
+
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return losses
+
+
+def _save_checkpoint(folder: Path, model: Any, opt: Any, sched: Any, step: int, losses: list[float]) -> None:
+    import io
+    import json
+
+    import torch
+    from safetensors.torch import save
+
+    from ..io import atomic_write_bytes, atomic_write_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(folder / "model.safetensors", save(_untie(state)))
+    buf = io.BytesIO()
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, buf)
+    atomic_write_bytes(folder / "optimizer.pt", buf.getvalue())
+    atomic_write_text(folder / "train_state.json", json.dumps({"step": step, "losses": losses}))  # written last
+
+
+def _untie(state: dict) -> dict:
+    """safetensors refuses shared storage (tied embeddings): give each tensor its own copy."""
+    seen: dict[int, str] = {}
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr() if v.numel() else id(v)
+        out[k] = v.clone() if ptr in seen else v
+        seen.setdefault(ptr, k)
+    return out
+
+
+def _load_checkpoint(folder: Path, model: Any, opt: Any, sched: Any) -> tuple[int, list[float]]:
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from ..io import SerializationError
+
+    try:
+        meta = json.loads((folder / "train_state.json").read_text())
+        step, losses = int(meta["step"]), [float(x) for x in meta["losses"]]
+        state = load_file(str(folder / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if k not in state]:
+            raise ValueError(f"checkpoint does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        extra = torch.load(folder / "optimizer.pt", weights_only=True)
+        opt.load_state_dict(extra["optimizer"])
+        sched.load_state_dict(extra["scheduler"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise SerializationError(f"{folder}: training checkpoint is unreadable ({exc}); delete it to start over") from None
+    if not 0 < step or len(losses) != step:
+        raise SerializationError(f"{folder / 'train_state.json'}: step {step} and {len(losses)} losses disagree")
+    return step, losses
+
+
+__all__ = ["LMTrainConfig", "SPECIALS", "default_loss", "train_lm", "warmup_cosine", "word_level_tokenizer"]
