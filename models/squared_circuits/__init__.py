@@ -9,7 +9,9 @@ lets marginals be computed without squaring the circuit:
   a tree (TTN-like) structure and a two-partition structure that no tensor network expresses;
 * :mod:`.tree`: vectorised binary trees and mixtures of trees over different variable orders (for 64
   pixels), with log-scale renormalisation and the explicit-squaring Gram recursion;
-* :mod:`.experiment`: the validations (exactness on random circuits, learning on quantised digits).
+
+The validations (exactness on random circuits, learning on quantised digits) are the reproduction recipe
+``interp reproduce squared_circuits`` (``benchmarks/squared_circuits/``).
 
 Choices where the sources were unclear (see ``docs/models/squared_circuits.md``):
 
@@ -25,14 +27,9 @@ Choices where the sources were unclear (see ``docs/models/squared_circuits.md``)
 """
 from .circuit import (Circuit, CircuitBuilder, CircuitStructure, Node, NotStructuredError, as_weight,
                       random_structure, semi_unitary, tree_structure, two_partition_structure)
-from .experiment import (ExactnessResult, LearningResult, SquaredCircuitsConfig, SquaredCircuitsResult,
-                         exactness_experiment, experiment, learning_experiment, marginal_errors, quantize_digits,
-                         step_time_sweep, train_tree)
 from .tree import TreeMixtureCircuit, morton_order
 
 __all__ = [
     "Circuit", "CircuitBuilder", "CircuitStructure", "Node", "NotStructuredError", "as_weight", "random_structure",
     "semi_unitary", "tree_structure", "two_partition_structure", "TreeMixtureCircuit", "morton_order",
-    "SquaredCircuitsConfig", "ExactnessResult", "LearningResult", "SquaredCircuitsResult", "exactness_experiment",
-    "experiment", "learning_experiment", "marginal_errors", "quantize_digits", "step_time_sweep", "train_tree",
 ]

@@ -1,4 +1,6 @@
-"""Validation of the unitary squared circuits: exactness on random small circuits and learning on digits."""
+"""Validation of the unitary squared circuits (models digest, section 1): exactness on random small circuits and
+learning on quantised digits (``interp reproduce squared_circuits``). The method is
+:mod:`interp.models.squared_circuits`."""
 from __future__ import annotations
 
 import itertools
@@ -12,9 +14,10 @@ import torch
 from interp.progress import progress
 from interp.results import Result
 
-from ..common import digits_split, limit_threads, minibatches, set_seed, warmup_cosine
-from .circuit import Circuit, NotStructuredError, random_structure, tree_structure, two_partition_structure
-from .tree import TreeMixtureCircuit, morton_order
+from interp.models.common import digits_split, limit_threads, minibatches, set_seed, warmup_cosine
+from interp.models.squared_circuits.circuit import (Circuit, NotStructuredError, random_structure, tree_structure,
+                                                    two_partition_structure)
+from interp.models.squared_circuits.tree import TreeMixtureCircuit, morton_order
 
 __all__ = [
     "SquaredCircuitsConfig",
