@@ -122,7 +122,7 @@ def train_lm(model: Any, batches: Iterable[Any], cfg: LMTrainConfig, *, params: 
             torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
         if ckpt is not None and (step + 1) % every == 0 and step + 1 < cfg.steps:
