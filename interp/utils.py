@@ -1,0 +1,50 @@
+"""TransformerLens's utility spellings, for users who import them out of habit.
+
+``get_act_name("resid_post", 3)`` -> ``"blocks.3.hook_resid_post"``, as ``transformer_lens.utils.get_act_name``
+spells it (the compact forms ``"resid_post3"``, ``"attn2"``, ``"pre5"`` and the aliases ``attn`` -> pattern,
+``key``/``query``/``value``, ``attn_logits``, ``mlp_pre``/``mlp_mid``/``mlp_post`` included); the result is a
+canonical interp hook name on every backend.
+"""
+from __future__ import annotations
+
+import re
+
+#: TransformerLens's aliases of activation names
+_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
+            "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
+#: names that live inside the attention or the MLP component of a block
+_COMPONENT = {**dict.fromkeys(("q", "k", "v", "z", "rot_q", "rot_k", "result", "pattern", "attn_scores"), "attn"),
+              **dict.fromkeys(("pre", "mid", "post", "pre_linear"), "mlp")}
+#: spellings of a component in ``layer_type``
+_LAYER_TYPES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
+_NORM = ("scale", "normalized")
+_COMPACT = re.compile(r"([a-z]+)(\d+)([a-z]?.*)")
+
+
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """The full hook name of activation ``name`` at ``layer`` (TransformerLens's rules).
+
+    ``name`` may already be full (``"blocks.0.hook_resid_pre"``: returned as is), compact (``"resid_pre0"``,
+    ``"scale4ln1"``) or short with ``layer`` (and ``layer_type`` for norms: ``"ln1"``, ``"ln2"``; ``"a"``/``"m"``
+    for attention/MLP). A norm name without a layer is the final norm's (``ln_final.hook_scale``).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"get_act_name expects a non-empty activation name, got {name!r}")
+    if layer is None and layer_type is None and ("." in name or name.startswith("hook_")):
+        return name
+    compact = _COMPACT.match(name)
+    if compact is not None:
+        name, layer, layer_type = compact.group(1), int(compact.group(2)), compact.group(3) or None
+    name = _ALIASES.get(name, name)
+    if name in _COMPONENT:
+        kind = _COMPONENT[name]
+    elif layer_type is not None:
+        kind = _LAYER_TYPES.get(layer_type, layer_type)
+    else:
+        kind = None
+    prefix = f"blocks.{layer}." if layer is not None else ""
+    full = f"{prefix}{kind + '.' if kind else ''}hook_{name}"
+    return f"ln_final.{full}" if name in _NORM and layer is None else full
+
+
+__all__ = ["get_act_name"]
