@@ -5,8 +5,9 @@ A pre-norm GPT with QK-norm whose initialisation, per-tensor AdamW hyperparamete
 epsilon) and forward multipliers follow CompleteP's width (``m_N``) and depth (``m_L``, ``alpha``) rules with
 the Complete(d)P corrections, next to the standard (GPT-2) parameterization; the SDE rules for batch size and
 training duration (:func:`sde_scale`); per-module / per-depth multipliers in the paper's Kronecker form
-(:class:`ModuleMultipliers`) with trust-region random search; and the validation experiments
-(:func:`experiment`) on the King James Bible at character level.
+(:class:`ModuleMultipliers`) with trust-region random search (:func:`trust_region_search`). The validation
+experiments on the King James Bible at character level are the reproduction recipe
+``interp reproduce completep`` (``benchmarks/completep/``).
 
 Public API::
 
@@ -14,24 +15,20 @@ Public API::
     tensor_rule, residual_multiplier, attention_scale        # the parameterization tables
     EnsembleGPT, EnsembleAdamW, MemberSpec, train_ensemble   # model, optimizer, training
     load_kjv_corpus, CharTokenizer, kjv_text                 # data
-    CompletePConfig, CompletePResult, experiment, coordinate_check, lr_transfer,
-    batch_transfer, duration_transfer, per_module_transfer, trust_region_search
+    trust_region_search                                      # per-module multiplier search
 """
 from .config import BLOCK_MODULES, FINAL_GAIN_EPS, HP_TYPES, MODULES, PARAMETERIZATIONS, GPTConfig, HParams, ModuleMultipliers, sde_scale
 from .data import CharCorpus, CharTokenizer, kjv_text, load_kjv_corpus
-from .experiments import (CompletePConfig, CompletePResult, FrozenStore, batch_transfer, coordinate_check, duration_transfer,
-                          experiment, grid_argmin, lr_grid, lr_transfer, per_module_transfer, refined_optimum,
-                          trust_region_search)
 from .model import EnsembleGPT, ParamInfo
 from .optim import EnsembleAdamW, TensorHParams
+from .search import trust_region_search
 from .parameterization import PARAM_KINDS, TensorRule, attention_scale, residual_multiplier, tensor_rule
 from .train import EnsembleRun, MemberSpec, evaluate, tensor_hparams, train_ensemble
 
 __all__ = [
     "BLOCK_MODULES", "FINAL_GAIN_EPS", "HP_TYPES", "MODULES", "PARAMETERIZATIONS", "PARAM_KINDS", "CharCorpus", "CharTokenizer",
-    "CompletePConfig", "CompletePResult", "FrozenStore", "EnsembleAdamW", "EnsembleGPT", "EnsembleRun", "GPTConfig", "HParams",
+    "EnsembleAdamW", "EnsembleGPT", "EnsembleRun", "GPTConfig", "HParams",
     "MemberSpec", "ModuleMultipliers", "ParamInfo", "TensorHParams", "TensorRule", "attention_scale",
-    "batch_transfer", "coordinate_check", "duration_transfer", "evaluate", "experiment", "grid_argmin",
-    "kjv_text", "load_kjv_corpus", "lr_grid", "lr_transfer", "per_module_transfer", "refined_optimum",
-    "residual_multiplier", "sde_scale", "tensor_hparams", "tensor_rule", "train_ensemble", "trust_region_search",
+    "evaluate", "kjv_text", "load_kjv_corpus", "residual_multiplier", "sde_scale", "tensor_hparams", "tensor_rule",
+    "train_ensemble", "trust_region_search",
 ]

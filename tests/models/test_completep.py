@@ -1,4 +1,5 @@
-"""Tests of the Complete(d)P implementation (models.completep): rules, optimizer, ensemble, data, experiments."""
+"""Tests of the Complete(d)P implementation (models.completep): rules, optimizer, ensemble, data; and of its
+validation experiments (interp.benchmarks.completep)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from interp.models.completep import (CompletePConfig, CompletePResult, EnsembleAdamW, EnsembleGPT, GPTConfig, HParams,
-                              MemberSpec, ModuleMultipliers, TensorHParams, attention_scale, coordinate_check,
-                              grid_argmin, kjv_text, load_kjv_corpus, refined_optimum, residual_multiplier,
-                              sde_scale, tensor_hparams, tensor_rule, train_ensemble, trust_region_search)
+from interp.benchmarks.completep import (CompletePConfig, CompletePResult, coordinate_check, grid_argmin,
+                                         refined_optimum)
+from interp.models.completep import (EnsembleAdamW, EnsembleGPT, GPTConfig, HParams, MemberSpec, ModuleMultipliers,
+                                     TensorHParams, attention_scale, kjv_text, load_kjv_corpus, residual_multiplier,
+                                     sde_scale, tensor_hparams, tensor_rule, train_ensemble, trust_region_search)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -357,23 +359,26 @@ def test_coordinate_check_completep_stable_and_sp_blows_up(corpus):
     assert len(res.figure().data) > 0
 
 
-def test_result_roundtrip_store_reuse_and_frozen_store(tmp_path, corpus):
-    """A tiny end-to-end run of every stage: results save/load, the unit store makes a rerun free, and a
-    FrozenStore refuses to train a unit it lacks."""
-    from interp.models.completep import FrozenStore, experiment
+def test_result_roundtrip_and_stages_reuse(tmp_path, corpus):
+    """A tiny end-to-end run of every experiment: results save/load, and with stages a rerun trains nothing."""
+    from interp.benchmarks.completep import experiment
+    from interp.stages import Stages
 
     cfg = CompletePConfig(base_width=32, seq_len=32, steps=8, eval_sequences=8, coord_widths=(32, 64),
                           coord_depths=(2, 4), coord_steps=3, coord_seeds=1, lr_exponents=(-9.0, -7.0, -5.0),
                           transfer_widths=(32, 64), transfer_depths=(2, 3), batch_sizes=(8, 16), batch_base_steps=8,
                           duration_steps=(4, 8), duration_exponents=(-8.0, -7.0, -6.0), search_rounds=2,
                           search_samples=2, search_target_width=64, search_transfer_seeds=(0,))
-    store: dict = {}
-    res = experiment(cfg, corpus, store=store)
+    stages = Stages("test/completep", cfg, root=tmp_path / "stages")
+    res = experiment(cfg, corpus, stages=stages)
     assert set(res.summary) == {"coord", "lr", "batch", "duration", "per_module"}
-    n_units = len(store)
-    assert all("cpu_seconds" in u for u in store.values())
-    again = experiment(cfg, corpus, store=store)  # everything cached
-    assert len(store) == n_units and again.summary["lr"] == res.summary["lr"]
+    n_units = len(stages.computed)
+    # the proxy's LR grid is shared by the LR and per-module experiments: one unit, computed once
+    assert n_units == len(set(stages.computed)) > 10
+    again_stages = Stages("test/completep", cfg, root=tmp_path / "stages")
+    again = experiment(cfg, corpus, stages=again_stages)  # everything stored
+    assert again_stages.computed == [] and again.summary["lr"] == res.summary["lr"]
+    assert again.summary["per_module"] == res.summary["per_module"]
     path = res.save(tmp_path / "cp")
     loaded = CompletePResult.load(path)
     assert loaded.summary["per_module"]["pass"] == res.summary["per_module"]["pass"]
@@ -384,90 +389,11 @@ def test_result_roundtrip_store_reuse_and_frozen_store(tmp_path, corpus):
     # the proxy's first search point is the global optimum itself: same loss as in the LR grid
     first = res.search[0]["loss"]
     assert first == pytest.approx(res.summary["per_module"]["proxy_global_loss"], rel=1e-4)
-    with pytest.raises(LookupError, match="not in the stored sweep"):
-        experiment(dataclasses.replace(cfg, steps=9), corpus, store=FrozenStore(store))
+    # without stages every unit is computed and gives the same numbers (deterministic ensembles)
+    plain = experiment(dataclasses.replace(cfg, stages=("lr",)), corpus)
+    assert plain.summary["lr"] == res.summary["lr"]
 
 
-# ------------------------------------------------------------------------------------------ slow: the paper's effects
-# These use the benchmark's settings (200 AdamW steps of 8 x 64 characters, base width 64 / depth 2) on subsets of
-# its learning-rate grid that contain every optimum; ensemble members are independent and deterministic, so each
-# grid point gives the same loss as in benchmarks/completep_sweep.py.
-@pytest.mark.slow
-def test_lr_transfer_across_width_completep_stays_sp_drifts(corpus):
-    cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -5)), transfer_widths=(64, 256),
-                          transfer_depths=(2,), stages=("lr",))
-    from interp.models.completep import lr_transfer
-
-    s = lr_transfer(cfg, corpus, store={}).summary["lr"]
-    assert abs(s["shift_width"]["completep"]) <= 1, s["argmin"]
-    assert s["shift_width"]["sp"] <= -2, s["argmin"]  # SP's optimum falls ~1/width: 2 octaves for 4x width
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced with the reference's gradient clipping (#22): CompleteP's grid argmin moves from 2^-8 at depth 2 "
-    "to 2^-6 at depth 8 (+2 points; depth-8 losses 2.341 / 2.339 / 2.336 at 2^-8 / 2^-7 / 2^-6, a 0.005-nat valley, "
-    "seed 0). Without clipping (before #22) it stayed at 2^-8 (2.342 vs 2.381 at 2^-7): clipping removes the "
-    "high-LR instability at depth 8 and flattens the valley, so the argmin is decided by noise"))
-def test_lr_transfer_across_depth_completep_stays(corpus):
-    """Recipe criterion: under CompleteP the LR argmin moves <= 1 grid point from depth 2 to 8."""
-    cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-10, -5)), transfer_widths=(64,),
-                          transfer_depths=(2, 8), parameterizations=("completep",), stages=("lr",))
-    from interp.models.completep import lr_transfer
-
-    s = lr_transfer(cfg, corpus, store={}).summary["lr"]
-    assert abs(s["shift_depth"]["completep"]) <= 1, s["argmin"]
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced: SP's grid argmin stays at 2^-8 from depth 2 to 8 (shift 0; refined -7.63 -> -7.57 octaves, "
-    "seed 0) with the reference's gradient clipping (#22); before #22 (no clipping) it moved 1 point (2^-8 -> 2^-9). "
-    "With QK-norm, pre-norm, GPT-2's 1/sqrt(2L) output init and clipping, this SP is depth-robust at depth <= 8 "
-    "and 200 steps"))
-def test_lr_transfer_across_depth_sp_drifts(corpus):
-    """Recipe criterion: under the standard parameterization the LR argmin drifts >= 2 grid points from depth 2 to 8."""
-    cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -5)), transfer_widths=(64,),
-                          transfer_depths=(2, 8), parameterizations=("sp",), stages=("lr",))
-    from interp.models.completep import lr_transfer
-
-    s = lr_transfer(cfg, corpus, store={}).summary["lr"]
-    assert abs(s["shift_depth"]["sp"]) >= 2, s["argmin"]
-
-
-@pytest.mark.slow
-def test_batch_size_sqrt_rule_keeps_the_optimum(corpus):
-    cfg = CompletePConfig(lr_exponents=tuple(float(x) for x in range(-11, -6)), stages=("batch",))
-    from interp.models.completep import batch_transfer
-
-    s = batch_transfer(cfg, corpus, store={}).summary["batch"]
-    assert s["pass"] and s["spread_points"] <= 1, s
-
-
-@pytest.mark.slow
-def test_per_module_multipliers_transfer_better_than_global(corpus):
-    cfg = CompletePConfig(stages=("per_module",))
-    from interp.models.completep import per_module_transfer
-
-    res = per_module_transfer(cfg, corpus, store={})
-    s = res.summary["per_module"]
-    assert s["proxy_best_loss"] < s["proxy_global_loss"]
-    assert s["pass"] and s["target_per_module_loss"] < s["target_global_loss"], s
-    per_seed = {(r["setting"], r["seed"]): r["val_loss"] for r in res.transfer}
-    assert all(per_seed[("per-module", seed)] < per_seed[("global", seed)] for seed in cfg.search_transfer_seeds)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced with the reference's gradient clipping (#22): refined optimum 2^-8.10 at 200 steps -> 2^-9.27 at "
-    "400 steps (mean of 2 seeds), a log2 shift of -1.17 per doubling against the SDE rule's -0.5 (band [-0.75, -0.25]); "
-    "before #22 (no clipping) it was -0.67 and one seed alone -0.82: the criterion sits at the noise level of the "
-    "flat, rough loss valley at this scale (see docs)"))
-def test_doubling_the_steps_lowers_the_optimal_lr_about_sqrt2(corpus):
-    """SDE duration rule: at fixed batch, twice the steps -> optimal LR / sqrt(2) (log2 shift -0.5)."""
-    cfg = CompletePConfig(stages=("duration",))
-    from interp.models.completep import duration_transfer
-
-    s = duration_transfer(cfg, corpus, store={}).summary["duration"]
-    shift = s["log2_shift_per_doubling"]["200->400"]
-    assert s["pass"] and -0.75 <= shift <= -0.25, s
+# The digest's full-scale criteria (LR transfer across width and depth, the batch and duration rules, per-module
+# transfer) are the claims of ``interp reproduce completep`` (benchmarks/completep/claims.yaml); the slow test of
+# the recipes' full presets (tests/reproduce/) asserts the verdicts they expect.

@@ -1,29 +1,34 @@
 """Complete(d)P validation at CPU scale: coordinate check, LR transfer across width and depth, batch-size and
 duration (SDE) rules, and per-module hyperparameters found by trust-region random search.
 
-Every training run is a *unit* keyed by its settings. Pass a ``store`` (a dict, e.g. loaded from JSON) and
-an ``on_update`` callback to make a long sweep resumable: units already in ``store`` are not recomputed,
-and ``on_update(store)`` is called after each new one (``benchmarks/completep_sweep.py`` writes it to disk).
+Every training run is a *unit* named by a hash of its settings. Pass ``stages`` (an
+:class:`interp.stages.Stages`, or any ``stages(name, compute)`` callable) to store each unit once it is finished
+and read it back on a rerun (``interp reproduce completep`` does); without it every unit is computed. Units that
+several experiments share (the proxy's LR grid) are computed once per run. The method (parameterization,
+model, optimizer, training) is :mod:`interp.models.completep`.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from interp.results import Result
 
-from .config import FINAL_GAIN_EPS, MODULES, GPTConfig, HParams, ModuleMultipliers, sde_scale
-from .data import CharCorpus, load_kjv_corpus
-from .train import MemberSpec, train_ensemble
+from interp.models.completep.config import FINAL_GAIN_EPS, MODULES, GPTConfig, HParams, ModuleMultipliers, sde_scale
+from interp.models.completep.data import CharCorpus, load_kjv_corpus
+from interp.models.completep.search import trust_region_search
+from interp.models.completep.train import MemberSpec, train_ensemble
 
-Store = MutableMapping[str, Any]
+#: ``stages(name, compute)``: returns the stored output of unit ``name`` or ``compute()`` (stored)
+StageRunner = Callable[[str, Callable[[], dict]], dict]
 STAGES = ("coord", "lr", "batch", "duration", "per_module")
 COORD_NAMES = ("embed", "resid", "resid_final", "attn_out", "mlp_out", "logits")
 
@@ -113,24 +118,19 @@ class CompletePConfig:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-class FrozenStore(dict):
-    """A store of finished units that must not grow: asking for a unit it lacks raises ``LookupError``
-    instead of training (used to re-assemble a stored sweep cheaply)."""
+def _unit(stages: StageRunner | None, key: str, compute: Callable[[], dict]) -> dict:
+    """One training unit: ``compute()`` (with its CPU seconds), through ``stages`` when given (stage name: the
+    unit's kind and a hash of its settings ``key``)."""
+    def timed() -> dict:
+        start = time.process_time()
+        value = compute()
+        value["cpu_seconds"] = time.process_time() - start
+        return value
 
-
-def _unit(store: Store | None, key: str, compute: Callable[[], dict], on_update: Callable[[Store], None] | None) -> dict:
-    if store is not None and key in store:
-        return store[key]
-    if isinstance(store, FrozenStore):
-        raise LookupError(f"unit not in the stored sweep (settings differ?): {key[:200]}")
-    start = time.process_time()
-    value = compute()
-    value["cpu_seconds"] = time.process_time() - start
-    if store is not None:
-        store[key] = value
-        if on_update is not None:
-            on_update(store)
-    return value
+    if stages is None:
+        return timed()
+    name = f"{key.split('|', 1)[0]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return stages(name, timed)
 
 
 def _key(kind: str, **settings: Any) -> str:
@@ -174,8 +174,7 @@ def _floats(values: list) -> np.ndarray:
 def lr_grid(cfg: CompletePConfig, corpus: CharCorpus, parameterization: str, width: int, depth: int,
             exponents: tuple[float, ...], steps: int, batch_size: int, hp: HParams | None = None,
             batch_mult: float = 1.0, token_mult: float = 1.0, multipliers: ModuleMultipliers | None = None,
-            seeds: tuple[int, ...] = (0,), alpha: float | None = None, store: Store | None = None,
-            on_update: Callable[[Store], None] | None = None) -> dict:
+            seeds: tuple[int, ...] = (0,), alpha: float | None = None, stages: StageRunner | None = None) -> dict:
     """Train one model per (seed, base LR ``2**x``) as one ensemble; return validation losses ``[seeds][grid]``.
 
     ``hp.lr`` is replaced by each grid value and the result passed through :func:`sde_scale` with
@@ -205,7 +204,7 @@ def lr_grid(cfg: CompletePConfig, corpus: CharCorpus, parameterization: str, wid
                 "train_loss": [_nan_list(run.final_train_loss[i * g:(i + 1) * g]) for i in range(len(seeds))],
                 "clipped_frac": [_nan_list(clipped[i * g:(i + 1) * g]) for i in range(len(seeds))]}
 
-    return _unit(store, key, compute, on_update)
+    return _unit(stages, key, compute)
 
 
 def _mean_over_seeds(unit: dict) -> np.ndarray:
@@ -300,8 +299,7 @@ class CompletePResult(Result):
 
 
 # ---------------------------------------------------------------------------------------------- stages
-def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
-                     on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """Activation RMS after ``coord_steps`` constant-LR AdamW steps at ``cfg.coord_lr`` (two grid points above
     the measured base optimum, so that updates dominate the initialisation), across widths (base
     depth) and depths (base width), for every parameterization; mean over ``coord_seeds`` initialisations.
@@ -328,7 +326,7 @@ def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None, sto
                                      divergence_loss=float("inf"), desc=f"coord {p} w{w} d{d}")
                 return {name: _nan_list(np.nanmean(run.stats[name], axis=1)) for name in COORD_NAMES}
 
-            unit = _unit(store, key, compute, on_update)
+            unit = _unit(stages, key, compute)
             for name in COORD_NAMES:
                 for step, v in enumerate(unit[name]):
                     rows.append({"parameterization": p, "axis": axis, "width": w, "depth": d, "step": step,
@@ -356,8 +354,7 @@ def _coord_summary(rows: list[dict], cfg: CompletePConfig) -> dict:
     return out
 
 
-def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
-                on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """LR grids at the base shape, the wider models (base depth) and the deeper models (base width), per
     parameterization. Summary: grid argmin per shape and its shift (in grid points) from the base shape;
     pass if CompleteP moves <= 1 point and SP >= 2 points, for the largest width and the largest depth."""
@@ -369,8 +366,7 @@ def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: S
     for p in cfg.parameterizations:
         best: dict[tuple[int, int], int] = {}
         for stage, w, d in shapes:
-            unit = lr_grid(cfg, corpus, p, w, d, cfg.lr_exponents, cfg.steps, cfg.batch_size, store=store,
-                           on_update=on_update)
+            unit = lr_grid(cfg, corpus, p, w, d, cfg.lr_exponents, cfg.steps, cfg.batch_size, stages=stages)
             rows += _sweep_rows(unit, stage, p, w, d, cfg.batch_size, cfg.steps, 1.0)
             losses = _mean_over_seeds(unit)
             best[(w, d)] = grid_argmin(losses)
@@ -400,8 +396,7 @@ def _sweep_rows(unit: dict, stage: str, p: str, w: int, d: int, batch: int, step
     return rows
 
 
-def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
-                   on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """CompleteP base shape at a fixed token budget (``batch_base_steps`` steps of ``batch_size``) with every
     batch in ``batch_sizes``; hyperparameters follow :func:`sde_scale` (LR x sqrt(k), ...). Pass if the grid
     argmin in base-LR units moves <= 1 point across batch sizes."""
@@ -413,7 +408,7 @@ def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store
         k = b / cfg.batch_size
         steps = int(round(cfg.batch_base_steps / k))
         unit = lr_grid(cfg, corpus, "completep", cfg.base_width, cfg.base_depth, cfg.lr_exponents, steps, b,
-                       batch_mult=k, token_mult=1.0, store=store, on_update=on_update)
+                       batch_mult=k, token_mult=1.0, stages=stages)
         rows += _sweep_rows(unit, "batch", "completep", cfg.base_width, cfg.base_depth, b, steps, math.sqrt(k))
         i = grid_argmin(_mean_over_seeds(unit))
         idx.append(i)
@@ -426,8 +421,7 @@ def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store
     return CompletePResult(config=cfg.to_dict(), sweeps=rows, summary={"batch": summary})
 
 
-def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
-                      on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """CompleteP base shape, fixed batch, step counts ``duration_steps`` on the half-octave grid
     ``duration_exponents`` (raw LR, no rule applied), losses averaged over the initialisation seeds
     ``duration_seeds``. The optimum is refined by a parabola in log2 LR.
@@ -438,7 +432,7 @@ def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, st
     opt: dict[str, float] = {}
     for s in cfg.duration_steps:
         unit = lr_grid(cfg, corpus, "completep", cfg.base_width, cfg.base_depth, cfg.duration_exponents, s,
-                       cfg.batch_size, seeds=cfg.duration_seeds, store=store, on_update=on_update)
+                       cfg.batch_size, seeds=cfg.duration_seeds, stages=stages)
         rows += _sweep_rows(unit, "duration", "completep", cfg.base_width, cfg.base_depth, cfg.batch_size, s, 1.0)
         opt[str(s)] = refined_optimum(cfg.duration_exponents, _mean_over_seeds(unit))
     summary: dict[str, Any] = {"refined_log2_lr": opt}
@@ -451,45 +445,7 @@ def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, st
     return CompletePResult(config=cfg.to_dict(), sweeps=rows, summary={"duration": summary})
 
 
-def trust_region_search(evaluate: Callable[[np.ndarray], np.ndarray], dim: int, rounds: int, samples: int,
-                        radius: float, max_radius: float, rng: np.random.Generator,
-                        center: np.ndarray | None = None) -> list[dict]:
-    """Trust-region random search (minimisation) in log2 multiplier space.
-
-    Round ``r`` draws ``samples`` points uniformly in the box ``center +- radius`` (round 0 evaluates the
-    center itself as its first point, which is the first incumbent) and scores them with one call ``evaluate(points [samples, dim]) ->
-    losses [samples]`` (non-finite = diverged). If the round's best beats the incumbent, it becomes the new
-    center and the radius grows x1.5 (capped at ``max_radius``); otherwise the radius halves.
-    The paper uses trust-region random search because the landscape has divergence cliffs; its radius,
-    sample count and acceptance rule are not given, these are implementation choices.
-    Returns one dict per round: ``points``, ``losses``, ``center``, ``radius``, ``best_point``, ``best_loss``.
-    """
-    center = np.zeros(dim) if center is None else np.asarray(center, dtype=float)
-    best_point, best_loss = center.copy(), np.inf
-    history = []
-    for r in range(rounds):
-        pts = center + rng.uniform(-radius, radius, size=(samples, dim))
-        if r == 0:
-            pts[0] = center
-        losses = _finite(evaluate(pts))
-        if r == 0:
-            best_loss = float(losses[0])  # the incumbent is the center itself
-        i = int(np.argmin(losses))
-        improved = losses[i] < best_loss
-        history.append({"points": pts.tolist(), "losses": _nan_list(np.where(np.isfinite(losses), losses, np.nan)),
-                        "center": center.tolist(), "radius": float(radius)})
-        if improved:
-            best_point, best_loss = pts[i].copy(), float(losses[i])
-            center = best_point
-            radius = min(radius * 1.5, max_radius)
-        else:
-            radius = radius / 2.0
-        history[-1].update(best_point=best_point.tolist(), best_loss=best_loss)
-    return history
-
-
-def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, store: Store | None = None,
-                        on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """Per-module multipliers vs the best global setting, found at the proxy and transferred to a 4x wider model.
 
     1. the CompleteP LR grid at the proxy (base shape) gives the best global LR ``eta*``;
@@ -500,7 +456,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
     """
     corpus = corpus or load_kjv_corpus()
     base = lr_grid(cfg, corpus, "completep", cfg.base_width, cfg.base_depth, cfg.lr_exponents, cfg.steps,
-                   cfg.batch_size, store=store, on_update=on_update)
+                   cfg.batch_size, stages=stages)
     losses = _mean_over_seeds(base)
     i = grid_argmin(losses)
     if i < 0:
@@ -524,7 +480,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
                                  eval_sequences=cfg.eval_sequences, desc=f"search round {r}")
             return {"val_loss": _nan_list(run.val_loss)}
 
-        return _floats(_unit(store, key, compute, on_update)["val_loss"])
+        return _floats(_unit(stages, key, compute)["val_loss"])
 
     history = trust_region_search(evaluate, len(coords), cfg.search_rounds, cfg.search_samples,
                                   cfg.search_radius, cfg.search_max_radius, rng)
@@ -549,7 +505,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
                              desc=f"transfer w{cfg.search_target_width}")
         return {"val_loss": _nan_list(run.val_loss)}
 
-    vals = _floats(_unit(store, key, compute_transfer, on_update)["val_loss"])
+    vals = _floats(_unit(stages, key, compute_transfer)["val_loss"])
     transfer_rows = []
     for k, s in enumerate(cfg.search_transfer_seeds):
         for j, setting in enumerate(("global", "per-module")):
@@ -566,8 +522,7 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
                            summary={"per_module": summary})
 
 
-def experiment(cfg: CompletePConfig | None = None, corpus: CharCorpus | None = None, store: Store | None = None,
-               on_update: Callable[[Store], None] | None = None) -> CompletePResult:
+def experiment(cfg: CompletePConfig | None = None, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
     """Run the stages listed in ``cfg.stages`` (default: all) and merge their results."""
     cfg = cfg or CompletePConfig()
     corpus = corpus or load_kjv_corpus()
@@ -575,5 +530,5 @@ def experiment(cfg: CompletePConfig | None = None, corpus: CharCorpus | None = N
                  "duration": duration_transfer, "per_module": per_module_transfer}
     result = CompletePResult(config=cfg.to_dict())
     for name in cfg.stages:
-        result = result.merge(stage_fns[name](cfg, corpus, store, on_update))
+        result = result.merge(stage_fns[name](cfg, corpus, stages))
     return result
