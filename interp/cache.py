@@ -29,6 +29,14 @@ def _long_name(short: str, layer: int | None = None, kind: str | None = None) ->
     return f"blocks.{layer}.{hook}"
 
 
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"  # pragma: no cover
+
+
 class Cache(Mapping[str, torch.Tensor]):
     """Activations keyed by canonical hook name.
 
@@ -78,6 +86,21 @@ class Cache(Mapping[str, torch.Tensor]):
         inner = ", ".join(f"{k}: {tuple(v[0].shape)}" + (f" x{len(v)}" if len(v) > 1 else "")
                           for k, v in self._data.items())
         return f"Cache({inner})"
+
+    def _repr_html_(self) -> str:
+        """A table of the cached activations in Jupyter: name, shape, dtype, passes and memory."""
+        import html
+
+        rows, total = [], 0
+        for k, parts in self._data.items():
+            nbytes = sum(p.numel() * p.element_size() for p in parts)
+            total += nbytes
+            shape = tuple(parts[0].shape) if len(parts) == 1 else f"{tuple(parts[0].shape)} x{len(parts)} passes"
+            rows.append(f"<tr><td style=\"text-align:left\"><code>{html.escape(k)}</code></td><td>{html.escape(str(shape))}"
+                        f"</td><td>{html.escape(str(parts[0].dtype).replace('torch.', ''))}</td><td>{_size(nbytes)}</td></tr>")
+        return (f"<div><b>Cache</b>: {len(self._data)} activation(s), {_size(total)}"
+                + "<table><tr><th>name</th><th>shape</th><th>dtype</th><th>memory</th></tr>" + "".join(rows)
+                + "</table></div>")
 
     def passes(self, name: str) -> list[torch.Tensor]:
         """The tensors of ``name``, one per forward pass, in the order they ran."""

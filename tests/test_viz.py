@@ -47,3 +47,13 @@ def test_token_view_colours_by_value():
     assert 'data-value="-0.5"' in html and "&nbsp;cat" in html and "<script" not in html
     with pytest.raises(ValueError, match="3 tokens but 2 values"):
         token_view(["a", "b", "c"], [1, 2])
+
+
+def test_cache_displays_as_a_table(model):
+    _, cache = model.run_with_cache(["ab", "cd"], names=["blocks.*.hook_resid_post", "blocks.0.attn.hook_pattern"])
+    page = cache._repr_html_()
+    assert page.count("<tr>") == 1 + 4 and "blocks.2.hook_resid_post" in page and "float32" in page
+    resid = cache["blocks.0.hook_resid_post"]
+    assert str(tuple(resid.shape)) in page
+    total = sum(cache[k].numel() * cache[k].element_size() for k in cache)
+    assert f"{total / 1024:.1f} KiB" in page
