@@ -5,11 +5,9 @@ ViT block-recurrence (Raptor), POLCA loss decomposition and gradient-component i
 
 from .influence import (GradientDecomposition, decompose_gradient, myopic_attention,  # noqa: F401
                         register_myopic_attention, stop_gradient_at)
-from .influence import (FeatureInfluence, MajorityConfig, MajorityResult, QProxy, bootstrap_ci,  # noqa: F401
-                        majority_record, majority_validation, majority_variants, q_proxy, ridge_probe, run_majority,
-                        train_with_influence)
+from .influence import (FeatureInfluence, QProxy, attention_implementation, bootstrap_ci, q_proxy,  # noqa: F401
+                        ridge_probe, train_with_influence)
 from .untied import PositionSplit, second_network_params, untie_gpt2  # noqa: F401
-from .q_domains import QDomainResult, domain_corpora, run_q_domains  # noqa: F401
 from .polca import (AdditionConfig, CheckpointRecorder, ParamSpace, PolcaResult, addition_carry_summary,  # noqa: F401
                     addition_token_loss, analyse, breakthrough_step, build_basis, cluster_direction, exact_losses,
                     first_order, homogeneity, label_fraction, lanczos_top, load_checkpoints, plateau_step,

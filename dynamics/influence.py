@@ -273,7 +273,8 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
     official Majority sampler has no loss mask, so the input positions' uniform next tokens count too).
     ``risk_context``: optional zero-argument callable returning a context manager under which the ``∇R`` forward
     runs. The official code computes ``∇R`` with ordinary attention even for a myopic model (the feature's true
-    derivative); :func:`run_majority` passes one that switches a myopic model to eager attention.
+    derivative): for a myopic model pass ``lambda: attention_implementation(hf, "eager")`` (the Majority runs of
+    ``interp.benchmarks.influence`` do).
     """
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr}")
@@ -346,86 +347,7 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, pro
                             curves_centered={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves_c.items()})
 
 
-# ----------------------------------------------------------------------------------------- the Majority experiment
-VARIANTS = ("standard", "myopic", "untied", "myopic+untied")
-
-
-@dataclasses.dataclass
-class MajorityConfig:
-    """The Majority validation at CPU scale (the paper: 2 layers, d=128, 4 heads, Adam 1e-3, batch 256,
-    3000 steps, 10 seeds). ``probe_layer`` follows the code's convention (0 = embeddings, k = output of block
-    k−1). Positions are sequence indices *with* the BOS at 0, as in the official code (its sampler also prepends
-    ``<bos>``): inputs at 1..10, outputs at 11..20. Position 10 (the last input) predicts the first output, so
-    ``is_majority`` is NTP-*useful* there: the NTP-useless input positions are 1..9 (the digest's probe positions
-    5–9), and ``split = 10`` (the official ``split_index``) puts every position whose loss predicts an output
-    (10..19) on the second network."""
-
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    steps: int = 600
-    batch: int = 64
-    lr: float = 1e-3
-    variant: str = "standard"           # "standard" | "myopic" | "untied" | "myopic+untied"
-    task: str = "majority"              # "majority" (probe is_majority_*) | "conditioned_majority" (probe prev_is_0)
-    split: int = 10     # m of m-untied training: the official split_index 10 (its sequences carry a BOS too)
-    probe_layer: int = 2
-    probe_positions: tuple[int, ...] = (5, 6, 7, 8, 9)      # the digest's input positions 5-9 (official indices)
-    influence_layer: int = 1    # pre-cached influence is structurally zero at the last layer (no attention after)
-    influence_positions: tuple[int, ...] = (8, 15)          # one input, one output position
-    influence_steps: int = 200
-    influence_probe_alpha: float = 1.0  # the official influence probe: sklearn Ridge(alpha=probe_alpha), default 1.0
-    n_probe: int = 2048
-    seed: int = 0
-
-    def __post_init__(self):
-        for f in ("n_layers", "d_model", "n_heads", "steps", "batch", "n_probe", "influence_steps"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"MajorityConfig.{f} must be a positive integer, got {v!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"MajorityConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"MajorityConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.task not in ("majority", "conditioned_majority"):
-            raise ValueError(f"MajorityConfig.task must be 'majority' or 'conditioned_majority', got {self.task!r}")
-        if isinstance(self.split, bool) or not isinstance(self.split, int) or not 1 <= self.split <= 20:
-            raise ValueError(f"MajorityConfig.split must be an integer in 1..20, got {self.split!r}")
-        for f in ("probe_layer", "influence_layer"):
-            if not 1 <= getattr(self, f) <= self.n_layers:
-                raise ValueError(f"MajorityConfig.{f} must be in 1..{self.n_layers}, got {getattr(self, f)}")
-        if not (self.influence_probe_alpha > 0):
-            raise ValueError(f"MajorityConfig.influence_probe_alpha must be positive, got {self.influence_probe_alpha}")
-        if not (self.lr > 0):
-            raise ValueError(f"MajorityConfig.lr must be positive, got {self.lr}")
-        for p in tuple(self.probe_positions) + tuple(self.influence_positions):
-            if not 1 <= p <= 19:
-                raise ValueError(f"MajorityConfig positions must be in 1..19 (sequence of 21 with BOS), got {p}")
-
-
-@dataclasses.dataclass
-class MajorityResult(Result):
-    """Probe accuracy of ``is_majority_*`` per position on θ*, final loss, and the influence re-run."""
-
-    config: dict
-    probe_accuracy: dict[int, float]
-    final_loss: float
-    output_accuracy: float
-    influence: FeatureInfluence | None
-    first_output_accuracy: float = float("nan")     # legal prediction of the first output token (official metric)
-
-    kind = "majority"
-
-    def to_frame(self):
-        import pandas as pd
-        return pd.DataFrame([{"position": p, "probe_accuracy": a} for p, a in self.probe_accuracy.items()])
-
-    def figure(self):
-        import plotly.express as px
-        return px.line(self.to_frame(), x="position", y="probe_accuracy", markers=True,
-                       title=f"{self.config.get('task', 'majority')} probe accuracy ({self.config['variant']})")
-
-
+# ----------------------------------------------------------------------------------------- helpers
 @contextlib.contextmanager
 def attention_implementation(hf, name: str):
     """Temporarily run a ``transformers`` model ``hf`` with attention implementation ``name`` (e.g. ``"eager"``
@@ -436,94 +358,6 @@ def attention_implementation(hf, name: str):
         yield hf
     finally:
         hf.set_attn_implementation(old)
-
-
-def _gpt2(cfg: MajorityConfig, vocab: int):
-    import transformers as T
-    torch.manual_seed(cfg.seed)
-    c = T.GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, vocab_size=vocab, n_positions=32,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
-    hf = T.GPT2LMHeadModel(c)
-    hf.set_attn_implementation(register_myopic_attention() if "myopic" in cfg.variant else "eager")
-    if "untied" in cfg.variant:
-        from .untied import untie_gpt2
-        untie_gpt2(hf, cfg.split, seed=cfg.seed + 1)      # network B: an independent initialisation
-    return hf.train()
-
-
-def run_majority(cfg: MajorityConfig, track_influence: bool = True) -> MajorityResult:
-    """Train on Majority, fit ``is_majority`` probes on θ* at ``probe_layer`` (held-out accuracy, sklearn
-    logistic regression per feature, averaged over features), then (optionally) re-run training from the
-    same init and data order accumulating the influence of each gradient component on those probes."""
-    import copy
-
-    import interp
-    from sklearn.linear_model import LogisticRegression
-
-    from interp.progress import progress
-    from .tasks import conditioned_majority, majority
-    gen = majority if cfg.task == "majority" else conditioned_majority
-    data = gen(cfg.steps * cfg.batch, seed=cfg.seed)
-    hf = _gpt2(cfg, data.vocab_size)
-    init = copy.deepcopy(hf.state_dict())
-    opt = torch.optim.Adam(hf.parameters(), lr=cfg.lr)
-    batches = data.tokens.view(cfg.steps, cfg.batch, -1)
-    for ids in progress(batches, desc="majority train"):
-        logits = hf(ids).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    hf.eval()
-    model = interp.wrap(hf, backend="torch")
-    site = f"blocks.{cfg.probe_layer - 1}.hook_resid_post"
-    isite = f"blocks.{cfg.influence_layer - 1}.hook_resid_post"
-    held = gen(2 * cfg.n_probe, seed=cfg.seed + 10_000)
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(held.tokens, names=[site, isite])
-    out_pos = list(held.output_positions)
-    pred = logits[:, [p - 1 for p in out_pos]].argmax(-1)
-    if cfg.task == "majority":      # legal next outputs: the running majority before each output
-        table = held.features[:, [p - 1 for p in out_pos]]
-    else:                           # conditioned majority: fixed by the inputs
-        table = held.labels["legal"][:, None].expand(-1, len(out_pos), -1)
-    legal = table.gather(-1, pred[..., None]).squeeze(-1)
-    n_tr = cfg.n_probe
-
-    def accuracy(s: str, p: int, features) -> float:
-        X = cache[s][:, p].numpy()
-        scores = []
-        for f in features:
-            y = held.features[:, p, f].numpy()
-            if len(set(y[:n_tr])) < 2:
-                scores.append(float((y[n_tr:] == y[0]).mean()))
-                continue
-            clf = LogisticRegression(max_iter=2000).fit(X[:n_tr], y[:n_tr])
-            scores.append(float(clf.score(X[n_tr:], y[n_tr:])))
-        return float(sum(scores) / len(scores))
-    probed = range(held.features.shape[-1]) if cfg.task == "majority" else [0]     # prev_is_0 (official probe)
-    acc = {p: accuracy(site, p, probed) for p in cfg.probe_positions}
-    # the influence probe w: as the official code, one multi-output sklearn Ridge per (layer, position) on all
-    # features (0/1 targets), w = coef_[feature 0]; fitted on the probe-training half of the held-out set
-    ws = {p: ridge_probe(cache[isite][:n_tr, p], held.features[:n_tr, p], cfg.influence_probe_alpha)[0]
-          for p in cfg.influence_positions} if track_influence else {}
-    influence = None
-    if track_influence:
-        steps = min(cfg.influence_steps, cfg.steps)
-        with torch.no_grad():
-            targets = {}
-            for p in cfg.influence_positions:
-                _, c2 = model.run_with_cache(batches[:steps].reshape(-1, batches.shape[-1]), names=isite)
-                targets[p] = (c2[isite][:, p] @ ws[p]).view(steps, cfg.batch)
-        hf.load_state_dict(init)
-        hf.train()
-        probes = [(held.feature_names[0], isite, p, ws[p], targets[p]) for p in cfg.influence_positions]
-        influence = train_with_influence(model, dict(hf.named_parameters()), batches[:steps], probes, lr=cfg.lr,
-                                         risk_context=(lambda: attention_implementation(hf, "eager"))
-                                         if "myopic" in cfg.variant else None)
-    return MajorityResult(config=dataclasses.asdict(cfg), probe_accuracy=acc, final_loss=float(loss.detach()),
-                          output_accuracy=float(legal.float().mean()), influence=influence,
-                          first_output_accuracy=float(legal[:, 0].float().mean()))
 
 
 def ridge_probe(X: torch.Tensor, Y: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -549,98 +383,6 @@ def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 
     means = x[idx].mean(1)
     a = (1 - level) / 2
     return float(x.mean()), float(means.quantile(a)), float(means.quantile(1 - a))
-
-
-def majority_record(cfg: MajorityConfig, track_influence: bool, folder=None, curve_every: int = 10) -> dict:
-    """One Majority run as a JSON-able record (probe accuracies, output accuracies, final loss and, with
-    ``track_influence``, the cumulative influence rows of both optimisers plus the running sums every
-    ``curve_every`` steps). With ``folder`` the record is read from / written atomically to
-    ``folder/<task>_<variant>_seed<seed>.json`` (resumable: a record with the same config is reused, never
-    recomputed; a stale one with another config is recomputed and replaced)."""
-    from pathlib import Path
-
-    from interp.io import atomic_write_json, load_json
-    want = dict(dataclasses.asdict(cfg), track_influence=bool(track_influence))
-    want = json_roundtrip(want)
-    path = None if folder is None else Path(folder) / f"{cfg.task}_{cfg.variant}_seed{cfg.seed}.json"
-    if path is not None and path.exists():
-        rec = load_json(path, what="majority record", required=("config", "probe_accuracy"))
-        if rec["config"] == want:
-            return rec
-    r = run_majority(cfg, track_influence=track_influence)
-    rec = {"config": want, "probe_accuracy": {str(p): a for p, a in r.probe_accuracy.items()},
-           "output_accuracy": r.output_accuracy, "first_output_accuracy": r.first_output_accuracy,
-           "final_loss": r.final_loss, "influence": None, "curves": None}
-    if r.influence is not None:
-        fi = r.influence
-        rec["influence"] = fi.to_frame().to_dict(orient="records")
-        n = fi.curves["adam"]["direct"].shape[0]
-        keep = sorted(set(range(curve_every - 1, n, curve_every)) | {n - 1})
-        rec["curves"] = {"steps": [k + 1 for k in keep], "probes": [list(x) for x in fi.probes],
-                         **{f"{o}/{c}": fi.curves[o][c][keep].tolist() for o in fi.curves for c in fi.curves[o]},
-                         **{f"centered/{o}/{c}": fi.curves_centered[o][c][keep].tolist()
-                            for o in fi.curves_centered for c in fi.curves_centered[o]}}
-    if path is not None:
-        atomic_write_json(path, rec)
-    return rec
-
-
-def json_roundtrip(obj):
-    """``obj`` as it reads back from JSON (tuples -> lists, int keys -> str), for comparing saved configs."""
-    import json
-    return json.loads(json.dumps(obj))
-
-
-def majority_validation(seeds=range(10), variants=VARIANTS, folder=None, **overrides) -> "pandas.DataFrame":  # noqa: F821
-    """The digest's Majority criteria over seeds: probe accuracy of each variant (standard, myopic, m-untied,
-    myopic + m-untied) at the input positions and cumulative Adam influence per component at the tracked
-    positions (standard model) with bootstrap CIs over seeds. Returns a tidy frame ``quantity, mean, lo, hi``.
-    ``folder``: per-(variant, seed) records written atomically there as they finish; a re-run resumes
-    (:func:`majority_record`)."""
-    import pandas as pd
-    if "standard" not in variants:
-        raise ValueError("variants must include 'standard' (the influence re-run is on the standard model)")
-    rows, acc, infl = [], {v: [] for v in variants}, []
-    for s in seeds:
-        for variant in variants:
-            rec = majority_record(MajorityConfig(variant=variant, seed=s, **overrides),
-                                  track_influence=variant == "standard", folder=folder)
-            acc[variant].append(sum(rec["probe_accuracy"].values()) / len(rec["probe_accuracy"]))
-            if rec["influence"] is not None:
-                infl.append(pd.DataFrame(rec["influence"]).query("optimizer == 'adam'").assign(seed=s))
-    for variant, a in acc.items():
-        rows.append(("probe_acc_" + variant, *bootstrap_ci(a)))
-    df = pd.concat(infl)
-    for col, tag in (("influence", "influence"), ("influence_centered", "centered_influence")):
-        if col not in df or df[col].isna().any():
-            continue
-        for (c, p), g in df.groupby(["component", "position"]):
-            rows.append((f"{tag}_{c}@{p}", *bootstrap_ci(g[col].values)))
-        both = df[df.component.isin(["precached", "shared"])].groupby(["position", "seed"])[col].sum()
-        for p in sorted(set(df.position)):
-            rows.append((f"{tag}_precached+shared@{p}", *bootstrap_ci(both.loc[p].values)))
-    return pd.DataFrame(rows, columns=["quantity", "mean", "lo", "hi"])
-
-
-def majority_variants(task: str = "majority", variants=VARIANTS, seeds=range(3), folder=None,
-                      **overrides) -> "pandas.DataFrame":  # noqa: F821
-    """Train each variant (standard / myopic / m-untied / myopic + m-untied) on ``task`` for each seed, without the
-    influence re-run. Returns one row per (variant, seed): mean probe accuracy over ``probe_positions`` at
-    ``probe_layer`` (``is_majority_*`` on Majority, ``prev_is_0`` on conditioned Majority), legal-output accuracy
-    and final training loss. ``folder``: per-run records written atomically there, reused on a re-run
-    (:func:`majority_record`)."""
-    import pandas as pd
-    rows = []
-    for s in seeds:
-        for v in variants:
-            r = majority_record(MajorityConfig(variant=v, task=task, seed=s, **overrides), track_influence=False,
-                                folder=folder)
-            rows.append({"task": task, "variant": v, "seed": s,
-                         "probe_accuracy": sum(r["probe_accuracy"].values()) / len(r["probe_accuracy"]),
-                         "output_accuracy": r["output_accuracy"], "first_output_accuracy": r["first_output_accuracy"],
-                         "final_loss": r["final_loss"],
-                         **{f"probe@{p}": a for p, a in r["probe_accuracy"].items()}})
-    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------- Q(w) proxy

@@ -15,7 +15,9 @@ ones enriched in code and formal text):
    divided by that domain's share of tokens (1 = no preference). Extreme-``Q`` features (top / bottom
    ``extreme`` fraction) are compared with all measured features.
 
-Everything runs on CPU at a bounded size; :func:`run_q_domains` returns a :class:`QDomainResult`.
+Everything runs on CPU at a bounded size; :func:`run_q_domains` returns a :class:`QDomainResult` (the recipe runs
+:func:`harvest_domains` and :func:`analyse_q_domains` as two stages). The method is
+:func:`interp.dynamics.q_proxy`; moved here from ``interp.dynamics.q_domains`` (issue #31).
 """
 from __future__ import annotations
 
@@ -94,29 +96,79 @@ class QDomainResult(Result):
                       title=f"Q(w) of SAE features at {self.site} by preferred domain")
 
 
-def run_q_domains(spec: str = "zoo:smollm2-135m", layer: int = 8, n_ctx: int = 100, length: int = 64,
-                  d_sae: int = 1024, k: int = 32, sae_steps: int = 600, n_features: int = 128,
-                  q_contexts: int = 2, q_length: int = 32, q_position: int = 16, extreme: float = 0.1,
-                  folder: str | Path = "/tmp/q_domains", seed: int = 0) -> QDomainResult:
-    """The whole recipe (see the module docstring). ``n_ctx`` harvested contexts of ``length`` tokens per
-    domain (BOS prepended); ``q_contexts`` held-out contexts per domain of ``q_length`` tokens for ``Q`` at
-    ``q_position``; ``n_features`` alive features drawn at random (seeded)."""
+@dataclasses.dataclass
+class QDomainsConfig:
+    """The Q(w)-by-domain run (issue #18 validation 3; defaults: the run of docs/dynamics.md). ``spec``: a model
+    ``interp.load`` reads, or ``"tiny-gpt2"`` (a random 2-layer GPT-2 with a byte tokenizer, for the quick
+    preset). ``n_ctx`` harvested contexts of ``length`` tokens per domain (BOS prepended); ``q_contexts`` held-out
+    contexts per domain of ``q_length`` tokens for ``Q`` at ``q_position``; ``n_features`` alive SAE features drawn
+    at random (seeded); ``extreme``: the fraction of features in the top / bottom ``Q`` groups."""
+
+    spec: str = "zoo:smollm2-135m"
+    layer: int = 8
+    n_ctx: int = 100
+    length: int = 64
+    d_sae: int = 1024
+    k: int = 32
+    sae_steps: int = 600
+    n_features: int = 48
+    q_contexts: int = 2
+    q_length: int = 24
+    q_position: int = 12
+    extreme: float = 0.2
+    max_chars: int = 400_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("n_ctx", "length", "d_sae", "k", "sae_steps", "n_features", "q_contexts", "q_length", "max_chars"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"QDomainsConfig.{f} must be a positive integer, got {v!r}")
+        if not 0 < self.q_position < self.q_length:
+            raise ValueError(f"QDomainsConfig.q_position must be in 1..q_length-1, got {self.q_position}")
+        if not 0 < self.extreme <= 0.5:
+            raise ValueError(f"QDomainsConfig.extreme must be in (0, 0.5], got {self.extreme}")
+
+
+def load_lm(spec: str):
+    """``interp.load(spec)``, or for ``"tiny-gpt2"`` a random 2-layer GPT-2 (d 64) with a byte-level tokenizer."""
     import interp
-    from interp.store import ActivationStore, harvest, train_sae
+    if spec == "tiny-gpt2":
+        from interp.testing import tiny_model
+        hf, tok = tiny_model("gpt2", n_layers=2)
+        return interp.wrap(hf, tok, backend="torch")
+    return interp.load(spec)
 
-    from .influence import q_proxy
 
-    folder = Path(folder)
-    model = interp.load(spec)
-    tok = model.tokenizer
+def _contexts(model, cfg: QDomainsConfig):
+    texts = domain_corpora(cfg.max_chars)
+    toks, dom = domain_contexts(model.tokenizer, texts, cfg.n_ctx + cfg.q_contexts, cfg.length)
+    return list(texts), toks, dom
+
+
+def harvest_domains(model, cfg: QDomainsConfig, folder: str | Path) -> None:
+    """Step 1-2a: harvest the residual stream at ``blocks.{layer}.hook_resid_post`` of the ``n_ctx`` training
+    contexts of every domain into an activation store in ``folder``."""
+    from interp.store import harvest
+    names, toks, _ = _contexts(model, cfg)
+    train_toks = toks[: cfg.n_ctx * len(names)]
+    harvest(model, train_toks, f"blocks.{cfg.layer}.hook_resid_post", folder, context_size=cfg.length + 1,
+            batch_size=8, prepend_bos=True, separator=None, max_tokens=(cfg.length + 1) * len(train_toks))
+
+
+def analyse_q_domains(model, cfg: QDomainsConfig, store_folder: str | Path) -> QDomainResult:
+    """Steps 2b-4 on a store written by :func:`harvest_domains`: train the SAE, ``Q`` of ``n_features`` alive
+    features, their domain preferences and the extreme-``Q`` groups (see the module docstring)."""
+    from interp.dynamics.influence import q_proxy
+    from interp.store import ActivationStore, train_sae
+
+    layer, n_ctx, length, seed = cfg.layer, cfg.n_ctx, cfg.length, cfg.seed
+    d_sae, k, sae_steps, n_features = cfg.d_sae, cfg.k, cfg.sae_steps, cfg.n_features
+    q_length, q_position, extreme = cfg.q_length, cfg.q_position, cfg.extreme
     site = f"blocks.{layer}.hook_resid_post"
-    texts = domain_corpora()
-    names = list(texts)
-    toks, dom = domain_contexts(tok, texts, n_ctx + q_contexts, length)
+    names, toks, dom = _contexts(model, cfg)
     train_toks, train_dom = toks[: n_ctx * len(names)], dom[: n_ctx * len(names)]
-    harvest(model, train_toks, site, folder / "store", context_size=length + 1, batch_size=8,
-            prepend_bos=True, separator=None, max_tokens=(length + 1) * len(train_toks))
-    store = ActivationStore(folder / "store")
+    store = ActivationStore(store_folder)
     sae_res = train_sae(store, site, architecture="topk", d_sae=d_sae, k=k, steps=sae_steps, batch_size=256,
                         lr=3e-4, seed=seed)
     sae = sae_res.sae.eval()
@@ -163,3 +215,14 @@ def run_q_domains(spec: str = "zoo:smollm2-135m", layer: int = 8, n_ctx: int = 1
              "rows": int(n_rows), "spearman_Q_vs_formal_pref": float(rho.statistic), "spearman_p": float(rho.pvalue)}
     return QDomainResult(site=site, position=q_position, domains=names, features=feats, q=q, domain_pref=pref,
                          sae_stats=stats, summary=summary)
+
+
+def run_q_domains(cfg: QDomainsConfig, folder: str | Path) -> QDomainResult:
+    """The whole run on ``cfg.spec``; the activation store is written to ``folder`` (which must not exist yet)."""
+    model = load_lm(cfg.spec)
+    harvest_domains(model, cfg, folder)
+    return analyse_q_domains(model, cfg, folder)
+
+
+__all__ = ["DOMAINS", "QDomainsConfig", "QDomainResult", "analyse_q_domains", "domain_contexts", "domain_corpora",
+           "harvest_domains", "load_lm", "run_q_domains"]

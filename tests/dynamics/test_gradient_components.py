@@ -143,43 +143,6 @@ def test_q_proxy(gpt2):
     hf.double()
 
 
-@pytest.fixture(scope="module")
-def majority_10_seeds(tmp_path_factory):
-    """The digest's Majority validation over 10 seeds (200 steps, d 64, batch 64; standard with the influence
-    re-run, myopic + m-untied for criterion 4). ~17 CPU-min; records are resumable (``majority_record``)."""
-    from interp.dynamics import majority_validation
-    folder = tmp_path_factory.mktemp("majority_10_seeds")
-    return majority_validation(seeds=range(10), variants=("standard", "myopic+untied"), folder=folder,
-                               steps=200, influence_steps=200).set_index("quantity")
-
-
-@pytest.mark.slow
-def test_majority_paper_criteria(majority_10_seeds):
-    """Criteria 4 and the parts of 5 that hold, over 10 seeds (docs/dynamics.md, third pass). Measured: probe
-    accuracy (is_majority, layer 2, input positions 5-9) standard 0.902 [0.896, 0.909] (5 of 10 seeds below 0.9: the
-    mean clears the bar by 0.002), myopic + untied 0.692 [0.684, 0.699] (every seed's drop >= 0.194); Adam influence
-    at layer 1: direct at output position 15 0.051 [0.043, 0.059], pre-cached + shared at input position 8 3.53
-    [1.94, 5.65]."""
-    df = majority_10_seeds
-    assert df.loc["probe_acc_standard", "mean"] >= 0.9
-    assert df.loc["probe_acc_myopic+untied", "mean"] <= df.loc["probe_acc_standard", "mean"] - 0.1
-    assert df.loc["influence_direct@15", "lo"] > 0                    # output position
-    assert df.loc["influence_precached+shared@8", "lo"] > 0            # input position
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "criterion 5, last clause, not reproduced over 10 seeds (200 steps, d 64, Ridge probe, m 10): Adam direct "
-    "influence at input position 8 (layer 1) is 6.12, 95% bootstrap CI [2.27, 10.07] (per seed -1.41 .. 14.73; 7 of "
-    "10 positive), against pre-cached -0.91 and shared 4.44; ~92% of it is credit for moving the batch mean of <w, r> "
-    "under the official uncentred MSE risk, but on the centred risk direct is still 0.50 [0.33, 0.70] > 0 while "
-    "pre-cached + shared is -0.34 [-0.49, -0.19]"))
-def test_majority_direct_influence_vanishes_at_inputs(majority_10_seeds):
-    """Criterion 5's last clause: the 10-seed CI of the cumulative direct influence at an input position includes 0."""
-    df = majority_10_seeds
-    assert df.loc["influence_direct@8", "lo"] <= 0 <= df.loc["influence_direct@8", "hi"]
-
-
 def _untied_pair(n_layers=3, m=4, seed=0):
     """An m-untied model and the official construction it must equal: network A on x[:, :m], network B on
     x[:, m:] reading A's KV cache (two GPT-2s, B's position table set to A's: one table serves both)."""
@@ -258,7 +221,7 @@ def test_untied_decomposition_second_network():
 
 def test_untied_myopic_and_config():
     """Myopic attention composes with untying (forward unchanged, pre-cached vanishes); config validation."""
-    from interp.dynamics import MajorityConfig
+    from interp.benchmarks.influence import MajorityConfig
     U, _, _ = _untied_pair(m=4)
     ids = _ids(7, (2, 9), seed=5)
     ref = U(ids).logits.detach()
@@ -279,7 +242,7 @@ def test_untied_myopic_and_config():
 
 
 def test_domain_contexts_interleave_and_corpora():
-    from interp.dynamics.q_domains import domain_contexts
+    from interp.benchmarks.influence.q_domains import domain_contexts
 
     class Tok:      # one token per character
         def __call__(self, t):
@@ -291,82 +254,12 @@ def test_domain_contexts_interleave_and_corpora():
         domain_contexts(Tok(), {"x": "abcdefgh"}, n_ctx=3, length=3)
 
 
-@pytest.mark.slow
-def test_q_domains_smollm2(tmp_path):
-    """Validation 3 on the real zoo:smollm2-135m (SAE on blocks.8.hook_resid_post; ~25 min on one loaded core).
-    Measured: median Q 1.18 over 48 features; top-10 Q features put 0.72 of their activation mass on code + legal
-    text vs 0.55 for all measured features and 0.43 for the bottom 10; Spearman(Q, code+legal preference) 0.29."""
-    from interp.dynamics import run_q_domains
-    r = run_q_domains(n_ctx=100, sae_steps=600, n_features=48, q_contexts=2, q_length=24, q_position=12,
-                      extreme=0.2, folder=tmp_path)
-    s = {row["group"]: row for row in r.summary}
-    assert (r.q > 0).all() and r.sae_stats["fvu"] < 0.3
-    top = next(k for k in s if k.startswith("top"))
-    assert s[top]["code+legal share"] > s["all"]["code+legal share"]
-    assert r.sae_stats["spearman_Q_vs_formal_pref"] > 0
-    assert len(r.to_frame()) == 48 and r.figure().data
-
-
-@pytest.fixture(scope="module")
-def majority_variants_10_seeds(tmp_path_factory):
-    """Probe accuracy of the four variants over 10 seeds (200 steps, d 64; ~8 CPU-min; resumable records)."""
-    from interp.dynamics import majority_variants
-    df = majority_variants("majority", seeds=range(10), steps=200, folder=tmp_path_factory.mktemp("variants"))
-    return df.pivot(index="seed", columns="variant", values="probe_accuracy")
-
-
-@pytest.mark.slow
-def test_majority_myopic_untied_lowers_probe(majority_variants_10_seeds):
-    """Removing both pre-caching and sharing lowers the probe (the paper: myopic + untied is worst), 10 seeds, 200
-    steps. Measured mean probe accuracy (is_majority, layer 2, input positions 5-9): standard 0.902, myopic 0.892,
-    untied 0.895, myopic + untied 0.692; myopic + untied is 0.190 [0.176, 0.202] below the better single intervention
-    (every seed >= 0.150) and 0.210 below standard (every seed >= 0.194)."""
-    acc = majority_variants_10_seeds
-    assert acc["standard"].mean() >= 0.9
-    assert acc["myopic+untied"].mean() <= acc["standard"].mean() - 0.1
-    assert (acc["myopic+untied"] <= acc[["myopic", "untied"]].min(axis=1) - 0.1).all()
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced at this scale (10 seeds, 200 steps, d 64, m 10): each intervention alone leaves the probe almost "
-    "unchanged: paired drop vs standard myopic 0.010 [-0.004, 0.025], untied 0.007 [-0.007, 0.022] (5 of 10 seeds "
-    "lower each; 95% bootstrap CIs over seeds); with m = 11 (a wrong split, position 10 on the first network) untied "
-    "had looked 0.19 lower"))
-def test_majority_single_interventions_lower_probe(majority_variants_10_seeds):
-    """The paper (qualitative): myopic training lowers the probe accuracy of NTP-useless features, and so does
-    untying; here: the 10-seed paired drop's 95% CI lies above 0 for each."""
-    from interp.dynamics import bootstrap_ci
-    acc = majority_variants_10_seeds
-    for v in ("myopic", "untied"):
-        assert bootstrap_ci((acc["standard"] - acc[v]).values)[1] > 0, v
-
-
-@pytest.mark.slow
-def test_conditioned_majority_myopic_fails():
-    """Validation 2, last clause: the myopic model fails on conditioned Majority (the official metric: legal
-    accuracy of the first output token) while the standard model solves it, at the paper's setting (d 128, batch
-    256, 3000 steps; seed 0). ~15 CPU-minutes per variant.
-
-    Measured (2026-12-01, one thread): standard first-output accuracy 0.995 (prev_is_0 probe 0.90-1.00 at positions
-    5-9), myopic 0.756 (probe 0.68-0.72, the base rate), against 0.720 for predicting the unconditioned input
-    majority. Shorter runs do not show it: at 1500 steps of batch 64 (d 64) standard 0.786 / myopic 0.752, at 600
-    steps of 256 (d 128) standard 0.811: the standard model had not learned the task yet."""
-    from interp.dynamics import majority_variants
-    df = majority_variants("conditioned_majority", variants=("standard", "myopic"), seeds=[0], steps=3000,
-                           batch=256, d_model=128)
-    first = df.set_index("variant").first_output_accuracy
-    assert first["standard"] >= 0.9
-    assert first["myopic"] <= 0.77          # at most the unconditioned-majority heuristic (0.72) + 0.05
-
-
 def test_majority_defaults_follow_official_indices():
     """Positions carry the BOS at 0 as in the official sampler (``["<bos>"] + tokens``), so the official
     ``split_index = 10`` is our m as is: every position whose loss predicts an output token (10..19) is on the
     second network; and the probed input positions are NTP-useless (the next token is a uniform input, independent
     of ``is_majority``), unlike position 10, whose next token is always a majority token."""
-    from interp.dynamics import MajorityConfig
-    from interp.dynamics.influence import _gpt2
+    from interp.benchmarks.influence.majority import MajorityConfig, _gpt2
     from interp.dynamics.tasks import majority
     cfg = MajorityConfig(variant="untied")
     b = majority(6000, seed=1)
@@ -396,27 +289,38 @@ def test_ridge_probe_closed_form():
     assert ridge_probe(X, Y[:, 0], 1.0).shape == (1, 6)
 
 
-def test_majority_record_is_resumable(tmp_path, monkeypatch):
-    """A tiny run writes its record atomically; the same config is read back without training again, a different
-    config is recomputed. The record's influence rows sum per optimizer to 'full' (direct + pre-cached + shared)."""
-    import interp.dynamics.influence as inf
-    cfg = inf.MajorityConfig(d_model=8, n_heads=2, steps=3, batch=4, n_probe=64, influence_steps=3, seed=2)
-    rec = inf.majority_record(cfg, track_influence=True, folder=tmp_path)
-    f = tmp_path / "majority_standard_seed2.json"
-    assert f.exists() and set(rec["probe_accuracy"]) == {"5", "6", "7", "8", "9"}
+def test_majority_record_influence_rows_sum_to_full():
+    """A tiny Majority run's record: probe accuracy at the five input positions, and influence rows that sum per
+    optimizer and position to 'full' (direct + pre-cached + shared); the running sums are kept every 10 steps."""
+    from interp.benchmarks.influence.majority import MajorityConfig, majority_record, mean_probe_accuracy
+    cfg = MajorityConfig(d_model=8, n_heads=2, steps=3, batch=4, n_probe=64, influence_steps=3, seed=2)
+    rec = majority_record(cfg, track_influence=True)
+    assert set(rec["probe_accuracy"]) == {"5", "6", "7", "8", "9"}
+    assert mean_probe_accuracy(rec) == pytest.approx(sum(rec["probe_accuracy"].values()) / 5)
     rows = rec["influence"]
     for o in ("sgd", "adam"):
         for p in cfg.influence_positions:
             parts = {r["component"]: r["influence"] for r in rows if r["optimizer"] == o and r["position"] == p}
             assert abs(parts["direct"] + parts["precached"] + parts["shared"] - parts["full"]) <= 1e-6 * (1 + abs(parts["full"]))
     assert rec["curves"]["steps"] == [3] and len(rec["curves"]["adam/direct"][0]) == 2
+    assert majority_record(dataclasses_replace(cfg, variant="myopic"), track_influence=False)["influence"] is None
 
-    def boom(*a, **k):
-        raise AssertionError("a finished record must not be recomputed")
-    monkeypatch.setattr(inf, "run_majority", boom)
-    assert inf.majority_record(cfg, track_influence=True, folder=tmp_path) == rec
-    with pytest.raises(AssertionError, match="recomputed"):
-        inf.majority_record(dataclasses_replace(cfg, lr=2e-3), track_influence=True, folder=tmp_path)
+
+def test_influence_summary_bootstrap_by_hand():
+    """influence_summary: per (component, position) the mean over seeds with a bootstrap CI, and pre-cached +
+    shared summed per seed before the CI (two seeds whose rows are set by hand)."""
+    from interp.benchmarks.influence.majority import influence_summary
+    from interp.dynamics import bootstrap_ci
+
+    def rec(d, pc, sh):
+        return {"influence": [{"optimizer": o, "component": c, "position": 8, "influence": v,
+                               "influence_centered": v / 10} for o in ("adam", "sgd")
+                              for c, v in (("direct", d), ("precached", pc), ("shared", sh), ("full", d + pc + sh))]}
+    rows = {r["quantity"]: r for r in influence_summary([rec(1.0, -1.0, 3.0), rec(3.0, 0.5, 0.5)], n_boot=200)}
+    assert rows["influence_direct@8"]["mean"] == pytest.approx(2.0)
+    assert rows["influence_precached+shared@8"]["mean"] == pytest.approx(1.5)
+    assert rows["influence_precached+shared@8"]["lo"] == pytest.approx(bootstrap_ci([2.0, 1.0], n_boot=200)[1])
+    assert rows["centered_influence_full@8"]["mean"] == pytest.approx((3.0 + 4.0) / 2 / 10)
 
 
 def dataclasses_replace(cfg, **kw):
