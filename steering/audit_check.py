@@ -21,9 +21,9 @@ from interp.audit import AuditData, Check, Rendered
 from interp.results import Result
 
 from .base import SteeringData, get
-from .refusal import judge_generations, kl_divergence, refusal_data, refusal_scores, refusal_token_ids
+from .refusal import (evaluate_refusal, judge_generations, kl_divergence, refusal_data, refusal_scores,
+                      refusal_token_ids)
 from .repit import RepIt, RepItConfig
-from .repit_validation import evaluate
 
 
 @dataclass
@@ -137,7 +137,7 @@ class SteeringCheck(Check):
                                        max_select_prompts=max(8, c.val_per_category * 4), batch_size=c.batch_size))
             vec = method.fit(model, train, val)
             vectors = {"none": None, "natural": method.vectors_["natural"], "repit": vec}
-            ev = evaluate(model, vectors, test, test.negative, list(c.targets), None, None, c.max_new_tokens,
+            ev = evaluate_refusal(model, vectors, test, test.negative, list(c.targets), None, None, c.max_new_tokens,
                           c.batch_size, n_examples=1)
             judged, kl, examples = ev["judged"], {k: ev["kl"][k] for k in ("natural", "repit")}, ev["examples"]
             loc = method.localization_

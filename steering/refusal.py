@@ -9,6 +9,9 @@ Two judges, as in refusal-direction work (Arditi et al., 2024):
 * :func:`judge_generations`: short greedy generations judged by the string-match judge
   :func:`interp.data.is_refusal` (the one judge of the project); used for the final numbers.
 
+:func:`evaluate_refusal` is the held-out evaluation of steering vectors: refusal rates per category (both
+judges), pooled target / non-target rates, harmless KL and example generations.
+
 :func:`kl_divergence` measures the side effect of an intervention on harmless prompts: the mean
 ``KL(p_base || p_steered)`` of the next-token distribution at the last prompt position.
 """
@@ -126,6 +129,68 @@ def judge_generations(model, prompts: Any, vector: SteeringVector | Sequence[Ste
     return responses, [bool(judge(r)) for r in responses]
 
 
+# ---------------------------------------------------------------------------------------- evaluation
+def _rates(flags: list[bool], cats: list[str]) -> dict[str, float]:
+    out: dict[str, list[bool]] = {}
+    for f, c in zip(flags, cats):
+        out.setdefault(c, []).append(bool(f))
+    return {c: sum(v) / len(v) for c, v in out.items()}
+
+
+def _pooled(flags: list[bool], cats: list[str], keep: set[str]) -> float:
+    sel = [f for f, c in zip(flags, cats) if c in keep]
+    return sum(sel) / max(len(sel), 1)
+
+
+def evaluate_refusal(model, vectors: dict[str, Any], test: SteeringData, harmless: Any, targets: Sequence[str],
+                     judged: Sequence[str] | None = None, refusal_tokens: Sequence[int] | None = None,
+                     max_new_tokens: int = 24, batch_size: int = 16, n_examples: int = 2,
+                     judge: str = "generation") -> dict[str, Any]:
+    """Refusal rates per category of held-out harmful prompts under each named vector (``None`` = no intervention).
+
+    ``test`` is :class:`SteeringData` (``positive`` = harmful prompts with ``categories``); ``harmless`` the
+    prompts of the KL measurement; ``targets`` the categories pooled as "target" (the others: "nontarget").
+
+    Every condition gets first-token-scored rates (``scored``; and, for real vectors, the harmless KL); the
+    conditions in ``judged`` (default: all) also get greedy generations (examples) and their rates by ``judge``
+    (``judged``: string match on the generations, or the first-token score for ``"first_token"``) with pooled
+    target / non-target rates.
+    """
+    if judge not in ("generation", "first_token"):
+        raise ValueError(f"judge must be 'generation' or 'first_token', got {judge!r}")
+    if test.categories is None or len(test.categories) != len(test.positive):
+        raise ValueError("evaluate_refusal needs test.categories, one category per harmful prompt")
+    unknown = [c for c in (judged or []) if c not in vectors]
+    if unknown:
+        raise ValueError(f"judged names conditions that are not in vectors: {unknown}; vectors: {list(vectors)}")
+    tokens = list(refusal_tokens or refusal_token_ids(model.tokenizer))
+    cats = test.categories
+    judged = list(vectors) if judged is None else list(judged)
+    out_j, out_s, pooled, responses, kl, first = {}, {}, {}, {}, {}, {}
+    base_harmless = last_logprobs(model, harmless, None, batch_size)
+    for cond, vec in vectors.items():
+        s = scores_from_logprobs(last_logprobs(model, test.positive, vec, batch_size), tokens) > 0
+        first[cond] = s.tolist()
+        out_s[cond] = _rates(first[cond], cats)
+        if vec is not None:
+            kl[cond] = kl_divergence(model, harmless, vec, batch_size, base_logprobs=base_harmless)
+    tset = set(targets)
+    for cond in judged:
+        resp, flags = judge_generations(model, test.positive, vectors[cond], max_new_tokens, batch_size)
+        responses[cond] = resp
+        if judge == "first_token":
+            flags = first[cond]
+        out_j[cond] = _rates(flags, cats)
+        pooled[cond] = {"target": _pooled(flags, cats, tset), "nontarget": _pooled(flags, cats, set(cats) - tset)}
+    examples = []
+    for t in targets:
+        for i in [i for i, c in enumerate(cats) if c == t][:n_examples]:
+            examples.append({"category": t, "prompt": test.positive[i], **{c: responses[c][i] for c in judged}})
+    # returns: judged / scored: condition -> category -> rate; pooled: condition -> {target, nontarget};
+    # kl: condition -> nats; examples: [{category, prompt, condition: response}]
+    return {"judged": out_j, "scored": out_s, "pooled": pooled, "kl": kl, "examples": examples}
+
+
 # ---------------------------------------------------------------------------------------- refusal data
 def _spread(n_items: int, k: int | None) -> list[int]:
     """``k`` indices spread evenly over ``range(n_items)`` (all of them when ``k`` is None or >= n_items)."""
@@ -147,8 +212,8 @@ def refusal_data(tokenizer, split: str | None = "train", categories: Sequence[st
     wordings) / over the harmless list (so over the harmless categories), for cheaper runs.
 
     ``source(split=, harmful=, categories=)`` returns the instructions (:class:`interp.data.Instruction`);
-    default :func:`interp.data.refusal_instructions`; ``interp.data.toy_refusal.instructions`` gives the
-    data of ``zoo:toy-refusal``.
+    default :func:`interp.data.refusal_instructions` (any function with that signature works, e.g. the toy
+    language of the RepIt reproduction, ``interp.benchmarks.repit.toy_data.instructions``).
     """
     from interp import data as zd
 
@@ -188,3 +253,8 @@ def eoi_length(tokenizer, max_len: int = 5) -> int:
     if n == 0:
         raise ValueError("the chat template leaves no tokens after the instruction; cannot locate end-of-instruction")
     return min(n, max_len)
+
+
+__all__ = ["REFUSAL_STARTS", "default_judge", "eoi_length", "evaluate_refusal", "generate", "judge_generations",
+           "kl_divergence", "last_logprobs", "refusal_data", "refusal_scores", "refusal_token_ids",
+           "scores_from_logprobs"]

@@ -1,4 +1,5 @@
-"""RepIt validation on ``zoo:smollm2-135m-refusal`` (RepIt: Siu et al., ICLR 2026).
+"""RepIt validation on ``zoo:smollm2-135m-refusal`` and on the toy model (RepIt: Siu et al., ICLR 2026): the
+experiment of ``interp reproduce repit`` (:mod:`.recipe`). The method is :mod:`interp.steering.repit`.
 
 :func:`experiment` fits RepIt for the weapons-of-mass-destruction-like categories (bio, chem, nuclear) on the
 ``train`` split of :mod:`interp.data`, selects the layer/position (COSMIC) and rho on ``val``, and
@@ -29,10 +30,9 @@ import torch
 
 from interp.results import Result
 
-from .base import SteeringData, select, spread
-from .refusal import judge_generations, kl_divergence, last_logprobs, refusal_data, refusal_token_ids, \
-    scores_from_logprobs
-from .repit import RepIt, RepItConfig
+from interp.steering.base import SteeringData, select, spread
+from interp.steering.refusal import evaluate_refusal, refusal_data
+from interp.steering.repit import RepIt, RepItConfig
 
 CONDITIONS = ("none", "natural", "repit")
 #: Interventions the validation compares: the paper's single-layer affine ablation, and directional ablation
@@ -125,65 +125,14 @@ class RepItValidation(Result):
         return fig
 
 
-def _rates(flags: list[bool], cats: list[str]) -> dict[str, float]:
-    out: dict[str, list[bool]] = {}
-    for f, c in zip(flags, cats):
-        out.setdefault(c, []).append(bool(f))
-    return {c: sum(v) / len(v) for c, v in out.items()}
-
-
-def _pooled(flags: list[bool], cats: list[str], keep: set[str]) -> float:
-    sel = [f for f, c in zip(flags, cats) if c in keep]
-    return sum(sel) / max(len(sel), 1)
-
-
-def evaluate(model, vectors: dict[str, Any], test: SteeringData, harmless: Any, targets: list[str],
-             judged: Sequence[str] | None = None, refusal_tokens: Sequence[int] | None = None,
-             max_new_tokens: int = 24, batch_size: int = 16, n_examples: int = 2,
-             judge: str = "generation") -> dict[str, Any]:
-    """Refusal rates per category under each named vector (``None`` = no intervention).
-
-    Every condition gets first-token-scored rates (``scored``; and, for real vectors, the harmless KL); the
-    conditions in ``judged`` (default: all) also get greedy generations (examples) and their rates by ``judge``
-    (``judged``: string match on the generations, or the first-token score for ``"first_token"``) with pooled
-    target / non-target rates.
-    """
-    if judge not in ("generation", "first_token"):
-        raise ValueError(f"judge must be 'generation' or 'first_token', got {judge!r}")
-    tokens = list(refusal_tokens or refusal_token_ids(model.tokenizer))
-    cats = test.categories
-    judged = list(vectors) if judged is None else list(judged)
-    out_j, out_s, pooled, responses, kl, first = {}, {}, {}, {}, {}, {}
-    base_harmless = last_logprobs(model, harmless, None, batch_size)
-    for cond, vec in vectors.items():
-        s = scores_from_logprobs(last_logprobs(model, test.positive, vec, batch_size), tokens) > 0
-        first[cond] = s.tolist()
-        out_s[cond] = _rates(first[cond], cats)
-        if vec is not None:
-            kl[cond] = kl_divergence(model, harmless, vec, batch_size, base_logprobs=base_harmless)
-    tset = set(targets)
-    for cond in judged:
-        resp, flags = judge_generations(model, test.positive, vectors[cond], max_new_tokens, batch_size)
-        responses[cond] = resp
-        if judge == "first_token":
-            flags = first[cond]
-        out_j[cond] = _rates(flags, cats)
-        pooled[cond] = {"target": _pooled(flags, cats, tset), "nontarget": _pooled(flags, cats, set(cats) - tset)}
-    examples = []
-    for t in targets:
-        for i in [i for i, c in enumerate(cats) if c == t][:n_examples]:
-            examples.append({"category": t, "prompt": test.positive[i], **{c: responses[c][i] for c in judged}})
-    return {"judged": out_j, "scored": out_s, "pooled": pooled, "kl": kl, "examples": examples}
-
-
 def _source(name: str):
     """``(instructions function, refusal-token function or None)`` of a data source."""
     if name == "refusal":
         from interp.data import refusal_instructions
         return refusal_instructions, None
     if name == "toy-refusal":
-        from interp.data import toy_refusal
-        return toy_refusal.instructions, toy_refusal.refusal_tokens
+        from . import toy_data
+        return toy_data.instructions, toy_data.refusal_tokens
     raise ValueError(f"source must be 'refusal' or 'toy-refusal', got {name!r}")
 
 
@@ -248,7 +197,7 @@ def experiment(config: RepItExperimentConfig | None = None, model=None) -> RepIt
         for name, vec in method.vectors_.items():
             vectors[name + _suffix(mode)] = vec
         judged += ["natural" + _suffix(mode), "repit" + _suffix(mode)]
-    ev = evaluate(model, vectors, test, harmless, list(c.targets), judged, first.config.refusal_tokens,
+    ev = evaluate_refusal(model, vectors, test, harmless, list(c.targets), judged, first.config.refusal_tokens,
                   c.max_new_tokens, c.batch_size, c.n_examples, c.judge)
     pooled = ev["pooled"]
     base_t, base_nt = pooled["none"]["target"], pooled["none"]["nontarget"]
@@ -300,7 +249,7 @@ def _category_cosine(cv, targets: list[str], position: int, layer: int) -> dict[
 def _data_efficiency(model, method: RepIt, train: SteeringData, sizes: Sequence[int]) -> dict[str, float]:
     """cos(v'_n, v'_full) of the RepIt vector rebuilt from the first ``n`` train prompts of each target category
     (all non-target and harmless prompts kept; layer, position and rho fixed to the full fit's)."""
-    from .repit import category_vectors, isolated_target
+    from interp.steering.repit import category_vectors, isolated_target
 
     full = method.vectors_["repit"]
     meta = full.metadata
@@ -330,4 +279,4 @@ def _count(cats: list[str]) -> dict[str, int]:
     return out
 
 
-__all__ = ["RepItExperimentConfig", "RepItValidation", "experiment", "evaluate", "toy_config", "CONDITIONS", "MODES"]
+__all__ = ["RepItExperimentConfig", "RepItValidation", "experiment", "toy_config", "CONDITIONS", "MODES"]

@@ -1,6 +1,6 @@
-"""The data of ``zoo:toy-refusal`` (the recipe that trains it is :mod:`interp.zoo.toy_refusal`): a 2-layer Llama trained from scratch to refuse requests that combine harmful intent with
-a harmful topic: the CPU-scale "category refusal" model of the RepIt validation recipe
-(``shared/papers/interp_papers.md`` §1).
+"""The data of ``zoo:toy-refusal`` (the recipe that trains it is :mod:`interp.benchmarks.repit.toy_model`): a
+2-layer Llama trained from scratch to refuse requests that combine harmful intent with a harmful topic: the
+CPU-scale "category refusal" model of the RepIt validation recipe (the papers digest, section 1).
 
 The language. An instruction is six words drawn from small word pools:
 
@@ -36,7 +36,7 @@ from functools import lru_cache
 
 from typing import Sequence
 
-from .refusal import Instruction
+from interp.data.refusal import Instruction
 
 HARMFUL_CATEGORIES: tuple[str, ...] = ("bio", "chem", "nuclear", "cyber", "fraud", "violence")
 TOPICS: dict[str, tuple[str, ...]] = {
@@ -185,7 +185,7 @@ def first_token_accuracy(model, tokenizer, items: Sequence[Instruction]) -> dict
     or ``Sure``), overall, and the refusal rates (a refusal token first) of harmful / harmless prompts."""
     import torch
 
-    from .refusal import format_chat
+    from interp.data.refusal import format_chat
 
     enc = tokenizer([format_chat(tokenizer, it.text) for it in items], add_special_tokens=False,
                     return_tensors="pt")

@@ -1,6 +1,10 @@
 """``zoo:toy-refusal``: the recipe that trains the 2-layer "category refusal" Llama of the RepIt validation
-(``shared/papers/interp_papers.md`` §1). Its language, splits, tokenizer and first-token judge are data, in
-:mod:`interp.data.toy_refusal`; this module only builds and trains the model.
+(the papers digest, section 1). Its language, splits, tokenizer and first-token judge are data, in
+:mod:`interp.benchmarks.repit.toy_data`; this module only builds and trains the model.
+
+The zoo entry (:data:`TOY_REFUSAL`) is declared in ``pyproject.toml`` under the ``interp.zoo`` entry points; its
+name, version and params are those of the entry ``interp.zoo.builtin`` registered before the move, so its cache
+key (``tests/zoo/test_moved_entries.py`` pins it) and every cached build stay valid.
 """
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..data.refusal import Instruction
-from ..data.toy_refusal import (HARMFUL_CATEGORIES, HARMLESS_KINDS, _sample, first_token_accuracy, instructions,
+from interp.data.refusal import Instruction
+from interp.zoo import ZooEntry
+
+from .toy_data import (HARMFUL_CATEGORIES, HARMLESS_KINDS, _sample, first_token_accuracy, instructions,
                                 make_tokenizer, response)
 
 @dataclass
@@ -48,7 +54,7 @@ def _encode(tokenizer, items: Sequence[Instruction]):
     """``(input_ids, labels)`` of prompt + response, loss on the response tokens only (equal lengths)."""
     import torch
 
-    from ..data.refusal import format_chat
+    from interp.data.refusal import format_chat
 
     ids, labels = [], []
     for it in items:
@@ -79,7 +85,7 @@ def _stream_batch(rng: random.Random, n: int, exclude: set[str]) -> list[Instruc
 
 def build_toy_refusal(out: Path, params: Mapping[str, Any]) -> dict:
     """Train the toy refusal model and save it with its tokenizer (raises if it does not learn the rule)."""
-    from ._util import torch_threads
+    from interp.zoo._util import torch_threads
 
     cfg = ToyRefusalConfig.from_params(params)
     with torch_threads(cfg.num_threads):
@@ -90,8 +96,8 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..progress import progress
-    from ._util import quiet_transformers, warmup_cosine_schedule
+    from interp.progress import progress
+    from interp.zoo._util import quiet_transformers, warmup_cosine_schedule
 
     torch.manual_seed(cfg.seed)
     tok = make_tokenizer()
@@ -134,4 +140,16 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     return metrics
 
 
-__all__ = ["ToyRefusalConfig", "build_toy_refusal"]
+TOY_REFUSAL = ZooEntry(
+    name="toy-refusal",
+    description="2-layer Llama (d 64) trained from scratch to refuse six-word requests that combine a shared "
+                "harmful-intent word with a harmful topic (bio, chem, nuclear, cyber, fraud, violence); the "
+                "CPU-scale category-refusal model of the RepIt validation (data: interp.benchmarks.repit.toy_data).",
+    source="trained locally on interp.benchmarks.repit.toy_data.instructions",
+    architecture="LlamaForCausalLM",
+    size="0.14M params",
+    builder=build_toy_refusal,
+    params=ToyRefusalConfig().to_params(),
+)
+
+__all__ = ["TOY_REFUSAL", "ToyRefusalConfig", "build_toy_refusal"]

@@ -2,18 +2,19 @@
 
 * :mod:`.refusal` — the category-labelled refusal instruction set (``refusal_instructions``, splits by task),
   the refusal judge (``is_refusal``), chat formatting (``format_chat``), and held-out real text
-  (``kjv_text``, ``heldout_text``: the King James Bible from a package, with the Book of Ruth held out);
-* :mod:`.toy_refusal` — the language of ``zoo:toy-refusal`` (``instructions``, ``refusal_tokens``,
-  ``first_token_accuracy``, its tokenizer).
+  (``kjv_text``, ``heldout_text``: the King James Bible from a package, with the Book of Ruth held out).
+
+(The language of ``zoo:toy-refusal``, which only the RepIt reproduction uses, is
+:mod:`interp.benchmarks.repit.toy_data`.)
 
 Nothing here imports a model or a training recipe; the recipes in :mod:`interp.zoo` import from here.
 """
 from __future__ import annotations
 
-from . import refusal, toy_refusal
+from . import refusal
 from .refusal import (HARMFUL_CATEGORIES, REFUSAL_OPENERS, Instruction, category_names, category_tasks, format_chat,
                       heldout_text, is_refusal, kjv_text, refusal_instructions, refusal_response)
 
-__all__ = ["refusal", "toy_refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
+__all__ = ["refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
            "category_tasks", "refusal_instructions", "refusal_response", "is_refusal", "format_chat", "kjv_text",
            "heldout_text"]

@@ -16,7 +16,7 @@ time (:func:`verify` / ``interp zoo verify`` for a full check; see :mod:`interp.
 packages add entries with :func:`register` or through the ``interp.zoo`` entry-point group.
 
 Layering: the capture layer imports only this registry (to resolve ``zoo:NAME``); the training recipes
-(:mod:`.grammar`, :mod:`.refusal`, :mod:`.toy_refusal`, :mod:`.real`) are imported only when an entry is
+(:mod:`.grammar`, :mod:`.refusal`, :mod:`.real`) are imported only when an entry is
 built, and the data they train on is the public module :mod:`interp.data`, which analyzers use too.
 """
 from __future__ import annotations

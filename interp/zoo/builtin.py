@@ -98,25 +98,6 @@ TOY_GRAMMAR = register(ZooEntry(
 ))
 
 
-def _toy_refusal_params() -> dict:
-    from .toy_refusal import ToyRefusalConfig
-
-    return ToyRefusalConfig().to_params()
-
-
-TOY_REFUSAL = register(ZooEntry(
-    name="toy-refusal",
-    description="2-layer Llama (d 64) trained from scratch to refuse six-word requests that combine a shared "
-                "harmful-intent word with a harmful topic (bio, chem, nuclear, cyber, fraud, violence); the "
-                "CPU-scale category-refusal model of the RepIt validation (data: interp.data.toy_refusal).",
-    source="trained locally on interp.data.toy_refusal.instructions",
-    architecture="LlamaForCausalLM",
-    size="0.14M params",
-    builder=_lazy(".toy_refusal:build_toy_refusal"),
-    params=_toy_refusal_params(),
-))
-
-
 def _register_planning() -> tuple[ZooEntry, ...]:
     """The ``planning-*`` entries (issue #15): recipes and specs live in :mod:`interp.zoo.planning`."""
     from .planning import planning_specs

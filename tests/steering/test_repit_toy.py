@@ -1,4 +1,4 @@
-"""RepIt's effect on zoo:toy-refusal: the digest's CPU-scale validation recipe (shared/papers/interp_papers.md §1).
+"""RepIt's effect on zoo:toy-refusal: the digest's CPU-scale validation recipe (the papers digest, section 1).
 
 The model refuses ("<category> : I cannot help ...") six-word requests that combine intent with a harmful topic;
 all harmful categories share the intent words, so their refusal directions overlap (pairwise cosine 0.5-0.9 at
@@ -6,11 +6,14 @@ blocks.1.hook_resid_pre). Pass criteria of the recipe, judged by P(refusal first
 the plain target difference-in-means ablation breaks refusal on every harmful category; RepIt at its searched rho
 removes the target's refusal (>= 50 points) and keeps >= 90% of non-target refusal; 12 target prompts give
 nearly the same vector (cos > 0.8).
+
+The criteria over the six training seeds of the toy recipe are the claims of ``interp reproduce repit --preset
+full`` (benchmarks/repit/claims.yaml); these tests assert what holds for any trained toy model.
 """
 import pytest
 import torch
 
-from interp.steering.repit_validation import RepItValidation, experiment, toy_config
+from interp.benchmarks.repit.experiment import RepItValidation, experiment, toy_config
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +23,7 @@ def wmd(toy_refusal_path):
 
 def test_toy_model_learned_the_rule(toy_refusal_path):
     import interp.zoo
-    from interp.data import toy_refusal as tr
+    from interp.benchmarks.repit import toy_data as tr
 
     info = interp.zoo.info("toy-refusal")
     assert info.metrics["test_accuracy"] >= 0.98 and info.metrics["test_harmless_refused"] <= 0.02
@@ -37,7 +40,7 @@ def test_repit_group_rule_and_bookkeeping(wmd, tmp_path):
     """What holds for any toy model the recipe trains: the paper's rho rule, the criteria's arithmetic, the
     data-efficiency rebuild, the saved result. Whether the group's refusal is isolated depends on the trained model
     (2 of 6 recipe seeds pass every criterion; the CI machine's numerics trained a seventh model on which the
-    non-target criterion failed too): that is measured over seeds by the slow ``test_repit_toy_seeds_*``."""
+    non-target criterion failed too): that is measured over seeds by ``interp reproduce repit --preset full``."""
     s = wmd.summary
     # the build requires 98% held-out accuracy; every held-out prompt is refused on all 6 seeds measured
     assert s["none"]["target"] == 1.0 and s["none"]["nontarget"] == 1.0
@@ -65,7 +68,8 @@ def test_repit_group_rule_and_bookkeeping(wmd, tmp_path):
 def test_single_target_category(toy_refusal_path):
     """The recipe's single target (one category against five): RepIt removes bio's refusal and keeps the others'.
     Measured on 6 seeds of the recipe: drop 1.00 on every seed, non-target refusal kept at 0.92-0.99. (That the
-    plain bio vector also breaks the others' refusal holds on 4 of the 6 seeds only: see the slow seed test.)"""
+    plain bio vector also breaks the others' refusal, keeping < 90 % of it, holds on 5 of the 6 seeds, < 50 % on 4: see
+    the recipe's claims.)"""
     res = experiment(toy_config(targets=("bio",)))
     before, rep = res.summary["none"], res.summary["repit"]
     assert before["target"] - rep["target"] >= 0.5  # >= 50 points
@@ -81,60 +85,3 @@ def test_projection_alone_carries_the_shared_refusal(wmd):
     proj = wmd.scored["projection"]
     assert sum(proj[c] for c in wmd.non_targets) / len(wmd.non_targets) < 0.5
     assert torch.tensor([wmd.scored["repit"][c] for c in wmd.non_targets]).mean() >= 0.9
-
-
-# ---------------------------------------------------------------- over seeds of the recipe (slow, ~35 CPU-minutes)
-SEEDS = range(6)
-
-
-@pytest.fixture(scope="module")
-def seed_runs(tmp_path_factory):
-    """The toy recipe (``ToyRefusalConfig``) trained with seeds 0-5, and the group and single-target validations on
-    each model. ``INTERP_REPIT_SEEDS_DIR`` keeps the models and results between sessions (a rerun resumes)."""
-    import os
-    from pathlib import Path
-
-    import interp
-    from interp.zoo.toy_refusal import ToyRefusalConfig, build_toy_refusal
-
-    root = Path(os.environ.get("INTERP_REPIT_SEEDS_DIR") or tmp_path_factory.mktemp("repit_seeds"))
-    out = {}
-    for seed in SEEDS:
-        folder = root / f"toy_seed{seed}"
-        if not (folder / "done").exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            build_toy_refusal(folder, ToyRefusalConfig(seed=seed).to_params())
-            (folder / "done").write_text("built\n")
-        model = interp.load(str(folder), backend="torch")
-        runs = {}
-        for name, targets in (("group", ("bio", "chem", "nuclear")), ("single", ("bio",))):
-            path = root / f"{name}{seed}"
-            if not path.exists():
-                experiment(toy_config(targets=targets), model=model).save(path)
-            runs[name] = RepItValidation.load(path)
-        out[seed] = runs
-    return out
-
-
-@pytest.mark.slow
-def test_repit_toy_seeds_single_target_and_retention(seed_runs):
-    """On every seed: the single target's refusal goes (measured drop 1.00 on all 6) while the others' stays
-    (0.92-0.99 of baseline), and the group's non-target refusal is kept (0.958-1.00)."""
-    for seed, runs in seed_runs.items():
-        single = runs["single"].summary
-        assert single["none"]["target"] - single["repit"]["target"] >= 0.5, seed
-        assert single["repit"]["nontarget"] >= 0.9 * single["none"]["nontarget"], seed
-        assert runs["group"].criteria["repit_nontarget_retain"]["passed"], seed
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced on every model the toy recipe trains: the group (bio, chem, nuclear) passes every criterion on "
-    "seeds 0 and 5 only. Target refusal after RepIt (criterion <= 0.2) per seed 0-5: 0.00, 0.47, 0.52, 0.50, 0.29, "
-    "0.13; on seeds 2-4 one or two target categories keep their refusal (seed 2: bio 0.75, chem 0.44, nuclear 0.38; "
-    "seed 3: bio 0.69, nuclear 0.81; seed 4: chem 0.75): the pooled target vector's isolated part is one direction "
-    "and does not carry every target category's own refusal. On seed 1 the plain target vector breaks neither the "
-    "targets' nor the others' refusal (0.47 / 0.98), so the rho search keeps rho = 0"))
-def test_repit_toy_seeds_group_isolated_on_every_seed(seed_runs):
-    failed = {seed: runs["group"].criteria for seed, runs in seed_runs.items() if not runs["group"].passed}
-    assert not failed, failed

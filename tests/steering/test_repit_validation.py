@@ -1,8 +1,8 @@
 """RepIt on zoo:smollm2-135m-refusal (slow: 16 min on one idle CPU thread, 80 min at load 17-31; builds the refusal model if not cached).
 
 Run with ``pytest -m slow tests/steering/test_repit_validation.py``. The measured table and the analysis are in
-docs/steering.md. What the measurement reproduces is asserted; the paper's headline criteria are strict xfails, so
-that a model or fix that meets them is noticed.
+docs/steering.md (the same run: ``interp reproduce repit --preset smollm2``). What the measurement shows is asserted;
+the paper's headline criterion is a strict xfail, so that a model or fix that meets it is noticed.
 
 The numbers in the assertions and the xfail reason are those of the corrected run (#23, 2026-12-01): COSMIC chose
 layer 17, position -1; rho 0.99 in both deployments.
@@ -22,7 +22,7 @@ def refusal_model():
 
 @pytest.fixture(scope="module")
 def result(refusal_model, tmp_path_factory):
-    from interp.steering.repit_validation import RepItExperimentConfig, RepItValidation, experiment
+    from interp.benchmarks.repit.experiment import RepItExperimentConfig, RepItValidation, experiment
 
     res = experiment(RepItExperimentConfig(), model=refusal_model)
     path = tmp_path_factory.mktemp("repit") / "result"
@@ -45,7 +45,8 @@ def test_reproduced(result):
     assert result.kl["repit_ablation"] < result.kl["natural_ablation"]
     # the paper's single-layer deployment: the plain vector's collateral (held-out non-target refusal 0.988 -> 0.163)
     assert result.criteria["natural_collateral"]["passed"], result.criteria
-    # ... RepIt keeps non-target refusal there (0.975) and moves harmless distributions less (KL 0.018 vs 0.090)
+    # ... RepIt keeps non-target refusal there (0.975) and moves harmless distributions less (KL 0.018 vs 0.090);
+    # this is no evidence of isolation on its own: at rho 0.99 RepIt leaves the targets' refusal at 1.00 too (xfail below)
     assert result.criteria["repit_nontarget_retain"]["passed"], result.criteria
     assert result.kl["repit"] < result.kl["natural"]
     # data efficiency: the vector rebuilt from 12 prompts per target category is close to the full-data one (0.914)
@@ -55,7 +56,7 @@ def test_reproduced(result):
     assert result.to_frame().shape[0] == 5 * 11 and result.figure() is not None
 
 
-@pytest.mark.xfail(strict=True, reason="not reproduced on zoo:smollm2-135m-refusal (#23 rerun, COSMIC layer 17, "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not reproduced on zoo:smollm2-135m-refusal (#23 rerun, COSMIC layer 17, "
                    "position -1, rho 0.99, the only feasible value): held-out target refusal 1.00 -> 1.00 with RepIt's "
                    "single-layer affine ablation (drop 0.0) and 1.00 -> 0.93 with every layer (drop 0.07), criterion "
                    ">= 0.8; the 11 category vectors are nearly parallel there (cosine 0.89-0.95), so isolation keeping "
