@@ -1,88 +1,32 @@
-"""Reverse distillation on the locally trained protein MLM family: fit, apply to new sequences, probe, compare."""
+"""Reverse distillation on a locally trained protein MLM family (models digest, section 4, beside the paper's
+ProteinGym percentages): fit the chains on training-split residues, embed held-out proteins with every model and
+every chain, score few-shot probes, compare representations. The method is
+:mod:`interp.models.reverse_distillation`."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from interp.io import atomic_dir, load_json, save_tensors_json
+from interp.models.reverse_distillation.plm import embed_residues, load_plm
+from interp.models.reverse_distillation.probes import exactness, probe_score
+from interp.models.reverse_distillation.proteins import (TASKS, hmm_domain_labels, load_proteins, residue_tasks,
+                                                         sequence_tasks, split_proteins)
+from interp.models.reverse_distillation.scaler import RDChain, RDScaler, ScalerConfig
+from interp.models.reverse_distillation.zoo import family
 from interp.progress import progress
 from interp.results import Result
 
-from .plm import embed_residues, load_plm
-from .probes import exactness, probe_score
-from .proteins import TASKS, hmm_domain_labels, load_proteins, residue_tasks, sequence_tasks, split_proteins
-from .scaler import RDChain, RDScaler, ScalerConfig
-from .zoo import family
-
-__all__ = ["ReverseDistilledFamily", "ProteinRDConfig", "ProteinRDResult", "protein_experiment",
-           "PAPER_PROTEINGYM"]
+__all__ = ["ProteinRDConfig", "ProteinRDResult", "protein_experiment", "PAPER_PROTEINGYM"]
 
 #: the paper's ProteinGym DMS percentages (28 single-mutant sets, linear probes; digest section 4)
 PAPER_PROTEINGYM = {
     "rd.650M > 650M": 71.4, "rd.3B > 3B": 85.7, "rd.15B > 15B": 67.9,
     "rd.3B > rd.650M": 92.9, "3B > 650M": 53.6, "rd.15B > rd.3B": 85.7,
 }
-
-
-class ReverseDistilledFamily:
-    """A family of models (ascending width) with a fitted :class:`RDChain`: embeds new sequences.
-
-    ``models``: zoo names or HF folders of ``EsmForMaskedLM`` models. ``embed(seqs)`` returns, per level
-    ``i``, the per-residue RD embeddings (one ``[L_j, k_i]`` tensor per sequence); level 0 is the smallest model's
-    own embedding, level ``i`` starts with level ``i - 1`` (Matryoshka).
-    """
-
-    def __init__(self, models: Sequence[str], chain: RDChain):
-        if len(models) != len(chain.widths):
-            raise ValueError(f"{len(models)} models but the chain has {len(chain.widths)} levels")
-        self.models, self.chain = list(models), chain
-        self._loaded: list | None = None
-
-    def _plms(self) -> list:
-        if self._loaded is None:
-            self._loaded = [load_plm(m) for m in self.models]
-        return self._loaded
-
-    def raw(self, sequences: Sequence[str], batch_size: int = 16) -> list[list[torch.Tensor]]:
-        """Per model: per-residue embeddings of each sequence."""
-        return [embed_residues(m, sequences, batch_size) for m in self._plms()]
-
-    @classmethod
-    def fit(cls, models: Sequence[str], sequences: Sequence[str], config: ScalerConfig | None = None,
-            batch_size: int = 16) -> "ReverseDistilledFamily":
-        """Embed ``sequences`` with every model and fit the chain on all their residues."""
-        plms = [load_plm(m) for m in models]
-        embs = [torch.cat(embed_residues(m, sequences, batch_size)) for m in plms]
-        fam = cls(models, RDChain.fit(embs, config))
-        fam._loaded = plms
-        return fam
-
-    def apply(self, raw: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-        """RD embeddings from already computed per-model embeddings (as returned by :meth:`raw`)."""
-        lengths = [len(e) for e in raw[0]]
-        levels = self.chain.transform([torch.cat(e) for e in raw])
-        return [list(torch.split(lv, lengths)) for lv in levels]
-
-    def embed(self, sequences: Sequence[str], batch_size: int = 16) -> list[list[torch.Tensor]]:
-        return self.apply(self.raw(sequences, batch_size))
-
-    def save(self, path: str | Path) -> Path:
-        """``family.json`` (model names) + the chain (``chain.json``, ``scalers.safetensors``)."""
-        path = Path(path)
-        with atomic_dir(path) as tmp:
-            self.chain.save(tmp / "chain")
-            save_tensors_json(tmp, {}, {"models": [str(m) for m in self.models]}, stem="family")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ReverseDistilledFamily":
-        path = Path(path)
-        meta = load_json(path / "family.json", what="ReverseDistilledFamily", required=("models",))
-        return cls(meta["models"], RDChain.load(path / "chain"))
 
 
 @dataclass
@@ -168,13 +112,17 @@ def _pool(embs: list[torch.Tensor]) -> np.ndarray:
     return torch.stack([e.double().mean(0) for e in embs]).numpy()
 
 
-def protein_experiment(config: ProteinRDConfig | None = None) -> ProteinRDResult:
+def protein_experiment(config: ProteinRDConfig | None = None, models: Sequence[str | Path] | None = None,
+                       model_metrics: Mapping[str, Mapping] | None = None) -> ProteinRDResult:
     """Fit the chains on training-split residues, embed the held-out proteins with every model and every chain, and
-    score few-shot ridge probes on every task."""
-    from interp import zoo
+    score few-shot ridge probes on every task.
 
+    ``models``: the family in ascending width, as zoo names or HF folders (default: the zoo family of
+    ``config.toy``); ``model_metrics``: name -> training metrics reported in the result (default: the zoo's
+    build metrics for zoo names, nothing for folders).
+    """
     c = config or ProteinRDConfig()
-    names = list(family(c.toy))
+    names = [str(m) for m in (models if models is not None else family(c.toy))]
     proteins = load_proteins()
     proteins.sequences = [s[: c.max_length] for s in proteins.sequences]  # as embedded (ESM's truncation)
     train, held = split_proteins(proteins)
@@ -269,5 +217,9 @@ def protein_experiment(config: ProteinRDConfig | None = None) -> ProteinRDResult
         comparisons[f"rd.{w} > naive.{w}"] = frac(f"rd.{w}", f"naive.{w}")
         comparisons[f"rd.{w} > rd_code.{w}"] = frac(f"rd.{w}", f"rd_code.{w}")
     comparisons[f"rd.{widths[-1]} > direct.{widths[-1]}"] = frac(f"rd.{widths[-1]}", f"direct.{widths[-1]}")
-    metrics = {n: dict(zoo.info(n).metrics) for n in names}
+    if model_metrics is None:
+        from interp import zoo
+
+        model_metrics = {n: zoo.info(n).metrics for n in names if not Path(n).is_dir()}
+    metrics = {str(n): dict(m) for n, m in model_metrics.items()}
     return ProteinRDResult(scores, comparisons, ex, widths, names, metrics, asdict(c))

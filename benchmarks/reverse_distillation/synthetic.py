@@ -1,4 +1,5 @@
-"""The digest's synthetic "model family" with planted latent factors, and its validation experiment.
+"""The digest's synthetic "model family" with planted latent factors, and its validation experiment (digest
+section 4's CPU-scale recipe; ``interp reproduce reverse_distillation``).
 
 Per sample: shared factors ``s`` ``[8]`` (high variance), rare factors ``r`` ``[8]`` (each active with probability
 ``r_active``), nuisance factors ``z`` ``[16]`` (large variance). "Models" of width 16 / 32 / 64 are
@@ -16,8 +17,8 @@ import torch
 from interp.progress import progress
 from interp.results import Result
 
-from .probes import exactness, probe_score
-from .scaler import RDChain, ScalerConfig
+from interp.models.reverse_distillation.probes import exactness, probe_score
+from interp.models.reverse_distillation.scaler import RDChain, ScalerConfig
 
 __all__ = ["SyntheticConfig", "SyntheticFamily", "SyntheticResult", "synthetic_experiment"]
 

@@ -14,13 +14,14 @@ Public API::
     PLMConfig, embed_residues, load_plm, family                          # the protein MLM family (zoo entries)
     load_proteins, split_proteins, residue_tasks, sequence_tasks, hmm_domain_labels, TASKS
     probe_score, exactness
-    SyntheticConfig, synthetic_experiment, SyntheticResult               # digest's latent-factor family
-    ProteinRDConfig, protein_experiment, ProteinRDResult, PAPER_PROTEINGYM
 
-Importing the package registers the zoo entries ``protein-mlm-{32,64,128}`` and ``protein-mlm-toy-{8,16,24}``.
+The zoo entries ``protein-mlm-{32,64,128}`` and ``protein-mlm-toy-{8,16,24}`` are declared through the
+``interp.zoo`` entry point ``protein-mlm`` (:func:`.zoo.entries`); nothing registers at import time. The
+validations (the digest's synthetic latent-factor family, the protein family beside the paper's ProteinGym
+numbers) are the reproduction recipe ``interp reproduce reverse_distillation``
+(``benchmarks/reverse_distillation/``).
 """
-from . import zoo  # noqa: F401  (registers the protein MLM zoo entries)
-from .experiment import PAPER_PROTEINGYM, ProteinRDConfig, ProteinRDResult, ReverseDistilledFamily, protein_experiment
+from .family import ReverseDistilledFamily
 from .plm import ESM_TOKENS, PLMConfig, embed_residues, load_plm, make_tokenizer, masked_lm_eval, train_plm
 from .probes import exactness, probe_score
 from .proteins import (TASKS, ProteinSet, Task, hmm_domain_labels, load_proteins, residue_tasks, sequence_tasks,
@@ -28,15 +29,14 @@ from .proteins import (TASKS, ProteinSet, Task, hmm_domain_labels, load_proteins
 from .scaler import (REGRESSORS, VARIANTS, LinearMap, NaiveScaler, RDChain, RDScaler, ResidualPCA, ScalerConfig,
                      estimate_noise_variance, fit_linear_map, fit_pcr, fit_residual_pca, johnstone_threshold,
                      reconstruction_r2)
-from .synthetic import SyntheticConfig, SyntheticFamily, SyntheticResult, synthetic_experiment
 from .zoo import FAMILY, TOY_FAMILY, family, family_configs
 
 __all__ = [
-    "ESM_TOKENS", "FAMILY", "LinearMap", "NaiveScaler", "PAPER_PROTEINGYM", "PLMConfig", "ProteinRDConfig",
-    "ProteinRDResult", "ProteinSet", "RDChain", "RDScaler", "REGRESSORS", "ResidualPCA", "ReverseDistilledFamily",
-    "ScalerConfig", "SyntheticConfig", "SyntheticFamily", "SyntheticResult", "TASKS", "TOY_FAMILY", "Task",
+    "ESM_TOKENS", "FAMILY", "LinearMap", "NaiveScaler", "PLMConfig",
+    "ProteinSet", "RDChain", "RDScaler", "REGRESSORS", "ResidualPCA", "ReverseDistilledFamily",
+    "ScalerConfig", "TASKS", "TOY_FAMILY", "Task",
     "VARIANTS", "embed_residues", "estimate_noise_variance", "exactness", "family", "family_configs",
     "fit_linear_map", "fit_pcr", "fit_residual_pca", "hmm_domain_labels", "johnstone_threshold", "load_plm",
-    "load_proteins", "make_tokenizer", "masked_lm_eval", "probe_score", "protein_experiment", "reconstruction_r2",
-    "residue_tasks", "sequence_tasks", "split_proteins", "synthetic_experiment", "train_plm", "window_mean",
+    "load_proteins", "make_tokenizer", "masked_lm_eval", "probe_score", "reconstruction_r2",
+    "residue_tasks", "sequence_tasks", "split_proteins", "train_plm", "window_mean",
 ]

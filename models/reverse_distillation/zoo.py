@@ -1,9 +1,10 @@
-"""Zoo entries of the locally trained protein MLM family (registered on import of the package).
+"""Zoo entries of the locally trained protein MLM family, declared through the ``interp.zoo`` entry point
+``protein-mlm`` (:func:`entries`; nothing registers at import time).
 
-* ``protein-mlm-32``, ``protein-mlm-64``, ``protein-mlm-128``: the family used in the validation (2 / 3 / 4 layers,
-  600 steps of 16 crops of 96 residues on the 1,680 training proteins; slow builds);
+* ``protein-mlm-32``, ``protein-mlm-64``, ``protein-mlm-128``: the family of the reproduction's full run
+  (2 / 3 / 4 layers, 600 steps of 16 crops of 96 residues on the 1,680 training proteins; slow builds);
 * ``protein-mlm-toy-8``, ``-16``, ``-24``: a 1-layer toy family (60 steps on 200 proteins, seconds to build) for
-  tests and the notebook.
+  tests (also of the ESM architecture's capture) and the notebook.
 
 Use :func:`family` to get the names of a family in ascending width.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from interp.zoo.registry import ZooEntry, get_entry, register
+from interp.zoo.registry import ZooEntry
 
 from .plm import PLMConfig
 
@@ -63,15 +64,3 @@ def entries() -> list[ZooEntry]:
                 slow=not toy,
             ))
     return out
-
-
-def _register() -> None:
-    for entry in entries():
-        try:
-            get_entry(entry.name)
-            continue  # already registered (module reloaded, or found through the entry point)
-        except KeyError:
-            register(entry)
-
-
-_register()
