@@ -22,6 +22,9 @@ steps started from the free state with the output error fed back, then local upd
 applied as ascent with Adam (``−Δ`` is passed as the gradient). The backprop baseline trains the
 *same* network by backpropagation through the ``T`` free-phase steps (BPTT).
 
+The paper's validations on digits are a reproduction recipe, ``interp reproduce equilibrium_propagation``
+(``benchmarks/equilibrium_propagation/``), not part of this module.
+
 Choices where the paper is unclear (documented, listed in ``docs/models/equilibrium_propagation.md``):
 
 * symmetric feedback stays tied to ``W_iᵀ`` during training (including skip links, ``S^B = Sᵀ``);
@@ -38,23 +41,21 @@ Choices where the paper is unclear (documented, listed in ``docs/models/equilibr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from interp.progress import progress
-from interp.results import Result
 
 from .common import accuracy, digits_split, minibatches, set_seed
 
 __all__ = [
-    "EPConfig", "FRERNN", "TrainStats", "EPResult", "train", "ep_gradients", "bp_gradients",
-    "gradient_alignment", "convergence_profile", "default_skips", "experiment",
+    "EPConfig", "FRERNN", "TrainStats", "train", "ep_gradients", "bp_gradients",
+    "gradient_alignment", "convergence_profile", "default_skips",
 ]
 
 Feedback = Literal["symmetric", "random"]
@@ -459,119 +460,3 @@ def convergence_profile(model: FRERNN, x: torch.Tensor, betas: Sequence[float], 
     finally:
         model.betas = saved
     return steps, radius
-
-
-# ---------------------------------------------------------------------------------------------------
-# Experiment
-# ---------------------------------------------------------------------------------------------------
-@dataclass
-class EPResult(Result):
-    """All four validations of the digest on digits.
-
-    ``accuracy``: ``{"ep": [...], "bp": [...]}`` final test accuracy per seed; ``curves``: test accuracy per
-    epoch ``{method: [n_seeds, epochs]}``; ``betas``: the feedback strengths swept, with
-    ``convergence_steps`` (mean free-phase steps to ``‖Δs‖∞ < tol``), ``spectral_radius`` and
-    ``beta_accuracy`` (test accuracy), each measured on a network trained with that β; ``alignment``: cosine(EP Δ, −∇BP) per parameter (trained EP net);
-    ``depth_accuracy``: ``{"no_skip": [...], "skip": [...]}`` at ``depth_layers`` hidden layers.
-    """
-
-    seeds: list[int]
-    accuracy: dict[str, list[float]]
-    curves: dict[str, np.ndarray]
-    betas: list[float]
-    convergence_steps: list[float]
-    spectral_radius: list[float]
-    beta_accuracy: list[float]
-    alignment: dict[str, float]
-    depth_layers: int
-    depth_skips: list[list[int]]
-    depth_seeds: list[int]
-    depth_accuracy: dict[str, list[float]]
-    config: dict = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        rows = [{"part": "accuracy", "setting": m, "seed": s, "value": a}
-                for m, accs in self.accuracy.items() for s, a in zip(self.seeds, accs)]
-        rows += [{"part": "convergence_steps", "setting": f"beta={b}", "seed": None, "value": v}
-                 for b, v in zip(self.betas, self.convergence_steps)]
-        rows += [{"part": "spectral_radius", "setting": f"beta={b}", "seed": None, "value": v}
-                 for b, v in zip(self.betas, self.spectral_radius)]
-        rows += [{"part": "beta_accuracy", "setting": f"beta={b}", "seed": None, "value": v}
-                 for b, v in zip(self.betas, self.beta_accuracy)]
-        rows += [{"part": "alignment", "setting": n, "seed": None, "value": v} for n, v in self.alignment.items()]
-        rows += [{"part": f"depth{self.depth_layers}", "setting": k, "seed": s, "value": a}
-                 for k, accs in self.depth_accuracy.items() for s, a in zip(self.depth_seeds, accs)]
-        return pd.DataFrame(rows)
-
-    def figure(self):
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        fig = make_subplots(rows=2, cols=2, subplot_titles=(
-            "test accuracy during training", "free-phase convergence vs feedback β",
-            "cosine(EP update, −BP gradient)", f"{self.depth_layers} hidden layers: residual links"))
-        for m, color in (("ep", "#EF553B"), ("bp", "#636EFA")):
-            c = np.asarray(self.curves[m], dtype=np.float64)
-            fig.add_trace(go.Scatter(y=c.mean(0), name=m.upper(), mode="lines", line=dict(color=color)), 1, 1)
-        fig.add_trace(go.Scatter(x=self.betas, y=self.convergence_steps, name="steps to converge",
-                                 mode="lines+markers"), 1, 2)
-        fig.add_trace(go.Scatter(x=self.betas, y=self.spectral_radius, name="spectral radius",
-                                 mode="lines+markers", yaxis="y5"), 1, 2)
-        names = list(self.alignment)
-        fig.add_trace(go.Bar(x=names, y=[self.alignment[n] for n in names], name="cosine", showlegend=False), 2, 1)
-        for k in self.depth_accuracy:
-            fig.add_trace(go.Box(y=self.depth_accuracy[k], name=k, boxpoints="all", showlegend=False), 2, 2)
-        fig.update_xaxes(title_text="epoch", row=1, col=1)
-        fig.update_xaxes(title_text="β_i", type="log", row=1, col=2)
-        fig.update_yaxes(type="log", row=1, col=2)
-        fig.update_layout(title="FRE-RNN trained with equilibrium propagation (digits)", height=700)
-        return fig
-
-
-def experiment(config: EPConfig | None = None, seeds: Sequence[int] = (0, 1, 2, 3, 4),
-               betas: Sequence[float] = (0.01, 0.1, 1.0, 2.0), convergence_epochs: int = 10,
-               depth_layers: int = 8, depth_epochs: int = 20, depth_skips: Sequence[tuple[int, int]] | None = None,
-               depth_seeds: Sequence[int] = (0, 1, 2), tol: float = 1e-4, max_steps: int = 1000) -> EPResult:
-    """Run the four validations: EP vs BP accuracy over ``seeds``; steps-to-convergence and spectral
-    radius of networks trained (``convergence_epochs``, seed ``seeds[0]``) at each β; EP/BP gradient
-    alignment on the first seed's trained EP network; and a ``depth_layers``-layer network with and
-    without long-range skip links (``depth_epochs`` each, every seed of ``depth_seeds``)."""
-    config = config or EPConfig()
-    seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds must not be empty")
-    acc: dict[str, list[float]] = {"ep": [], "bp": []}
-    curves: dict[str, list[np.ndarray]] = {"ep": [], "bp": []}
-    trained_ep: FRERNN | None = None
-    for s in progress(seeds, desc="EP vs BP seeds", total=len(seeds)):
-        for m in ("ep", "bp"):
-            st = train(config, m, s)
-            acc[m].append(st.final_accuracy)
-            curves[m].append(st.test_accuracy)
-            if m == "ep" and trained_ep is None:
-                trained_ep = st.model
-    data = digits_split(seed=seeds[0], test_size=config.test_size)
-    xte = data.x_test.to(config.torch_dtype)
-    steps, radius, beta_acc = [], [], []
-    for b in progress(betas, desc="beta sweep", total=len(betas)):
-        cfg_b = EPConfig(**{**vars(config), "beta": float(b)})
-        run_b = train(cfg_b, "ep", seeds[0], epochs=convergence_epochs, desc=f"beta={b}")
-        beta_acc.append(run_b.final_accuracy)
-        st, rad = convergence_profile(run_b.model, xte, [b], tol, max_steps)
-        steps.append(st[0])
-        radius.append(rad[0])
-    assert trained_ep is not None
-    align = gradient_alignment(trained_ep, xte, data.y_test)
-    skips = default_skips(depth_layers) if depth_skips is None else tuple(tuple(p) for p in depth_skips)
-    depth_acc: dict[str, list[float]] = {"no_skip": [], "skip": []}
-    for s in progress(depth_seeds, desc=f"depth {depth_layers} seeds", total=len(depth_seeds)):
-        for key, sk in (("no_skip", ()), ("skip", skips)):
-            cfg_d = EPConfig(**{**vars(config), "hidden": (config.hidden[0],) * depth_layers, "beta": config.betas()[0]
-                                if config.betas() else 0.01, "skips": sk, "T": None, "K": None})
-            depth_acc[key].append(train(cfg_d, "ep", s, epochs=depth_epochs, desc=f"depth {key} seed {s}").final_accuracy)
-    cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()}
-    return EPResult(seeds=seeds, accuracy=acc, curves={k: np.stack(v) for k, v in curves.items()},
-                    betas=[float(b) for b in betas], convergence_steps=steps, spectral_radius=radius,
-                    beta_accuracy=beta_acc, alignment=align, depth_layers=depth_layers, depth_skips=[list(p) for p in skips],
-                    depth_seeds=list(depth_seeds),
-                    depth_accuracy=depth_acc, config=cfg)
