@@ -5,8 +5,10 @@ Keep paper-independent helpers here so each paper module holds only its own meth
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -109,3 +111,35 @@ def limit_threads(num_threads: int | None) -> Iterator[None]:
             yield
     finally:
         torch.set_num_threads(before)
+
+
+#: where Debian's ``dataset-fashion-mnist`` puts the idx files (``scripts/setup.sh`` installs it as root, offline)
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def has_fashion_mnist(root: str = FASHION_MNIST_ROOT) -> bool:
+    """Whether the Fashion-MNIST idx files are installed under ``root``."""
+    return Path(root, "train-images-idx3-ubyte.gz").is_file() and Path(root, "t10k-images-idx3-ubyte.gz").is_file()
+
+
+def load_fashion_mnist(split: str = "train", root: str = FASHION_MNIST_ROOT,
+                       limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST images ``[n, 28, 28]`` uint8 and labels ``[n]`` from the idx ``*-ubyte.gz`` files (16-byte
+    image header, 8-byte label header); ``limit``: only the first ``limit`` images (decompresses only those).
+    Memoised per ``(split, root, limit)``; the arrays are read-only."""
+    if split not in ("train", "t10k"):
+        raise ValueError(f"split must be 'train' or 't10k', got {split!r}")
+    return _fashion_cached(split, str(root), None if limit is None else int(limit))
+
+
+@functools.lru_cache(maxsize=8)
+def _fashion_cached(split: str, root: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    import gzip
+
+    with gzip.open(Path(root) / f"{split}-images-idx3-ubyte.gz") as f:
+        data = f.read(-1 if limit is None else 16 + 784 * limit)
+        x = np.frombuffer(data, np.uint8, offset=16).reshape(-1, 28, 28)
+    with gzip.open(Path(root) / f"{split}-labels-idx1-ubyte.gz") as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)[:len(x)]
+    y.setflags(write=False)
+    return x, y

