@@ -1,0 +1,332 @@
+"""Activation patching, as TransformerLens's ``patching`` module does it, on every backend.
+
+Each function runs the *corrupted* input with one component replaced by its value in the *clean* run
+(``clean_cache``, from ``model.run_with_cache(clean)``) and reports ``metric(logits)`` for every choice of
+component: by layer and position for the residual stream and the block outputs, by layer and head (over all
+positions or per position) for the attention heads' ``z``, ``q``, ``k``, ``v`` and ``pattern``.
+
+The patches are batched: the corrupted input is repeated once per component of one layer and a single
+forward pass patches a different component in each copy (rows are split into chunks of ``batch_size``), so
+a ``[layer, pos]`` sweep costs ``n_layers`` forwards of a larger batch instead of ``n_layers * pos``
+forwards; the result equals patching one component at a time with :class:`interp.Patch` (tested).
+
+``metric(logits) -> scalar`` receives the logits of one patched copy of the corrupted batch (``[batch, pos,
+vocab]``), exactly as TransformerLens's ``patching_metric``. :func:`patch` returns a typed
+:class:`PatchingResult` (``.values``, ``.to_frame()``, ``.figure()``, ``.save()``); the TransformerLens names
+(``get_act_patch_resid_pre`` ...) return the bare tensor, as TransformerLens does.
+
+:func:`path_patch` patches the path from sender heads to receiver components only: the senders' outputs
+come from the clean run, every other head is frozen at its corrupted value, and the receivers read the
+resulting residual stream; the rest of the network then runs on the corrupted input with the receivers'
+patched values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from .interventions import HookContext, Patch
+from .progress import progress
+from .results import Result
+
+Metric = Callable[[torch.Tensor], Any]
+
+#: component -> (hook of each layer, axes of the result besides ``layer``)
+RESIDUAL = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+            "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out"}
+HEADS = {"z": "attn.hook_z", "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v",
+         "pattern": "attn.hook_pattern"}
+
+
+@dataclass
+class PatchingResult(Result):
+    """The metric after patching each component. ``values``: ``[layer, pos]``, ``[layer, head]`` or
+    ``[layer, pos, head]`` (``axes`` names them); ``clean`` / ``corrupted``: the metric of the unpatched runs."""
+
+    kind = "activation_patching"
+
+    component: str
+    axes: list
+    values: torch.Tensor
+    clean: float
+    corrupted: float
+    tokens: list = field(default_factory=list)
+
+    def normalised(self) -> torch.Tensor:
+        """``(values - corrupted) / (clean - corrupted)``: 0 = no effect, 1 = the clean run's metric."""
+        return (self.values - self.corrupted) / (self.clean - self.corrupted)
+
+    def to_frame(self):
+        import pandas as pd
+
+        idx = torch.cartesian_prod(*[torch.arange(n) for n in self.values.shape]).reshape(-1, self.values.dim())
+        rows = {a: idx[:, i].tolist() for i, a in enumerate(self.axes)}
+        rows["metric"] = self.values.reshape(-1).tolist()
+        return pd.DataFrame(rows)
+
+    def figure(self):
+        import plotly.graph_objects as go
+
+        v = self.values
+        if v.dim() == 3:  # [layer, pos, head]: summed over heads for the picture
+            v = v.sum(-1)
+            x_axis = "pos (summed over heads)"
+        else:
+            x_axis = self.axes[1]
+        x = ([f"{i}: {t}" for i, t in enumerate(self.tokens)] if x_axis.startswith("pos") and self.tokens
+             else list(range(v.shape[1])))
+        lim = float(max(abs(v - self.corrupted).max(), 1e-12))
+        fig = go.Figure(go.Heatmap(z=v.numpy(), x=x, y=list(range(v.shape[0])), colorscale="RdBu", zmid=self.corrupted,
+                                   zmin=self.corrupted - lim, zmax=self.corrupted + lim, colorbar=dict(title="metric")))
+        fig.update_layout(title=f"activation patching: {self.component} (clean {self.clean:.3g}, corrupted "
+                                f"{self.corrupted:.3g})", xaxis_title=x_axis, yaxis_title="layer",
+                          yaxis=dict(autorange="reversed"), height=420)
+        return fig
+
+
+def _as_inputs(model, corrupted) -> dict[str, torch.Tensor]:
+    if isinstance(corrupted, Mapping):
+        ids = torch.as_tensor(corrupted["input_ids"])
+        mask = corrupted.get("attention_mask")
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids) if mask is None else torch.as_tensor(mask)}
+    if isinstance(corrupted, torch.Tensor):
+        ids = corrupted if corrupted.dim() == 2 else corrupted[None]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return dict(model.tokenize(corrupted))
+
+
+def _scalar(v: Any) -> float:
+    t = torch.as_tensor(v)
+    if t.numel() != 1:
+        raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(t.shape)}")
+    return float(t)
+
+
+class _Batched:
+    """An intervention for ``copies`` stacked copies of the batch: copy ``i`` gets ``writes[i](view, source)``."""
+
+    def __init__(self, source: torch.Tensor, writes: list[Callable[[torch.Tensor, torch.Tensor], None]], batch: int):
+        self.source, self.writes, self.batch = source, writes, batch
+
+    def __call__(self, tensor: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        out = tensor.clone()
+        src = self.source.to(device=tensor.device, dtype=tensor.dtype)
+        if src.shape[1:] != tensor.shape[1:] or src.shape[0] != self.batch:
+            raise ValueError(f"the clean cache's {ctx.name!r} has shape {tuple(src.shape)}, but the corrupted run's is "
+                             f"{(self.batch, *tensor.shape[1:])}: clean and corrupted inputs must have the same shape")
+        for i, write in enumerate(self.writes):
+            write(out[i * self.batch:(i + 1) * self.batch], src)
+        return out
+
+
+def _sweep(model, inputs: dict, name: str, source: torch.Tensor, writes: list, metric: Metric,
+           batch_size: int) -> list[float]:
+    """Run one patched copy of ``inputs`` per entry of ``writes`` (in chunks); the metric of each."""
+    b = inputs["input_ids"].shape[0]
+    per = max(1, batch_size // b)
+    out: list[float] = []
+    for start in range(0, len(writes), per):
+        chunk = writes[start:start + per]
+        big = {k: v.repeat(len(chunk), *([1] * (v.dim() - 1))) for k, v in inputs.items()}
+        with model.intervene({name: _Batched(source, chunk, b)}):
+            logits = model(big)
+        out += [_scalar(metric(logits[i * b:(i + 1) * b])) for i in range(len(chunk))]
+    return out
+
+
+def _position_write(p: int):
+    def write(view: torch.Tensor, src: torch.Tensor) -> None:
+        view[:, p] = src[:, p]
+    return write
+
+
+def _head_write(h: int, axis: int, p: int | None = None, pos_axis: int = 1):
+    def write(view: torch.Tensor, src: torch.Tensor) -> None:
+        idx: list[Any] = [slice(None)] * view.dim()
+        idx[axis] = h
+        if p is not None:
+            idx[pos_axis] = p
+        view[tuple(idx)] = src[tuple(idx)]
+    return write
+
+
+def _components(component: str, by_position: bool, n_heads: int, T: int) -> tuple[str, list[str], list]:
+    """(hook of each layer, result axes besides ``layer``, one write per patched component)."""
+    if component in RESIDUAL:
+        return RESIDUAL[component], ["layer", "pos"], [_position_write(p) for p in range(T)]
+    if component in HEADS:
+        head_axis, pos_axis = (1, 2) if component == "pattern" else (2, 1)
+        if by_position:
+            return HEADS[component], ["layer", "pos", "head"], [_head_write(h, head_axis, p, pos_axis)
+                                                              for p in range(T) for h in range(n_heads)]
+        return HEADS[component], ["layer", "head"], [_head_write(h, head_axis) for h in range(n_heads)]
+    raise ValueError(f"unknown component {component!r}; expected one of {', '.join([*RESIDUAL, *HEADS])}")
+
+
+def patch_values(model, corrupted, clean_cache, metric: Metric, component: str = "resid_pre",
+                 by_position: bool = False, layers: Sequence[int] | None = None, batch_size: int = 64) -> torch.Tensor:
+    """The metric after patching each ``component`` of ``clean_cache`` into the corrupted run (see :func:`patch`):
+    ``[layer, pos]``, ``[layer, head]`` or ``[layer, pos, head]``."""
+    inputs = _as_inputs(model, corrupted)
+    n_layers = model.cfg.n_layers
+    layers = list(range(n_layers)) if layers is None else [l % n_layers for l in layers]
+    T = inputs["input_ids"].shape[1]
+    hook, axes, writes = _components(component, by_position, model.cfg.n_heads, T)
+    rows = []
+    for l in progress(layers, desc=f"patching {component}"):
+        name = f"blocks.{l}.{hook}"
+        if name not in clean_cache:
+            raise KeyError(f"the clean cache has no {name!r}: capture it (model.run_with_cache(clean) captures all)")
+        rows.append(_sweep(model, inputs, name, clean_cache[name], writes, metric, batch_size))
+    values = torch.tensor(rows, dtype=torch.float32)
+    return values.reshape(len(layers), T, -1) if len(axes) == 3 else values
+
+
+def patch(model, clean, corrupted, metric: Metric, component: str = "resid_pre", by_position: bool = False,
+          layers: Sequence[int] | None = None, batch_size: int = 64) -> PatchingResult:
+    """Patch ``component`` of the ``clean`` run into the ``corrupted`` run, one layer and position (or head)
+    at a time; a :class:`PatchingResult` with the metric of every patch and of both unpatched runs.
+
+    ``component``: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out`` (``[layer, pos]``)
+    or a head activation ``z``, ``q``, ``k``, ``v``, ``pattern`` (``[layer, head]`` over all positions,
+    ``[layer, pos, head]`` with ``by_position``). ``clean`` and ``corrupted``: token ids ``[batch, pos]``, dicts
+    with ``input_ids`` (and ``attention_mask``) or texts, of the same shape.
+    """
+    clean_in, corrupted_in = _as_inputs(model, clean), _as_inputs(model, corrupted)
+    if clean_in["input_ids"].shape != corrupted_in["input_ids"].shape:
+        raise ValueError(f"clean {tuple(clean_in['input_ids'].shape)} and corrupted "
+                         f"{tuple(corrupted_in['input_ids'].shape)} inputs must have the same shape")
+    hook, _, _ = _components(component, by_position, model.cfg.n_heads, 0)  # an unknown component fails here
+    clean_logits, clean_cache = model.run_with_cache(clean_in, names=f"blocks.*.{hook}")
+    values = patch_values(model, corrupted_in, clean_cache, metric, component, by_position, layers, batch_size)
+    axes = ["layer", "pos", "head"] if values.dim() == 3 else ["layer", "pos" if component in RESIDUAL else "head"]
+    return PatchingResult(component=component, axes=axes, values=values, clean=_scalar(metric(clean_logits)),
+                          corrupted=_scalar(metric(model(corrupted_in))),
+                          tokens=model.to_str_tokens(corrupted_in["input_ids"][0]))
+
+
+# ---------------------------------------------------------------------------------------------- path patching
+def path_patch(model, clean, corrupted, metric: Metric, receivers: Sequence[str] | Mapping[str, Sequence[int] | None],
+               senders: Sequence[tuple[int, int]] | None = None, batch_size: int = 64) -> PatchingResult:
+    """Path patching (Wang et al. 2022): the effect of each sender head's clean output on the metric through
+    the ``receivers`` only.
+
+    For each sender head ``(layer, head)`` (default: every head): run the corrupted input with that head's
+    ``hook_z`` from the clean run and every other head's ``hook_z`` frozen at its corrupted value, and record
+    the receivers' activations; then run the corrupted input with only the receivers patched to those values
+    and read the metric. ``receivers``: hook names (e.g. ``["blocks.3.attn.hook_q"]``; the final
+    ``blocks.{L-1}.hook_resid_post`` measures the direct path), or ``{name: heads}`` to patch some heads of a
+    head-indexed hook. Returns ``[layer, head]`` values (``nan`` where a sender cannot reach a receiver: a head
+    at or after the receiver's layer).
+    """
+    clean_in, corrupted_in = _as_inputs(model, clean), _as_inputs(model, corrupted)
+    recv = {r: None for r in receivers} if not isinstance(receivers, Mapping) else dict(receivers)
+    n_layers, H = model.cfg.n_layers, model.cfg.n_heads
+    z_names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+    clean_logits, clean_cache = model.run_with_cache(clean_in, names=z_names)
+    corrupted_logits, corrupt_cache = model.run_with_cache(corrupted_in, names=z_names)
+    if senders is None:
+        senders = [(l, h) for l in range(n_layers) for h in range(H)]
+    reachable = [(l, h) for l, h in senders if any(_reaches(l, r, n_layers) for r in recv)]
+    b = corrupted_in["input_ids"].shape[0]
+    per = max(1, batch_size // b)
+    values = torch.full((n_layers, H), float("nan"))
+    for start in range(0, len(reachable), per):
+        chunk = reachable[start:start + per]
+        big = {k: v.repeat(len(chunk), *([1] * (v.dim() - 1))) for k, v in corrupted_in.items()}
+        freeze = {}
+        for l in range(n_layers):
+            writes = [_sender_write(h if sl == l else None) for sl, h in chunk]
+            freeze[z_names[l]] = _Frozen(corrupt_cache[z_names[l]], clean_cache[z_names[l]], writes, b)
+        with model.intervene(freeze), model.capture(list(recv)) as got:
+            model(big)
+        patches = {r: Patch(got[r], heads=heads) for r, heads in recv.items()}
+        with model.intervene(patches):
+            logits = model(big)
+        for i, (l, h) in enumerate(chunk):
+            values[l, h] = _scalar(metric(logits[i * b:(i + 1) * b]))
+    return PatchingResult(component=f"path to {', '.join(recv)}", axes=["layer", "head"], values=values,
+                          clean=_scalar(metric(clean_logits)), corrupted=_scalar(metric(corrupted_logits)),
+                          tokens=model.to_str_tokens(corrupted_in["input_ids"][0]))
+
+
+#: hooks of a block that read the block's own attention output
+_AFTER_ATTN = ("hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "mlp.hook_pre", "mlp.hook_post",
+               "ln2.hook_normalized", "ln2.hook_scale")
+
+
+def _reaches(sender_layer: int, receiver: str, n_layers: int) -> bool:
+    """Can a head of ``sender_layer`` write into what ``receiver`` reads?"""
+    from .names import parse
+
+    layer, hook = parse(receiver)
+    if layer is None:  # ln_final.*, unembedding inputs: after every block
+        return True
+    return sender_layer < layer or (sender_layer == layer and hook in _AFTER_ATTN)
+
+
+class _Frozen:
+    """Every copy's heads at their corrupted value, except copy ``i``'s sender head at its clean value."""
+
+    def __init__(self, corrupt: torch.Tensor, clean: torch.Tensor, writes: list, batch: int):
+        self.corrupt, self.clean, self.writes, self.batch = corrupt, clean, writes, batch
+
+    def __call__(self, tensor: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        base = self.corrupt.to(device=tensor.device, dtype=tensor.dtype)
+        clean = self.clean.to(device=tensor.device, dtype=tensor.dtype)
+        out = base.repeat(len(self.writes), *([1] * (base.dim() - 1)))
+        for i, write in enumerate(self.writes):
+            write(out[i * self.batch:(i + 1) * self.batch], clean)
+        return out
+
+
+def _sender_write(h: int | None):
+    def write(view: torch.Tensor, clean: torch.Tensor) -> None:
+        if h is not None:
+            view[:, :, h] = clean[:, :, h]
+    return write
+
+
+# ------------------------------------------------------------------------------ TransformerLens's spellings
+def _tl(component: str, by_position: bool = False):
+    def fn(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
+        return patch_values(model, corrupted_tokens, clean_cache, patching_metric, component, by_position)
+    fn.__name__ = f"get_act_patch_{component}"
+    fn.__doc__ = (f"TransformerLens's spelling: the metric after patching each {component} "
+                  f"({'by position' if by_position else 'all positions'}) -> tensor (see :func:`patch_values`).")
+    return fn
+
+
+get_act_patch_resid_pre = _tl("resid_pre")
+get_act_patch_resid_mid = _tl("resid_mid")
+get_act_patch_attn_out = _tl("attn_out")
+get_act_patch_mlp_out = _tl("mlp_out")
+get_act_patch_attn_head_out_all_pos = _tl("z")
+get_act_patch_attn_head_q_all_pos = _tl("q")
+get_act_patch_attn_head_k_all_pos = _tl("k")
+get_act_patch_attn_head_v_all_pos = _tl("v")
+get_act_patch_attn_head_pattern_all_pos = _tl("pattern")
+get_act_patch_attn_head_out_by_pos = _tl("z", True)
+get_act_patch_attn_head_v_by_pos = _tl("v", True)
+
+
+def get_act_patch_block_every(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
+    """TransformerLens's spelling: ``[3, layer, pos]`` for ``resid_pre``, ``attn_out`` and ``mlp_out``."""
+    return torch.stack([patch_values(model, corrupted_tokens, clean_cache, patching_metric, c)
+                        for c in ("resid_pre", "attn_out", "mlp_out")])
+
+
+def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
+    """TransformerLens's spelling: ``[5, layer, head]`` for ``z``, ``q``, ``k``, ``v`` and ``pattern``."""
+    return torch.stack([patch_values(model, corrupted_tokens, clean_cache, patching_metric, c)
+                        for c in ("z", "q", "k", "v", "pattern")])
+
+
+__all__ = ["PatchingResult", "patch", "patch_values", "path_patch", "get_act_patch_resid_pre",
+           "get_act_patch_resid_mid", "get_act_patch_attn_out", "get_act_patch_mlp_out",
+           "get_act_patch_attn_head_out_all_pos", "get_act_patch_attn_head_q_all_pos",
+           "get_act_patch_attn_head_k_all_pos", "get_act_patch_attn_head_v_all_pos",
+           "get_act_patch_attn_head_pattern_all_pos", "get_act_patch_attn_head_out_by_pos",
+           "get_act_patch_attn_head_v_by_pos", "get_act_patch_block_every", "get_act_patch_attn_head_all_pos_every"]
