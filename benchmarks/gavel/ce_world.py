@@ -1,5 +1,6 @@
-"""The digest's CPU-scale "CE world": 4 cognitive elements as token families, a 2-layer model trained on
-them by next-token prediction (zoo entry ``gavel-ce-world``), and the full GAVEL pipeline on top.
+"""The digest's CPU-scale "CE world" (the reproduction's experiment code; the method is
+:mod:`interp.probes.gavel`): 4 cognitive elements as token families, a 2-layer model trained on them by
+next-token prediction (zoo entry ``gavel-ce-world``), and the full GAVEL pipeline on top.
 
 World. 40 filler words ``w0..w39`` and 4 CE families ``a0..a4``, ``b0..b4``, ``c0..c4``, ``d0..d4`` (60
 words; with ``<bos> <eos> <pad> <unk>`` a 64-token vocabulary). A CE *occurrence* is a phrase of 3
@@ -28,14 +29,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from interp.probes.gavel.detector import CalibrationLabels, DetectorConfig, calibrate, make_windows, train_detector
+from interp.probes.gavel.evaluation import (KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule_metrics,
+                                            train_monolithic)
+from interp.probes.gavel.features import FeatureSpec, conversation_features
+from interp.probes.gavel.rules import parse_rule
 from interp.results import Result
-from interp.zoo.registry import ZooEntry, register
-
-from .detector import (CalibrationLabels, DetectorConfig, calibrate, labels_for_rule, make_windows,
-                       train_detector)
-from .evaluation import KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule_metrics, train_monolithic
-from .features import FeatureSpec, conversation_features
-from .rules import parse_rule
+from interp.zoo.registry import ZooEntry
 
 FAMILIES = {"A": "a", "B": "b", "C": "c", "D": "d"}
 FILLER = [f"w{i}" for i in range(40)]
@@ -44,7 +44,8 @@ RULE = "all of {A} and 1 of {B, C}"
 ZOO_NAME = "gavel-ce-world"
 
 __all__ = ["CEWorldConfig", "make_tokenizer", "make_conversation", "build_ce_world_model", "CE_WORLD",
-           "CEWorldResult", "run_ce_world", "RULE", "ZOO_NAME"]
+           "CEWorldResult", "run_ce_world", "ce_world_detector", "run_ce_world_monitor", "MONITOR_PROMPT", "RULE",
+           "ZOO_NAME"]
 
 
 def words() -> list[str]:
@@ -192,13 +193,13 @@ def build_ce_world_model(out: Path, params: Mapping[str, Any]) -> dict:
             "n_params": sum(p.numel() for p in model.parameters())}
 
 
-CE_WORLD = register(ZooEntry(
+#: the zoo entry (declared in pyproject.toml's ``interp.zoo`` entry points; nothing registers at import time)
+CE_WORLD = ZooEntry(
     name=ZOO_NAME,
     description="GAVEL CE world: 2-layer Llama (d 64, 4 query / 2 KV heads) trained by next-token prediction on "
-                "conversations with 4 CE token families (probes/gavel/ce_world.py).",
-    source="trained locally on interp.probes.gavel.ce_world.make_conversation",
-    architecture="llama", size="~0.1M", builder=build_ce_world_model, params=asdict(CEWorldConfig())),
-    replace=True)
+                "conversations with 4 CE token families (benchmarks/gavel/ce_world.py).",
+    source="trained locally on interp.benchmarks.gavel.ce_world.make_conversation",
+    architecture="llama", size="~0.1M", builder=build_ce_world_model, params=asdict(CEWorldConfig()))
 
 
 # ------------------------------------------------------------------------------------------ experiment
@@ -343,3 +344,56 @@ def run_ce_world(model=None, n_train: int = 150, n_cal: int = 50, n_test: int = 
                          dict(zip(ces, det.patience.tolist())), passed,
                          {"train_windows": n_windows, "calibration": n_cal_dialogues,
                           "test": len(all_sets), "detector_best_epoch": hist.best_epoch})
+
+
+# ------------------------------------------------------------------------------------------ monitor
+#: the steered start of a B phrase: pass k of ``generate`` emits token k + 1 (``b0`` then ``b1``); the model must
+#: complete the phrase itself (``b2``)
+MONITOR_PROMPT = "<bos> w1 w7 w3 a2 a3 a4 w9 w12 w5 w30 w2 w8 w17 w4"
+
+
+def run_ce_world_monitor(model, detector, max_new_tokens: int = 20, n_harmless: int = 40, seed: int = 1,
+                         push: float = 100.0) -> dict:
+    """Real-time enforcement on the CE world: rule :data:`RULE` with action ``block`` inside ``model.generate``.
+
+    Positive: :data:`MONITOR_PROMPT` (an A phrase among filler words); the model is steered (its last-layer
+    residual pushed along the unembedding columns of ``b0`` and ``b1`` in the first two passes) to start a B
+    phrase and has to complete it itself; the monitor should block mid-generation. Harmless: ``n_harmless``
+    random-negative conversations (decoys only), each continued for 10 tokens; none should fire.
+    (Without steering the model's own phrase completion right after the prompt puts the phrase's last word at
+    the start of the first generated window, where this detector does not see it.)
+
+    Returns ``{"completed_phrase", "blocked", "stop_token", "blocked_mid", "fired_ces", "harmless",
+    "harmless_fired", "words"}`` (``blocked_mid``: blocked after at least one generated token and before
+    ``max_new_tokens``).
+    """
+    from interp.probes.gavel import Monitor
+
+    tok = model.tokenizer
+    rule = parse_rule(RULE, list(FAMILIES), name="R", action="block")
+    W_U = model.weight("W_U")  # [d_model, vocab]
+    plan = {1: tok.convert_tokens_to_ids("b0"), 2: tok.convert_tokens_to_ids("b1")}
+
+    def steer(t, ctx):
+        if ctx.pass_index in plan:
+            t = t.clone()
+            t[:, -1] += push * W_U[:, plan[ctx.pass_index]] / W_U[:, plan[ctx.pass_index]].norm()
+        return t
+    with model.intervene({f"blocks.{model.cfg.n_layers - 1}.hook_resid_post": steer}):
+        out = Monitor(model, detector, [rule], score_prompt=True).generate(MONITOR_PROMPT, max_new_tokens=max_new_tokens,
+                                                                           stop_at_eos=False)
+    words = tok.convert_ids_to_tokens(out.token_ids)
+    ev = out.events[0] if out.events else None
+    n = len(out.token_ids)
+    rng = random.Random(seed)
+    fired = 0
+    for _ in range(n_harmless):
+        seq, _, _ = make_conversation(rng, [], 40)  # random negative: decoys only
+        o = Monitor(model, detector, [rule], score_prompt=True).generate("<bos> " + " ".join(seq), max_new_tokens=10,
+                                                                        stop_at_eos=False)
+        fired += bool(o.events)
+    blocked = bool(out.stopped and out.action == "block")
+    return {"completed_phrase": words[1:4] == ["b0", "b1", "b2"], "blocked": blocked,
+            "stop_token": n if blocked else None, "blocked_mid": blocked and 1 <= n < max_new_tokens,
+            "fired_ces": sorted(ev["fired"]) if ev else [], "harmless": n_harmless, "harmless_fired": fired,
+            "words": words}

@@ -1,4 +1,4 @@
-"""GAVEL on a real model: CE detectors from template texts, three misuse scenarios, held-out evaluation
+"""GAVEL on a real model (the reproduction's experiment code; the method is :mod:`interp.probes.gavel`): CE detectors from template texts, three misuse scenarios, held-out evaluation
 against the monolithic classifier and keywords, and the compositional test (a rule written afterwards
 from existing CEs, never used in training or calibration).
 
@@ -15,7 +15,7 @@ are "hard", the others "random"):
   tokens lie in its sentences, 0 when none do, left out of the loss otherwise); θ/patience calibrated on
   dialogues from the validation templates (extra 5-7) that the detector never saw, so calibration meets
   the same template shift as the test. The layer range and detector size were chosen on a validation set
-  from those templates (``benchmarks/gavel_smollm2.py``), never on the test set.
+  from those templates (``benchmarks/gavel/smollm2.py``), never on the test set.
 """
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ import torch
 from interp.progress import progress
 from interp.results import Result
 
-from . import library as lib
-from .detector import CalibrationLabels, DetectorConfig, calibrate, labels_for_rule, make_windows, train_detector
-from .evaluation import KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule_metrics, train_monolithic
-from .features import FeatureSpec, _pieces, conversation_features
+from interp.probes.gavel import library as lib
+from interp.probes.gavel.detector import (CalibrationLabels, DetectorConfig, calibrate, labels_for_rule, make_windows,
+                                          train_detector)
+from interp.probes.gavel.evaluation import (KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule_metrics,
+                                            train_monolithic)
+from interp.probes.gavel.features import FeatureSpec, conversation_features
+from interp.probes.gavel.labels import labelled_windows, token_ce_labels, window_labels
 
 __all__ = ["LibraryValidation", "run_library_validation", "library_test_set", "token_ce_labels", "window_labels",
            "labelled_windows", "per_ce_auc", "calibration_dialogues", "MonitorValidation", "run_monitor_validation",
@@ -81,50 +84,6 @@ def library_test_set(seed: int = 0, n_train: int = 20, n_cal: int = 12, n_test: 
         test += lib.scenario_conversations(rng, r, n_test, n_test, "test", others=ces)
     test += lib.neutral_conversations(rng, n_test, "test", ces)
     return test
-
-
-def token_ce_labels(model, conv: lib.LabelledConversation, ces: list[str], roles=("assistant",)
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token ids ``[T]``, scored mask ``[T]`` (tokens of ``roles``) and CE labels ``[T, C]`` (1 where the token
-    overlaps a sentence of that CE, from ``conv.spans``), tokenised as :func:`encode_conversation` does."""
-    tok = model.tokenizer
-    ids, keep, labels = [], [], []
-    for m, (role, text) in enumerate(_pieces(model, conv.messages)):
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        content = conv.messages[m]["content"]
-        off0 = text.find(content) if content else -1
-        lab = torch.zeros(len(enc["input_ids"]), len(ces))
-        for mi, a, b, ce in conv.spans:
-            if mi != m or off0 < 0:
-                continue
-            for t, (s, e) in enumerate(enc["offset_mapping"]):
-                if s < off0 + b and e > off0 + a and e > s:
-                    lab[t, ces.index(ce)] = 1
-        ids += enc["input_ids"]
-        keep += [role in roles] * len(enc["input_ids"])
-        labels.append(lab)
-    return torch.tensor(ids), torch.tensor(keep), torch.cat(labels)
-
-
-def window_labels(token_labels: torch.Tensor, window: int = 5) -> torch.Tensor:
-    """``[T, C]`` token labels -> ``[W, C]`` window targets (windows as :func:`make_windows` cuts them): 1 when at
-    least half the window's tokens carry the CE, 0 when none does, NaN (left out of the loss) otherwise."""
-    frac = make_windows(token_labels, window).float().mean(1)
-    out = torch.full_like(frac, float("nan"))
-    out[frac >= 0.5] = 1.0
-    out[frac == 0] = 0.0
-    return out
-
-
-def labelled_windows(feats, token_labels, window: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full windows ``[N, window, d]`` and their targets ``[N, C]`` of several scored spans."""
-    xw, yw = [], []
-    for f, lab in zip(feats, token_labels):
-        w = make_windows(f, window)
-        if w.shape[1] == window:
-            xw.append(w)
-            yw.append(window_labels(lab[: len(f)], window))  # features may be truncated (max_length)
-    return torch.cat(xw), torch.cat(yw)
 
 
 def _v1_data(rng, ces, seen, n_train, n_cal):
@@ -204,7 +163,7 @@ def own_reply_prompts(n: int, split: str, seed: int = 0) -> list[list[dict]]:
 
 def own_replies(model, prompts: list[list[dict]], max_new_tokens: int = 48, batch_size: int = 8) -> list[str]:
     """The model's greedy replies (one assistant turn, ended at its end-of-turn token) to chat ``prompts``."""
-    from .monitor import render_prompt
+    from interp.probes.gavel.monitor import render_prompt
     out: list[str] = []
     for s in progress(range(0, len(prompts), batch_size), desc="own replies"):
         chunk = [render_prompt(model, p) for p in prompts[s:s + batch_size]]
@@ -497,10 +456,10 @@ def run_monitor_validation(model, detector, n_positive: int = 3, max_new_tokens:
     """
     import contextlib
 
-    from .monitor import Monitor
+    from interp.probes.gavel.monitor import Monitor
     if request and steer is not None:
         raise ValueError("choose one positive mode: steer=... or request=True")
-    from .rules import parse_rule
+    from interp.probes.gavel.rules import parse_rule
     test = library_test_set(seed)
     texts = list(lib.SCENARIOS.items()) + [lib.UNSEEN_SCENARIO]
     ces = list(lib.CE_TEMPLATES)

@@ -8,7 +8,12 @@ language over CEs, and real-time rule enforcement during generation.
 - :mod:`.evaluation`: the harness with the monolithic-classifier and keyword baselines;
 - :mod:`.monitor`: ``Monitor`` (real-time enforcement inside ``model.generate``);
 - :mod:`.propose`: ``propose_rule`` (automated rule creation);
-- :mod:`.audit`: the ``gavel`` audit check; :mod:`.ce_world`, :mod:`.library`, :mod:`.validation`: validations.
+- :mod:`.labels`: window targets from sentence-level CE annotations (``token_ce_labels``, ``window_labels``);
+- :mod:`.library`: the template CE library (10 CEs, scenarios, held-out templates: a data set);
+- :mod:`.audit`: the ``gavel`` audit check.
+
+The reproduction (CE world, SmolLM2 runs) is a recipe apart from the method: ``interp reproduce gavel``
+(``benchmarks/gavel/``).
 
 See docs/gavel.md.
 """
@@ -25,11 +30,11 @@ __all__ += ["Calibration", "CalibrationLabels", "CEDetector", "DetectorConfig", 
             "calibrate", "compute_triggers", "labels_for_rule", "make_windows", "train_detector", "FeatureSpec",
             "conversation_features", "encode_conversation", "group_readout", "text_features"]
 from .evaluation import (KeywordMatcher, MonolithicClassifier, RuleEvaluation, gavel_rule_outputs, rule_metrics,
-                         train_monolithic)
-from . import ce_world  # registers the zoo entry "gavel-ce-world"
+                         train_monolithic, train_text_detector)
+from .labels import labelled_windows, token_ce_labels, window_labels
 
 __all__ += ["KeywordMatcher", "MonolithicClassifier", "RuleEvaluation", "gavel_rule_outputs", "rule_metrics",
-            "train_monolithic", "ce_world"]
+            "train_monolithic", "train_text_detector", "labelled_windows", "token_ce_labels", "window_labels"]
 from .monitor import Monitor, MonitorOutput, render_prompt
 
 __all__ += ["Monitor", "MonitorOutput", "render_prompt"]

@@ -25,15 +25,14 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from interp.audit import AuditData, Check, Rendered
 from interp.results import Result
 
 from . import library as lib
 from .ce import CELibrary
-from .detector import CalibrationLabels, DetectorConfig, calibrate, make_windows, train_detector
-from .evaluation import gavel_rule_outputs, rule_metrics
+from .detector import CalibrationLabels, DetectorConfig
+from .evaluation import gavel_rule_outputs, rule_metrics, train_text_detector
 from .features import FeatureSpec, conversation_features
 from .rules import load_rules
 
@@ -96,35 +95,23 @@ def _default_layers(model) -> tuple[int, int]:
 
 
 def _train_template_library(model, spec: FeatureSpec, n: int, seed: int):
+    """The built-in template library's detector (:mod:`.library`'s training templates, ``n`` texts per CE plus
+    ``n`` CE-free ones, every window of a text labelled with its CE), calibrated on ``n // 3`` more per CE."""
     rng = random.Random(f"gavel-audit/{seed}")
     ces = list(lib.CE_TEMPLATES)
     cfg = DetectorConfig(hidden=64, rnn_layers=2, lr=1e-3, max_epochs=20, seed=seed)
-    convs, ys = [], []
-    for c, ce in enumerate(ces + [None]):
+    convs, labels = [], []
+    for ce in ces + [None]:
         for conv in lib.ce_conversations(rng, ce, n, "train"):
             convs.append(conv)
-            y = torch.zeros(len(ces))
-            if ce is not None:
-                y[c] = 1
-            ys.append(y)
-    feats = conversation_features(model, convs, spec)
-    xw, yw = [], []
-    for f, y in zip(feats, ys):
-        w = make_windows(f, cfg.window)
-        if w.shape[1] == cfg.window:
-            xw.append(w)
-            yw.append(y.expand(len(w), -1))
-    det, _ = train_detector(torch.cat(xw), torch.cat(yw), ces, cfg, spec=spec)
+            labels.append([ce] if ce is not None else [])
     cal_c, cal_l = [], []
-    for ce in ces:
+    for ce in ces + [None]:
         for conv in lib.ce_conversations(rng, ce, max(2, n // 3), "train"):
             cal_c.append(conv)
-            cal_l.append(CalibrationLabels(required={ce}))
-    for conv in lib.ce_conversations(rng, None, max(2, n // 3), "train"):
-        cal_c.append(conv)
-        cal_l.append(CalibrationLabels())
-    calibrate(det, det.sequence_probs(conversation_features(model, cal_c, spec)), cal_l, patience=(1, 2))
-    return det
+            cal_l.append(CalibrationLabels(required={ce} if ce is not None else set()))
+    return train_text_detector(conversation_features(model, convs, spec), labels, ces, cfg, spec=spec,
+                               cal_feats=conversation_features(model, cal_c, spec), cal_labels=cal_l)
 
 
 class GavelCheck(Check):

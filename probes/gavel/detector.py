@@ -295,14 +295,38 @@ class CEDetector:
 
     @classmethod
     def load(cls, path: str | Path) -> "CEDetector":
+        """Read a detector written by :meth:`save`. The saved facts are untrusted: ``ces`` must be a list of
+        CE names, the configuration is checked against the weights' shapes before the network is allocated
+        (:func:`interp.io.build_checked`); otherwise :class:`interp.io.SerializationError` names the file."""
+        from interp.io import SerializationError, build_checked, check_tensors
+
         from .features import FeatureSpec
         tensors, meta = load_tensors_json(path, stem="detector", what="CE detector",
                                           required=("ces", "config", "d_in", "spec"), tensors=("thresholds", "patience"))
-        cfg = DetectorConfig(**meta["config"])
-        net = WindowGRU(meta["d_in"], len(meta["ces"]), cfg.hidden, cfg.rnn_layers, cfg.dropout, cfg.proj_dim)
-        net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-        spec = FeatureSpec(tuple(meta["spec"]["layers"]), meta["spec"]["group_kv"]) if meta["spec"] else None
-        return cls(net, meta["ces"], cfg, spec, tensors["thresholds"], tensors["patience"])
+        where = Path(path) / "detector.json"
+        ces = meta["ces"]
+        if not isinstance(ces, list) or not ces or not all(isinstance(c, str) and c for c in ces) \
+                or len(set(ces)) != len(ces):
+            raise SerializationError(f"{where}: 'ces' must be a non-empty list of distinct CE names, got {ces!r}")
+        d_in = meta["d_in"]
+        if not isinstance(d_in, int) or isinstance(d_in, bool) or d_in < 1:
+            raise SerializationError(f"{where}: 'd_in' must be a positive integer, got {d_in!r}")
+        try:
+            if not isinstance(meta["config"], dict):
+                raise TypeError(f"'config' must be an object, got {meta['config']!r}")
+            cfg = DetectorConfig(**meta["config"])
+            spec_meta = meta["spec"]
+            if spec_meta is not None and not (isinstance(spec_meta, dict) and isinstance(spec_meta.get("layers"), list)
+                                              and isinstance(spec_meta.get("group_kv"), bool)):
+                raise TypeError(f"'spec' must be null or {{'layers': [...], 'group_kv': true|false}}, got {spec_meta!r}")
+            spec = FeatureSpec(tuple(spec_meta["layers"]), spec_meta["group_kv"]) if spec_meta else None
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"{where}: {exc}") from None
+        check_tensors(tensors, {"thresholds": ((len(ces),), None), "patience": ((len(ces),), None)},
+                      Path(path) / "detector.safetensors")
+        net = build_checked(lambda: WindowGRU(d_in, len(ces), cfg.hidden, cfg.rnn_layers, cfg.dropout, cfg.proj_dim),
+                            {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, where)
+        return cls(net, ces, cfg, spec, tensors["thresholds"], tensors["patience"])
 
 
 # ------------------------------------------------------------------------------------ calibration

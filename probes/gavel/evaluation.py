@@ -24,7 +24,7 @@ from .detector import (CalibrationLabels, CEDetector, DetectorConfig, calibrate,
 from .rules import Rule
 
 __all__ = ["KeywordMatcher", "MonolithicClassifier", "train_monolithic", "rule_metrics", "RuleEvaluation",
-           "gavel_rule_outputs"]
+           "gavel_rule_outputs", "train_text_detector"]
 
 
 class KeywordMatcher:
@@ -80,6 +80,40 @@ def train_monolithic(pos: Sequence[torch.Tensor], neg: Sequence[torch.Tensor], c
         labels = [CalibrationLabels(required={"rule"})] * len(cal_pos) + [CalibrationLabels()] * len(cal_neg)
         calibrate(det, probs, labels)
     return MonolithicClassifier(det)
+
+
+def train_text_detector(feats: Sequence[torch.Tensor], labels: Sequence[Sequence[str]], ces: Sequence[str],
+                        config: DetectorConfig | None = None, spec=None,
+                        cal_feats: Sequence[torch.Tensor] = (), cal_labels: Sequence[CalibrationLabels] = ()
+                        ) -> CEDetector:
+    """A CE detector from ready texts labelled per text (the paper's ERI labelling: every scored token of a
+    text showing CE ``c`` is a ``c`` token), calibrated on ``cal_*`` by Youden's J when given.
+
+    ``feats[i]``: ``[T_i, d]`` readouts of text ``i`` (e.g. :func:`~.features.conversation_features`);
+    ``labels[i]``: the CEs text ``i`` shows (empty: CE-free); every full window of text ``i`` gets target 1 for
+    those CEs and 0 for the others. Texts shorter than one window are skipped. ``spec`` is stored in the
+    detector. Patience is calibrated over (1, 2) windows.
+    """
+    config = config or DetectorConfig()
+    ces = list(ces)
+    if len(feats) != len(labels):
+        raise ValueError(f"{len(feats)} feature tensors for {len(labels)} label sets")
+    xw, yw = [], []
+    for f, lab in zip(feats, labels):
+        unknown = set(lab) - set(ces)
+        if unknown:
+            raise ValueError(f"labels {sorted(unknown)} are not among the CEs {ces}")
+        w = make_windows(f, config.window)
+        if w.shape[1] == config.window:
+            y = torch.tensor([float(c in lab) for c in ces])
+            xw.append(w)
+            yw.append(y.expand(len(w), -1))
+    if not xw:
+        raise ValueError(f"no text has a full window of {config.window} tokens")
+    det, _ = train_detector(torch.cat(xw), torch.cat(yw), ces, config, spec=spec)
+    if len(cal_feats):
+        calibrate(det, det.sequence_probs(list(cal_feats)), list(cal_labels), patience=(1, 2))
+    return det
 
 
 def gavel_rule_outputs(detector: CEDetector, rule: Rule, probs: Sequence[torch.Tensor]

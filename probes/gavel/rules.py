@@ -32,12 +32,15 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence, Union
 
 __all__ = ["RuleSyntaxError", "Selector", "And", "Or", "Rule", "RuleSet", "parse_rule", "parse_condition",
-           "rule_from_json", "load_rules", "ACTIONS"]
+           "rule_from_json", "load_rules", "ACTIONS", "MAX_DEPTH"]
 
 #: actions a rule may take when it fires in a :class:`~interp.probes.gavel.Monitor`
 ACTIONS = ("block", "replace", "redirect", "flag")
 _KEYWORDS = {"all", "of", "and", "or", "not"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: deepest nesting of parentheses a condition may have (the parser recurses once per level)
+MAX_DEPTH = 100
+_DIGITS = "0123456789"
 
 
 class RuleSyntaxError(ValueError):
@@ -48,7 +51,8 @@ class RuleSyntaxError(ValueError):
         where = f"line {line}, column {column}: " if line is not None else ""
         snippet = ""
         if text is not None and line is not None and column is not None:
-            src = text.splitlines()[line - 1] if text.splitlines() else ""
+            lines = text.split("\n")  # the lexer counts lines by "\n": an error after a final newline is on ""
+            src = lines[line - 1] if 0 < line <= len(lines) else ""
             snippet = f"\n  {src}\n  {' ' * (column - 1)}^"
         super().__init__(f"{where}{message}{snippet}")
 
@@ -145,9 +149,9 @@ def _lex(text: str) -> list[_Tok]:
             toks.append(_Tok(ch, ch, line, col))
             col, i = col + 1, i + 1
             continue
-        if ch.isdigit() or (ch == "-" and i + 1 < len(text) and text[i + 1].isdigit()):
+        if ch in _DIGITS or (ch == "-" and i + 1 < len(text) and text[i + 1] in _DIGITS):
             j = i + 1
-            while j < len(text) and text[j].isdigit():
+            while j < len(text) and text[j] in _DIGITS:
                 j += 1
             toks.append(_Tok("INT", text[i:j], line, col))
             col, i = col + (j - i), j
@@ -173,6 +177,7 @@ class _Parser:
         self.text, self.groups, self.known = text, dict(groups or {}), known
         self.toks, self.i = _lex(text), 0
         self.used_groups: set[str] = set()
+        self.depth = 0
 
     def peek(self) -> _Tok:
         return self.toks[self.i]
@@ -214,8 +219,13 @@ class _Parser:
     def atom(self) -> Node:
         tok = self.peek()
         if tok.kind == "(":
+            if self.depth >= MAX_DEPTH:
+                raise RuleSyntaxError(f"parentheses nested deeper than {MAX_DEPTH} levels", tok.line, tok.col,
+                                      self.text)
             self.i += 1
+            self.depth += 1
             node = self.condition()
+            self.depth -= 1
             self.take(")", None, "')' closing the '(' at line %d, column %d" % (tok.line, tok.col))
             return node
         if tok.kind == "KW" and tok.value == "all":
@@ -223,6 +233,9 @@ class _Parser:
             k = None
         elif tok.kind == "INT":
             self.i += 1
+            if len(tok.value.lstrip("-")) > 9:
+                raise RuleSyntaxError(f"k in 'k of' is too large ({tok.value[:12]}...); k is at most the group size",
+                                      tok.line, tok.col, self.text)
             k = int(tok.value)
             if k < 1:
                 raise RuleSyntaxError(f"k in 'k of' must be at least 1, got {k}", tok.line, tok.col, self.text)
@@ -280,17 +293,43 @@ class _Parser:
                                   tok.line, tok.col, self.text)
 
 
+def _ce_names(value: object, field: str, allow_empty: bool = True, iterable: bool = False) -> list[str]:
+    """``value`` as a list of CE names; a string (which iteration would split into characters), a non-list or
+    an entry that is not a CE name raises :class:`RuleSyntaxError` naming ``field``. ``iterable``: any
+    iterable of names is accepted (API arguments typed ``Iterable[str]``; a mapping gives its keys)."""
+    if isinstance(value, (str, bytes)):
+        raise RuleSyntaxError(f"{field!r} must be a list of CE names, got the string {value!r} (for one CE write "
+                              f"[{value}])")
+    if isinstance(value, (set, frozenset)):
+        value = sorted(value, key=str)
+    elif iterable and not isinstance(value, (list, tuple)) and isinstance(value, Iterable):
+        value = list(value)
+    if not isinstance(value, (list, tuple)):
+        raise RuleSyntaxError(f"{field!r} must be a list of CE names, got {type(value).__name__} {value!r}")
+    for c in value:
+        if not isinstance(c, str) or not _NAME.fullmatch(c) or c in _KEYWORDS:
+            raise RuleSyntaxError(f"{field!r}: bad CE name {c!r} (a CE name is a string of letters, digits and "
+                                  "'_', not a keyword)")
+    if not value and not allow_empty:
+        raise RuleSyntaxError(f"{field!r} must list at least one CE")
+    return list(value)
+
+
 def parse_condition(text: str, groups: Mapping[str, Sequence[str]] | None = None,
                     known_ces: Iterable[str] | None = None) -> Node:
     """Parse a condition into its syntax tree (see the module docstring for the grammar)."""
     if not isinstance(text, str):
         raise TypeError(f"a rule condition must be a string, got {type(text).__name__}")
-    known = None if known_ces is None else set(known_ces)
+    known = None if known_ces is None else set(_ce_names(known_ces, "known_ces", iterable=True))
+    if groups is not None and not isinstance(groups, Mapping):
+        raise RuleSyntaxError(f"'groups' must be a mapping of group names to lists of CE names, got "
+                              f"{type(groups).__name__}")
     for gname, members in (groups or {}).items():
-        if not _NAME.fullmatch(str(gname)) or gname in _KEYWORDS:
+        if not isinstance(gname, str) or not _NAME.fullmatch(gname) or gname in _KEYWORDS:
             raise RuleSyntaxError(f"bad group name {gname!r}: use letters, digits and '_' and no keyword")
-        if isinstance(members, str) or not list(members):
-            raise RuleSyntaxError(f"group {gname!r} must be a non-empty list of CE names")
+        if isinstance(members, str) or not isinstance(members, (list, tuple)) or not list(members):
+            raise RuleSyntaxError(f"group {gname!r} must be a non-empty list of CE names, got {members!r}")
+        _ce_names(members, f"groups.{gname}")
     parser = _Parser(text, groups, known)
     node = parser.parse()
     unused = set(groups or {}) - parser.used_groups
@@ -394,8 +433,10 @@ def parse_rule(text: str, known_ces: Iterable[str] | None = None, *, name: str =
     ``known_ces`` (optional) is the CE library: a CE outside it is an error. Raises :class:`RuleSyntaxError`
     (a ``ValueError``) with line and column for malformed text.
     """
+    if known_ces is not None:
+        known_ces = _ce_names(known_ces, "known_ces", iterable=True)
     node = parse_condition(text, groups=groups, known_ces=known_ces)
-    sup = tuple(dict.fromkeys(supporting))
+    sup = tuple(dict.fromkeys(_ce_names(supporting, "supporting")))
     if known_ces is not None:
         bad = [c for c in sup if c not in set(known_ces)]
         if bad:
@@ -408,32 +449,48 @@ def parse_rule(text: str, known_ces: Iterable[str] | None = None, *, name: str =
 def rule_from_json(obj: Mapping | str, known_ces: Iterable[str] | None = None, **kwargs) -> Rule:
     """A rule from the paper repository's JSON form (``all_required``, ``any_of``, ``supporting``)."""
     if isinstance(obj, str):
-        obj = json.loads(obj)
+        obj = _parse_json(obj, "JSON rule")
     if not isinstance(obj, Mapping):
-        raise ValueError("a JSON rule must be an object with 'all_required', 'any_of' and/or 'supporting'")
+        raise RuleSyntaxError("a JSON rule must be an object with 'all_required', 'any_of' and/or 'supporting'")
     extra = set(obj) - {"all_required", "any_of", "supporting", "name", "description", "action", "message",
                         "system_prompt"}
     if extra:
-        raise ValueError(f"unknown JSON rule field(s): {', '.join(sorted(extra))}")
-    req = list(obj.get("all_required", []) or [])
-    any_of = obj.get("any_of", []) or []
+        raise RuleSyntaxError(f"unknown JSON rule field(s): {', '.join(sorted(map(str, extra)))}")
+
+    def listed(key: str) -> list:
+        value = obj.get(key)
+        return [] if value is None else value
+
+    req = _ce_names(listed("all_required"), "all_required")
+    any_of = listed("any_of")
+    if isinstance(any_of, str):
+        _ce_names(any_of, "any_of")  # raises: a string is not a list of groups
+    if not isinstance(any_of, (list, tuple)):
+        raise RuleSyntaxError(f"'any_of' must be a list of groups (lists of CE names), got {type(any_of).__name__}")
     if any_of and all(isinstance(x, str) for x in any_of):  # one group written flat
         any_of = [any_of]
+    groups = [_ce_names(g, f"any_of[{i}]") for i, g in enumerate(any_of)]
     parts = []
-    for c in [*req, *(c for g in any_of for c in g)]:
-        if not isinstance(c, str) or not _NAME.fullmatch(c) or c in _KEYWORDS:
-            raise ValueError(f"bad CE name {c!r} in JSON rule")
     if req:
         parts.append("all of {" + ", ".join(req) + "}")
-    for g in any_of:
+    for g in groups:
         if not g:
-            raise ValueError("empty group in 'any_of'")
+            raise RuleSyntaxError("empty group in 'any_of'")
         parts.append("1 of {" + ", ".join(g) + "}")
     if not parts:
-        raise ValueError("a JSON rule needs 'all_required' or 'any_of' (supporting CEs alone never fire)")
+        raise RuleSyntaxError("a JSON rule needs 'all_required' or 'any_of' (supporting CEs alone never fire)")
     opts = {k: obj[k] for k in ("name", "description", "action", "message", "system_prompt") if k in obj}
     opts.update(kwargs)
-    return parse_rule(" and ".join(parts), known_ces, supporting=obj.get("supporting", []) or [], **opts)
+    return parse_rule(" and ".join(parts), known_ces, supporting=listed("supporting"), **opts)
+
+
+def _parse_json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RuleSyntaxError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise RuleSyntaxError(f"{where}: JSON nested too deeply") from None
 
 
 # --------------------------------------------------------------------------------------- rule files
@@ -475,27 +532,40 @@ class RuleSet:
 
 def _rule_entry(entry: Mapping, known: Iterable[str] | None, where: str) -> Rule:
     if not isinstance(entry, Mapping):
-        raise ValueError(f"{where}: each rule must be a mapping")
+        raise RuleSyntaxError(f"{where}: each rule must be a mapping, got {type(entry).__name__}")
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"{where}: rule 'name' must match [A-Za-z_][A-Za-z0-9_]*, got {name!r}")
-    opts = dict(name=name, description=str(entry.get("description", entry.get("definition", "")) or ""),
-                action=entry.get("action", "flag"), message=entry.get("message"),
-                system_prompt=entry.get("system_prompt"))
+        raise RuleSyntaxError(f"{where}: rule 'name' must match [A-Za-z_][A-Za-z0-9_]*, got {name!r}")
     try:
+        for key in ("description", "definition", "message", "system_prompt", "action"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise RuleSyntaxError(f"{key!r} must be a string, got {type(entry[key]).__name__} {entry[key]!r}")
+        opts = dict(name=name, description=entry.get("description") or entry.get("definition") or "",
+                    action=entry.get("action") or "flag", message=entry.get("message"),
+                    system_prompt=entry.get("system_prompt"))
         if "condition" in entry:
+            if not isinstance(entry["condition"], str):
+                raise RuleSyntaxError(f"'condition' must be a string, got {type(entry['condition']).__name__} "
+                                      f"{entry['condition']!r}")
+            sup = entry.get("supporting")
             return parse_rule(entry["condition"], known, groups=entry.get("groups"),
-                              supporting=entry.get("supporting", []) or [], **opts)
+                              supporting=[] if sup is None else sup, **opts)
         return rule_from_json({k: entry[k] for k in ("all_required", "any_of", "supporting") if k in entry},
                               known, **opts)
     except RuleSyntaxError as e:
         err = RuleSyntaxError(f"{where}, rule {name!r}: {e}")
         err.line, err.column, err.text = e.line, e.column, e.text
         raise err from None
+    except ValueError as e:  # the rule's own checks (action, message, unknown CEs)
+        raise RuleSyntaxError(f"{where}: {e}") from None
 
 
 def load_rules(source: str | Path | Mapping | Sequence, known_ces: Iterable[str] | None = None) -> RuleSet:
     """Read a rule file (JSON or YAML, read safely) or an already-parsed mapping/list.
+
+    A malformed file or entry raises :class:`RuleSyntaxError` (a ``ValueError``) naming the file, the rule
+    and the field (a string where a list of CEs is required, a non-string CE name, a non-string condition,
+    bad YAML or JSON ...); a missing file raises ``FileNotFoundError``.
 
     Format: ``{"rules": [{"name", "description", "condition" | JSON form, "groups"?, "supporting"?,
     "action"?, "message"?, "system_prompt"?}, ...]}`` or a bare list of such entries; a single
@@ -506,25 +576,50 @@ def load_rules(source: str | Path | Mapping | Sequence, known_ces: Iterable[str]
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"rule file {path} does not exist")
-        text, where = path.read_text(), str(path)
+        where = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise RuleSyntaxError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(text)
+            data = _parse_yaml(text, path)
         else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+            data = _parse_json(text, str(path))
     elif isinstance(source, str):
-        data = json.loads(source)
+        data = _parse_json(source, "rules")
     else:
         data = source
     if isinstance(data, Mapping) and "rules" in data:
         entries = data["rules"]
+        if not isinstance(entries, (list, tuple)):
+            raise RuleSyntaxError(f"{where}: 'rules' must be a list of rule mappings, got {type(entries).__name__}")
     elif isinstance(data, Mapping) and "name" in data:
         entries = [data]
-    elif isinstance(data, Sequence) and not isinstance(data, str):
+    elif isinstance(data, (list, tuple)):
         entries = data
     else:
-        raise ValueError(f"{where}: expected a mapping with 'rules', one rule mapping, or a list of rules")
-    return RuleSet([_rule_entry(e, known_ces, f"{where}[{i}]") for i, e in enumerate(entries)])
+        raise RuleSyntaxError(f"{where}: expected a mapping with 'rules', one rule mapping, or a list of rules, "
+                              f"got {type(data).__name__}")
+    if known_ces is not None:  # once (an iterator would be used up by the first rule)
+        known_ces = _ce_names(known_ces, "known_ces", iterable=True)
+    rules = [_rule_entry(e, known_ces, f"{where}[{i}]") for i, e in enumerate(entries)]
+    try:
+        return RuleSet(rules)
+    except ValueError as e:
+        raise RuleSyntaxError(f"{where}: {e}") from None
+
+
+def _parse_yaml(text: str, path: Path):
+    """YAML read safely; a malformed file raises :class:`RuleSyntaxError` naming the file, line and column."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise RuleSyntaxError(f"{path}: not valid YAML{at}: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise RuleSyntaxError(f"{path}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise RuleSyntaxError(f"{path}: YAML nested too deeply") from None

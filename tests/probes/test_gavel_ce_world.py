@@ -1,11 +1,8 @@
-"""GAVEL CE world (digest §2 CPU-scale validation): data generator checks (fast) and the full pass criteria (slow)."""
+"""GAVEL CE world (digest §2 CPU-scale validation): data generator checks. The pass criteria and the monitor check
+are the claims of ``interp reproduce gavel`` (benchmarks/gavel/claims.yaml)."""
 import random
 
-import pytest
-import torch
-
-from interp.probes.gavel import ce_world
-from interp.probes.gavel.ce_world import FAMILIES, _window_labels, make_conversation
+from interp.benchmarks.gavel.ce_world import FAMILIES, _window_labels, make_conversation
 
 
 def test_conversations_have_phrases_and_isolated_decoys():
@@ -37,58 +34,13 @@ def test_window_labels():
     assert lab[:, 0].tolist() == [-1, 1, 0] and lab[:, 1].tolist() == [0, 0, 0]
 
 
-@pytest.mark.slow
-def test_ce_world_pass_criteria(tmp_path, monkeypatch):
-    """Digest pass criteria; measured 2026-12-01: window AUC A/B/C/D 0.9998/0.9986/0.9991/0.9997, GAVEL rule AUC
-    0.999, hard-negative FPR 0.00, monolithic hard FPR 0.92, keywords 0.65."""
-    import interp
-    torch.set_num_threads(1)
-    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path))
-    model = interp.load(f"zoo:{ce_world.ZOO_NAME}", backend="torch")
-    res = ce_world.run_ce_world(model)
-    assert all(res.passed.values()), (res.passed, res.window_auc, res.rules)
-    df = res.to_frame()
-    assert set(df.method) == {"gavel", "monolithic", "keywords"}
-    res.save(tmp_path / "res")
-    res.figure()
+def test_zoo_entry_is_declared_not_registered_at_import():
+    """The CE-world LM is a zoo entry through the entry point only; its cache key is unchanged by the move."""
+    from importlib.metadata import entry_points
 
-
-@pytest.mark.slow
-def test_ce_world_monitor_stops_mid_generation_and_not_on_harmless():
-    """A prefilled A phrase; the model is steered (last-layer residual pushed along two unembedding columns) to
-    start a B phrase, completes it itself, and the monitor blocks mid-generation; harmless prompts never fire.
-
-    (Without steering the model's own phrase completion right after the prompt puts the phrase's last word at the
-    start of the first generated window, where this detector does not see it: B probability 0.006 online and
-    offline alike.)"""
-    import interp
-    from interp.probes.gavel import Monitor, parse_rule
-    torch.set_num_threads(1)
-    model = interp.load(f"zoo:{ce_world.ZOO_NAME}", backend="torch")
-    det = ce_world.ce_world_detector(model, n_train=80, n_cal=30)
-    rule = parse_rule(ce_world.RULE, list(FAMILIES), name="R", action="block")
-    tok = model.tokenizer
-    W_U = model.weight("W_U")  # [d_model, vocab]
-    plan = {1: tok.convert_tokens_to_ids("b0"), 2: tok.convert_tokens_to_ids("b1")}  # pass k emits token k+1
-
-    def steer(t, ctx):
-        if ctx.pass_index in plan:
-            t = t.clone()
-            t[:, -1] += 100 * W_U[:, plan[ctx.pass_index]] / W_U[:, plan[ctx.pass_index]].norm()
-        return t
-    prompt = "<bos> w1 w7 w3 a2 a3 a4 w9 w12 w5 w30 w2 w8 w17 w4"
-    with model.intervene({f"blocks.{model.cfg.n_layers - 1}.hook_resid_post": steer}):
-        out = Monitor(model, det, [rule], score_prompt=True).generate(prompt, max_new_tokens=20, stop_at_eos=False)
-    words = tok.convert_ids_to_tokens(out.token_ids)
-    assert words[1:4] == ["b0", "b1", "b2"], words  # steered b0 b1, then the model's own b2
-    assert out.stopped and out.action == "block" and len(out.token_ids) == 5  # mid-way through 20 tokens
-    (ev,) = out.events
-    assert {"A", "B"} <= set(ev["fired"]) and ev["causes"]["B"][0]["span"] == [0, 5]
-    rng = random.Random(1)
-    fired = 0
-    for _ in range(40):
-        seq, _, _ = make_conversation(rng, [], 40)  # random negative: decoys only
-        o = Monitor(model, det, [rule], score_prompt=True).generate("<bos> " + " ".join(seq), max_new_tokens=10,
-                                                                   stop_at_eos=False)
-        fired += bool(o.events)
-    assert fired == 0
+    from interp.benchmarks.gavel import ce_world
+    from interp.zoo.registry import get_entry, recipe_hash
+    (ep,) = [e for e in entry_points(group="interp.zoo") if e.name == "gavel-ce-world"]
+    assert ep.value == "interp.benchmarks.gavel.ce_world:CE_WORLD"
+    assert get_entry("gavel-ce-world") is ce_world.CE_WORLD
+    assert recipe_hash("gavel-ce-world") == "0f646423e7d29ddd"  # the key the entry had in probes/gavel/

@@ -185,3 +185,29 @@ def test_features_equal_on_every_backend():
         got = conversation_features(interp.wrap(hf, tok, backend=backend), seqs, spec, batch_size=2)
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_train_text_detector_labels_every_window_of_a_text_with_its_ces():
+    """Texts labelled per text (ERI-style): CE x texts carry +2 in feature 0, CE y texts in feature 1, CE-free
+    texts neither; the trained detector separates them and calibration fires x on x texts only."""
+    from interp.probes.gavel import train_text_detector
+    g = torch.Generator().manual_seed(0)
+
+    def text(lab):
+        f = torch.randn(12, 4, generator=g) * 0.3
+        for c in lab:
+            f[:, "xy".index(c)] += 2.0
+        return f
+    labels = [["x"]] * 30 + [["y"]] * 30 + [[]] * 30 + [["x", "y"]] * 10
+    feats = [text(lab) for lab in labels]
+    cal_labels = [["x"]] * 8 + [["y"]] * 8 + [[]] * 8
+    cal = [text(lab) for lab in cal_labels]
+    cfg = DetectorConfig(hidden=16, rnn_layers=1, dropout=0.0, lr=1e-2, max_epochs=15)
+    det = train_text_detector(feats, labels, ["x", "y"], cfg, cal_feats=cal,
+                              cal_labels=[CalibrationLabels(required=set(lab)) for lab in cal_labels])
+    fired = [det.fired(p) for p in det.sequence_probs([text(["x"]), text(["y"]), text([])])]
+    assert fired == [{"x"}, {"y"}, set()]
+    with pytest.raises(ValueError, match="not among the CEs"):
+        train_text_detector(feats[:2], [["z"], []], ["x", "y"], cfg)
+    with pytest.raises(ValueError, match="full window"):
+        train_text_detector([torch.zeros(3, 4)], [["x"]], ["x", "y"], cfg)

@@ -11,7 +11,7 @@ import types
 
 from interp.probes.gavel import library as lib
 from interp.probes.gavel.detector import masked_bce
-from interp.probes.gavel.validation import library_test_set, token_ce_labels, window_labels
+from interp.benchmarks.gavel.validation import library_test_set, token_ce_labels, window_labels
 from interp.testing import tiny_tokenizer
 
 torch.set_num_threads(1)

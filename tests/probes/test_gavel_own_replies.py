@@ -10,7 +10,7 @@ import torch
 import interp
 from interp.probes.gavel import FeatureSpec, render_prompt
 from interp.probes.gavel import library as lib
-from interp.probes.gavel.validation import (MonitorValidation, ce_directions, ce_steering_vector, library_test_set,
+from interp.benchmarks.gavel.validation import (MonitorValidation, ce_directions, ce_steering_vector, library_test_set,
                                             own_replies, own_reply_conversations, own_reply_prompts,
                                             run_library_validation, token_ce_labels)
 from interp.testing import tiny_model, tiny_tokenizer
@@ -145,7 +145,7 @@ class _Never(torch.nn.Module):
 
 def test_monitor_validation_positive_modes(model):
     from interp.probes.gavel import CEDetector, DetectorConfig
-    from interp.probes.gavel.validation import REQUEST, run_monitor_validation
+    from interp.benchmarks.gavel.validation import REQUEST, run_monitor_validation
     ces = list(lib.CE_TEMPLATES)
     det = CEDetector(_Never(len(ces)), ces, DetectorConfig(), spec=FeatureSpec.range(0, 2))
     det.thresholds = torch.full((len(ces),), 0.5)
