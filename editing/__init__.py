@@ -1,4 +1,6 @@
-"""Weight editing: transcoders (train, splice, sae-lens format) and TCPE / ROME knowledge edits."""
+"""Weight editing: transcoders (train, splice, sae-lens format), TCPE / ROME knowledge edits, the KECode metrics
+and feature interpretation. The TCPE reproduction (facts model, KECode-like toy, SmolLM2 facts) is the recipe
+``interp reproduce tcpe`` (``benchmarks/tcpe/``)."""
 from .transcoders import (Spliced, Transcoder, TranscoderMetrics, TranscoderTraining, TranscoderTrainingConfig,
                           evaluate_transcoder, harvest_pairs, splice, train_transcoder,
                           train_transcoder_from_store)
@@ -13,18 +15,9 @@ from .rome import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, Trans
 __all__ += ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
             "compute_key", "second_moment", "second_moments", "moment_diagnostics", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune",
             "edit_batch"]
-from .facts import FactsComparison, FactsTask, compare_methods, fact_predictions, train_facts_model
-
-__all__ += ["FactsTask", "train_facts_model", "fact_predictions", "FactsComparison", "compare_methods"]
 from .kecode import KECodeScores, cluster_errors, kecode_scores
 
 __all__ += ["KECodeScores", "kecode_scores", "cluster_errors"]
 from .interpret import FeatureTokens, feature_top_tokens
 
 __all__ += ["FeatureTokens", "feature_top_tokens"]
-from .kecode_toy import CodeTask, ErrorClusters, KECodeComparison, compare_kecode, train_code_model
-
-__all__ += ["CodeTask", "train_code_model", "ErrorClusters", "KECodeComparison", "compare_kecode"]
-from .real_facts import Fact, RealEditComparison, all_facts, compare_real, known_facts
-
-__all__ += ["Fact", "all_facts", "known_facts", "RealEditComparison", "compare_real"]

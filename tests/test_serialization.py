@@ -278,7 +278,7 @@ def test_city_graph_round_trip(tmp_path):
 
 def test_table_result_round_trip_keeps_the_subclass(tmp_path):
     """A one-table result (``interp.results.TableResult``) saves and loads as its own subclass."""
-    from interp.editing.facts import FactsComparison
+    from interp.benchmarks.tcpe.facts import FactsComparison
 
     res = FactsComparison(rows=[{"method": "tcpe", "efficacy": 1.0}, {"method": "rome", "efficacy": 0.5}],
                           baseline={"accuracy": 0.9})

@@ -40,7 +40,7 @@ def main() -> None:
 
     from interp.editing import (EditConfig, MLPSite, TranscoderSite, TranscoderTrainingConfig,
                                 context_templates, fine_tune, rome, second_moment, tcpe, train_transcoder)
-    from interp.editing.facts import FactsTask, facts_tokenizer
+    from interp.benchmarks.tcpe.facts import FactsTask, facts_tokenizer
     task = FactsTask(0)
     tok = facts_tokenizer(task)
     torch.manual_seed(0)

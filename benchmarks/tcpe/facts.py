@@ -18,9 +18,9 @@ import torch
 from interp.progress import progress
 from interp.results import TableResult
 
-from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
+from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rome, second_moment, tcpe
-from .transcoders import Transcoder, splice
+from interp.editing.transcoders import Transcoder, splice
 
 N_SUBJ, N_REL, N_OBJ = 50, 4, 30
 EXTRA_WORDS = (".", "is", "a", "The", "Therefore", "Because", "I", "You")

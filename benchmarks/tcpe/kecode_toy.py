@@ -40,10 +40,10 @@ import torch
 from interp.results import TableResult
 
 from .facts import train_word_lm, word_tokenizer
-from .kecode import cluster_errors, kecode_scores
-from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
+from interp.editing.kecode import cluster_errors, kecode_scores
+from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rank_one, restrict, second_moment
-from .transcoders import Transcoder, splice
+from interp.editing.transcoders import Transcoder, splice
 
 TYPES = ("int", "str", "real", "bool")
 PARAMS = {"int": ("i0", "i1"), "str": ("s0", "s1"), "real": ("r0", "r1"), "bool": ("b0", "b1")}

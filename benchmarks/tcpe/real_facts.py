@@ -20,9 +20,9 @@ import torch
 from interp.progress import progress
 from interp.results import TableResult
 
-from .rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
+from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rank_one, restrict, second_moment
-from .transcoders import Transcoder, splice
+from interp.editing.transcoders import Transcoder, splice
 
 # (relation, prompt, paraphrase, {subject: object})
 RELATIONS = {
@@ -353,7 +353,7 @@ def plan_keys(model, layer: int, transcoder: Transcoder, n_edits: int | None, te
     and the keys ``k*`` of its requests at both sites, before any edit: ``(plan, keys_tc [n, d_sae],
     keys_mlp [n, d_mlp])``. ``n_edits=None``: the full plan (every fact both know), whose start is the plan of
     any ``n_edits``."""
-    from .rome import compute_key
+    from interp.editing.rome import compute_key
     known, _ = known_facts(model)
     with splice(model, layer, transcoder):
         known_tc, _ = known_facts(model, known)
@@ -441,8 +441,8 @@ def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates
     from interp.io import atomic_write_json, load_json
     from interp.store import harvest
 
-    from .rome import moment_diagnostics, second_moments
-    from .transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
+    from interp.editing.rome import moment_diagnostics, second_moments
+    from interp.editing.transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     model = interp.load("zoo:smollm2-135m")

@@ -8,7 +8,7 @@ import torch
 
 import interp
 from interp.editing import EditConfig, FineTuneConfig, Transcoder, TranscoderTrainingConfig, train_transcoder
-from interp.editing.kecode_toy import (CodeTask, ErrorClusters, compare_kecode, embed_messages, outcomes,
+from interp.benchmarks.tcpe.kecode_toy import (CodeTask, ErrorClusters, compare_kecode, embed_messages, outcomes,
                                        train_code_model)
 
 interp.set_progress(False)

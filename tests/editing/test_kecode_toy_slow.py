@@ -1,6 +1,6 @@
 """Validation 2 (digest §5): the KECode-like translation toy at full size (slow). Numbers: docs/editing.md.
 
-Edit settings: :func:`interp.editing.kecode_toy.toy_edit_config` (key and δ at the prompt's last token, no
+Edit settings: :func:`interp.benchmarks.tcpe.kecode_toy.toy_edit_config` (key and δ at the prompt's last token, no
 natural-language context templates: the toy never sees a prefix; ROME's other defaults). TCPE's τ for the
 paper-effect tests is fixed by the digest's CPU recipe rule, not by the results: the τ of ``TAUS`` whose mask is
 the largest not above 3% of the transcoder's features (|S| ≈ 1–3% of d_tc); with this transcoder (L0 ≈ 4) that
@@ -24,7 +24,7 @@ import torch
 
 import interp
 from interp.editing import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder
-from interp.editing.kecode_toy import compare_kecode, toy_edit_config, train_code_model
+from interp.benchmarks.tcpe.kecode_toy import compare_kecode, toy_edit_config, train_code_model
 
 pytestmark = pytest.mark.slow
 LAYER = 1

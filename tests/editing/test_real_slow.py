@@ -2,7 +2,7 @@
 layer-8 transcoder trained from activations harvested through interp.store (KJV + instructions, 160k tokens), second
 moments from 100k tokens, then 20 single-fact counterfactual edits of known facts with TCPE (τ sweep fixed from the
 keys before any edit), ROME on the transcoder and ROME on the MLP
-(:func:`interp.editing.real_facts.validate_real`; numbers in docs/editing.md).
+(:func:`interp.benchmarks.tcpe.real_facts.validate_real`; numbers in docs/editing.md).
 
 Set ``INTERP_EDITING_CACHE`` to a folder to keep the store, transcoder, second moments and per-edit results
 between runs (a rerun resumes); by default a temporary folder (cold run)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import interp
-from interp.editing.real_facts import known_facts, validate_real
+from interp.benchmarks.tcpe.real_facts import known_facts, validate_real
 
 pytestmark = pytest.mark.slow
 N_EDITS = 20

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import interp
-from interp.editing import (EditConfig, TranscoderTrainingConfig, compare_methods, evaluate_transcoder,
-                            fact_predictions, splice, train_facts_model, train_transcoder)
+from interp.benchmarks.tcpe.facts import compare_methods, fact_predictions, train_facts_model
+from interp.editing import EditConfig, TranscoderTrainingConfig, evaluate_transcoder, splice, train_transcoder
 
 pytestmark = pytest.mark.slow
 TC_CFG = dict(d_sae=1024, batch_size=256, n_epochs=20, l1_coefficient=1.0, text_batch_size=64, resample_every=200,

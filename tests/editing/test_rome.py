@@ -157,20 +157,25 @@ def test_edit_batch_is_sequential(model):
     W0 = model.weight("W_out").clone()
     reqs = [REQ, EditRequest("Fact: {} works in", "Ann", " Zq")]
     edits = edit_batch(rome, reqs, model, 2, texts=TEXTS, config=CFG, templates=TEMPLATES)
-    assert len(edits) == 2 and all(e.applied for e in edits)
+    # both edit layer 2's rows: edit 0 lies under edit 1, so only edit 1 is held exactly (``applied`` is read
+    # from the weights); reverting edit 1 brings back exactly the weights edit 0 left
+    assert len(edits) == 2 and edits[1].applied and not edits[0].applied
     assert torch.allclose(model.weight("W_out")[2] - W0[2], edits[0].delta + edits[1].delta, atol=1e-5)
     # the second edit was computed on the already-edited model: its own key/value hold exactly after both
     W = model.weight("W_out")[2]
     assert torch.allclose(edits[1].k_star @ W + model.weight("b_out")[2], edits[1].v_star, rtol=1e-3, atol=1e-4)
-    for e in reversed(edits):
-        e.revert(model)
-    assert (model.weight("W_out") - W0).abs().max() < 1e-9  # reverted in reverse order: the saved weights
+    with pytest.raises(RuntimeError, match="not applied"):
+        edits[0].revert(model)  # out of order: refused, nothing changed
+    edits[1].revert(model)
+    assert edits[0].applied and not edits[1].applied
+    edits[0].revert(model)
+    assert torch.equal(model.weight("W_out"), W0)  # reverted in reverse order: the saved weights, bit for bit
 
 
 def _word_model():
     """An untrained 3-layer GPT-2 over the KECode toy's word-level vocabulary (decodes without leading spaces)."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    from interp.editing.kecode_toy import CodeTask, code_tokenizer
+    from interp.benchmarks.tcpe.kecode_toy import CodeTask, code_tokenizer
     tok = code_tokenizer(CodeTask(seed=0))
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=48, n_embd=32, n_layer=3, n_head=4, n_inner=64,
@@ -222,11 +227,11 @@ def test_second_moment_disk_cache(model, tc, tmp_path):
 
 
 def test_edit_plan_extends_without_changing_its_start():
-    from interp.editing.real_facts import all_facts, edit_plan
+    from interp.benchmarks.tcpe.real_facts import all_facts, edit_plan
     facts = all_facts()[:30]
     a, b = edit_plan(facts, 5, seed=1), edit_plan(facts, 12, seed=1)
     assert b[:5] == a and len({f for f, _ in b}) == 12
-    assert all(new != f.obj and new in {o for o in __import__("interp.editing.real_facts", fromlist=["x"])
+    assert all(new != f.obj and new in {o for o in __import__("interp.benchmarks.tcpe.real_facts", fromlist=["x"])
                                         .RELATIONS[f.relation][2].values()} for f, new in b)
 
 
@@ -301,7 +306,7 @@ def test_moment_diagnostics_sees_never_active_features_and_the_ridge():
 
 
 def test_tau_for_fraction_is_the_smallest_grid_tau_meeting_the_mask_size():
-    from interp.editing.real_facts import tau_for_fraction
+    from interp.benchmarks.tcpe.real_facts import tau_for_fraction
     keys = torch.zeros(2, 100)
     keys[0, :10] = torch.arange(1, 11) / 10           # 0.1 .. 1.0
     keys[1, :6] = torch.arange(1, 7) / 10             # 0.1 .. 0.6
