@@ -1,7 +1,9 @@
 """Bayesian Neural Networks for Functional ANOVA Model (Bayesian-TPNN; Park, Kim, Lee, Shin, Kong & Kim, ICLR 2026).
 
 arXiv 2510.00545. Package layout: :mod:`.basis` (TPNN factors), :mod:`.sampler` (priors, moves, MCMC),
-:mod:`.polya_gamma` (exact ``PG(1, c)`` draws), :mod:`.experiments` (validation and typed results).
+:mod:`.polya_gamma` (exact ``PG(1, c)`` draws). The validation (synthetic function, stepwise-birth ablations,
+diabetes, breast cancer) is the reproduction recipe ``interp reproduce bayesian_tpnn``
+(``benchmarks/bayesian_tpnn/``).
 
 The regression function is a functional ANOVA model written as a sum of tensor-product neural-network (TPNN)
 basis functions,
@@ -67,17 +69,10 @@ Choices where the paper (or our digest of it) is silent, all documented in ``doc
 from __future__ import annotations
 
 from .basis import TPNNNode, _pad_nodes, component_name, logsumexp, node_forward, tpnn_basis, tpnn_factors
-from .experiments import (
-    ABLATION_METRICS, SYNTHETIC_TRUE_COMPONENTS, BayesianTPNNClassificationResult, BayesianTPNNResult,
-    _hgb_rmse, ablation_means, classification_experiment, experiment, selection_auroc, stepwise_ablation,
-    synthetic_anova,
-)
 from .polya_gamma import sample_polya_gamma
 from .sampler import LIKELIHOODS, MOVES, BayesianTPNN, BayesianTPNNConfig
 
 __all__ = [
-    "BayesianTPNNConfig", "TPNNNode", "BayesianTPNN", "BayesianTPNNResult", "BayesianTPNNClassificationResult",
-    "tpnn_factors", "tpnn_basis", "node_forward", "synthetic_anova", "SYNTHETIC_TRUE_COMPONENTS",
-    "selection_auroc", "component_name", "stepwise_ablation", "ablation_means", "experiment",
-    "classification_experiment", "sample_polya_gamma", "MOVES", "LIKELIHOODS", "ABLATION_METRICS", "logsumexp",
+    "BayesianTPNNConfig", "TPNNNode", "BayesianTPNN", "tpnn_factors", "tpnn_basis", "node_forward", "component_name",
+    "sample_polya_gamma", "MOVES", "LIKELIHOODS", "logsumexp",
 ]

@@ -1,9 +1,11 @@
-"""Tests for models.bayesian_tpnn (Bayesian-TPNN, ICLR 2026).
+"""Tests for models.bayesian_tpnn (Bayesian-TPNN, ICLR 2026) and its validation (interp.benchmarks.bayesian_tpnn).
 
 Default tests: basis identities, the analytic Langevin gradient against autograd, acceptance ratios against a
 hand computation, a prior-only chain that must reproduce the prior (checks every reversible-jump ratio at
 once), state invariants after every move, and a small run whose true components must outrank all others.
-The full validation of the digest (3000 iterations, stepwise ablation over seeds, diabetes) is ``slow``.
+The digest's criteria on the full validation (selection, RMSE, the two stepwise ablations, breast cancer) are the
+recipe's claims (benchmarks/bayesian_tpnn/claims.yaml, checked by tests/reproduce); ``slow`` keeps the planted-error
+checks and the full-run assertions no claim makes (stepwise acceptance in every hierarchical seed, diabetes).
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from interp.benchmarks.bayesian_tpnn import (
+    BayesianTPNNResult, BayesianTPNNRunConfig, experiment, merge_ablations, selection_auroc, synthetic_anova,
+)
 from interp.models.bayesian_tpnn import (
-    BayesianTPNN, BayesianTPNNConfig, BayesianTPNNResult, TPNNNode, experiment, node_forward,
-    sample_polya_gamma, selection_auroc, synthetic_anova, tpnn_basis, tpnn_factors,
+    BayesianTPNN, BayesianTPNNConfig, TPNNNode, node_forward, sample_polya_gamma, tpnn_basis, tpnn_factors,
 )
 
 
@@ -487,7 +491,7 @@ def test_small_run_ranks_true_components_above_all_others(small_run):
 
 
 def test_small_run_predicts_as_well_as_gradient_boosting(small_run):
-    from interp.models.bayesian_tpnn import _hgb_rmse
+    from interp.benchmarks.bayesian_tpnn import _hgb_rmse
 
     model, X, y, _ = small_run
     rmse = np.sqrt(np.mean((model.predict(X[500:]) - y[500:]) ** 2))
@@ -540,14 +544,16 @@ def test_bad_inputs_raise_clear_errors():
 
 
 # ---------------------------------------------------------------------------------------------- full validation
-def _worse_without_stepwise(ab) -> bool:
-    """The digest's "detection of x5:x6:x7 is worse with stepwise birth disabled", made quantitative:
-    mean posterior inclusion lower by at least 0.05, or mean posterior importance below 90%."""
-    from interp.models.bayesian_tpnn import ablation_means
+def test_recipe_merges_per_seed_ablations_like_one_run():
+    """The recipe runs the ablation one seed per unit; merged, the parts equal one run over both seeds."""
+    from interp.benchmarks.bayesian_tpnn import stepwise_ablation
 
-    m = ablation_means(ab)
-    return (m["inclusion_567_off"] < m["inclusion_567_on"] - 0.05
-            or m["importance_567_off"] < 0.9 * m["importance_567_on"])
+    cfg = BayesianTPNNConfig(n_iter=12, burn_in=6)
+    both = stepwise_ablation(cfg, [0, 1], 150, hierarchical=True)
+    parts = [stepwise_ablation(cfg, [s], 150, hierarchical=True) for s in (0, 1)]
+    assert merge_ablations(parts, cfg.n_iter, True) == both
+    with pytest.raises(ValueError, match="logistic"):
+        BayesianTPNNRunConfig(classification=BayesianTPNNConfig())
 
 
 @pytest.fixture(scope="module")
@@ -556,61 +562,12 @@ def full_result():
 
 
 @pytest.mark.slow
-def test_full_selection_auroc(full_result):
-    assert full_result.selection_auroc >= 0.95, full_result.summary()
-    assert full_result.true_ranked_first, full_result.importance
-
-
-@pytest.mark.slow
-def test_full_rmse_within_10_percent_of_hgb(full_result):
-    assert full_result.rmse <= 1.1 * full_result.hgb_rmse, full_result.summary()
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "Not reproduced: on the digest's function x5:x6:x7 is a pure interaction (every lower-order projection is "
-    "zero), so no parent node exists for a stepwise birth to extend; no stepwise birth is accepted (0 of ~6000 "
-    "proposals per run) and x5:x6:x7 is found only by ordinary births, which are rarer with stepwise birth on: "
-    "measured mean inclusion 0.829 on vs 1.00 off, importance 0.0066 vs 0.0090 (seeds 0-2, "
-    "see docs/models/bayesian_tpnn.md)."))
-def test_full_stepwise_ablation_digest_function(full_result):
-    assert _worse_without_stepwise(full_result.ablation), full_result.ablation
-
-
-@pytest.mark.slow
-def test_full_stepwise_ablation_hierarchical_variant(full_result):
-    """When x5:x6 carries signal (the case stepwise birth is built for) disabling it hurts detection
-    (measured: mean inclusion 0.681 on vs 0.475 off over seeds 0-7) and stepwise births are accepted."""
-    ab = full_result.ablation_hierarchical
-    assert _worse_without_stepwise(ab), ab
-    assert np.mean(ab["stepwise_accept_on"]) > 0
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(raises=AssertionError, strict=True, reason=(
     "Stepwise births are accepted about once per 400-iteration run on the hierarchical variant (0.094% of ~800 "
     "proposals); seeds 0, 3 and 5 accepted none, so acceptance in every seed does not hold "
     "(see docs/models/bayesian_tpnn.md)."))
 def test_full_stepwise_birth_accepted_in_every_hierarchical_seed(full_result):
     assert min(full_result.ablation_hierarchical["stepwise_accept_on"]) > 0
-
-
-@pytest.fixture(scope="module")
-def classification_result():
-    from interp.models.bayesian_tpnn import classification_experiment
-
-    return classification_experiment(seeds=(0, 1, 2, 3, 4))     # breast cancer, 1500 iterations per split
-
-
-@pytest.mark.slow
-def test_full_breast_cancer_against_logistic_regression_and_boosting(classification_result):
-    """Held-out AUROC within 0.01 of the better baseline, accuracy >= 0.93, log-loss no worse than gradient
-    boosting (means over five stratified 70/30 splits)."""
-    m = classification_result.summary()
-    tp, lr, gb = m["bayesian_tpnn"], m["logistic_regression"], m["gradient_boosting"]
-    assert tp["auroc"][0] >= max(lr["auroc"][0], gb["auroc"][0]) - 0.01, m
-    assert tp["accuracy"][0] >= 0.93, m
-    assert tp["log_loss"][0] <= gb["log_loss"][0], m
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
-"""Validation of Bayesian-TPNN: the digest's synthetic function, the stepwise-birth ablations, diabetes
-(regression) and breast cancer (classification), with their typed results."""
+"""Validation of Bayesian-TPNN (digest section 9): the digest's synthetic function, the stepwise-birth ablations,
+diabetes (regression) and breast cancer (classification), with their typed results. The method (basis, priors,
+moves, sampler) is :mod:`interp.models.bayesian_tpnn`; ``interp reproduce bayesian_tpnn`` runs these pieces as
+stages."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from interp.results import Result
 
-from .basis import component_name
-from .sampler import BayesianTPNN, BayesianTPNNConfig
+from interp.models.bayesian_tpnn import BayesianTPNN, BayesianTPNNConfig, component_name
 
 # ----------------------------------------------------------------------------------------------------------
 # Validation helpers
