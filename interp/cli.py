@@ -69,12 +69,21 @@ def demo(model: str = typer.Argument(None, help="Model spec; default: a tiny Lla
         model = "tiny random Llama (interp.testing)"
     else:
         m = _load_or_exit(model, backend)
-    logits, cache = m.run_with_cache(text, names="blocks.*.hook_resid_post")
+    logits, cache = _input_or_exit(lambda: m.run_with_cache(text, names="blocks.*.hook_resid_post"))
     resid = cache.stack("hook_resid_post")  # [layer, batch, pos, d]
     typer.echo(f"model: {model}  backend: {m.backend}  layers: {m.cfg.n_layers}  d_model: {m.cfg.d_model}")
     typer.echo(f"output {tuple(logits.shape)}; residual stream {tuple(resid.shape)}")
     for layer, norm in enumerate(resid.norm(dim=-1).mean(dim=(1, 2)).tolist()):
         typer.echo(f"  blocks.{layer}.hook_resid_post  mean norm {norm:8.3f}")
+
+
+def _input_or_exit(run):
+    """``run()``; a mistake in the user's input (empty or over-long text, ...) is one ``error:`` line, exit 2."""
+    try:
+        return run()
+    except (ValueError, TypeError, KeyError) as exc:
+        typer.echo(f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_backend_or_exit(backend: str) -> None:

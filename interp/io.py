@@ -199,7 +199,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
     f = Path(folder) / MANIFEST
     try:
         meta = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(meta, dict) or meta.get("schema") != MANIFEST_SCHEMA:
         return None
@@ -544,6 +544,9 @@ def _json_object(text: str, f: Path, what: str, place: str = "") -> dict:
         meta = json.loads(text)
     except ValueError as exc:
         raise SerializationError(f"{f}: malformed JSON{place} ({exc}); the saved {what} is damaged or truncated") from None
+    except RecursionError:
+        raise SerializationError(f"{f}: JSON{place} nested too deeply to be the saved {what}; the file is damaged "
+                                 "or not one this program wrote") from None
     if not isinstance(meta, dict):
         raise SerializationError(f"{f}:{place} holds a JSON {type(meta).__name__}, not the object of a saved {what}")
     return meta
@@ -618,6 +621,44 @@ def load_tensors_json(path: str | os.PathLike, *, stem: str | None = None, tenso
     return found, meta
 
 
+def build_checked(factory: "Callable[[], Any]", state: "Mapping[str, Any]", where: str | os.PathLike, *,
+                  optional: "Iterable[str]" = ()):
+    """``factory()`` with ``state`` loaded into it, after checking, on the ``meta`` device (nothing allocated),
+    that the module the saved configuration declares has exactly the file's tensors with their shapes.
+
+    For loaders of saved modules (a config JSON beside a safetensors file): an inflated or edited config
+    (``hidden: 10**6`` beside a few KB of weights) is refused before anything is allocated, with a
+    :class:`SerializationError` naming ``where``, the tensor and both shapes; so is a config the module
+    cannot be built from. ``optional``: tensors a file may lack (they keep the module's initial values;
+    for files from before an option existed). Returns the module (train/eval mode as built).
+    """
+    import torch
+
+    try:
+        with torch.device("meta"):
+            skeleton = factory()
+    except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        raise SerializationError(f"{where}: the saved configuration does not describe a valid model "
+                                 f"({type(exc).__name__}: {exc})") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    optional = set(optional)
+    missing = sorted(set(expected) - set(state) - optional)
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SerializationError(f"{where}: the weights do not match the saved configuration (missing "
+                                 f"{missing[:8]}, unexpected {unexpected[:8]})")
+    for k, v in state.items():
+        if not isinstance(v, torch.Tensor):
+            raise SerializationError(f"{where}: {k!r} is a {type(v).__name__}, not a tensor")
+        if tuple(v.shape) != expected[k]:
+            raise SerializationError(f"{where}: tensor {k!r} has shape {list(v.shape)} but the saved configuration "
+                                     f"declares {list(expected[k])}; the configuration or the weights were changed")
+    del skeleton
+    module = factory()
+    module.load_state_dict(dict(state), strict=not optional)
+    return module
+
+
 def load_json(path: str | os.PathLike, *, what: str = "object", required: "Iterable[str]" = ()) -> dict:
     """A JSON object file (the facts of a saved object without tensors), checked like :func:`load_tensors_json`."""
     meta = _read_json(Path(path), what)
@@ -646,5 +687,5 @@ def load_tensors(path: str | os.PathLike, *, what: str = "object", required: "It
 
 
 __all__ = ["MANIFEST", "MissingFileError", "OutputError", "SerializationError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-           "check_meta", "check_output", "check_tensors", "load_json", "load_tensors", "load_tensors_json", "output_dir",
+           "build_checked", "check_meta", "check_output", "check_tensors", "load_json", "load_tensors", "load_tensors_json", "output_dir",
            "read_manifest", "replace_dir", "save_tensors", "save_tensors_json"]

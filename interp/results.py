@@ -177,6 +177,8 @@ class Result:
         except KeyError as exc:
             raise SerializationError(f"{path / 'tensors.safetensors'}: missing tensor {exc.args[0]!r} (referred to by "
                                      "result.json)") from None
+        except RecursionError:
+            raise SerializationError(f"{path / 'result.json'}: values nested too deeply to be a saved result") from None
         return cls(**values)  # type: ignore[call-arg]
 
 

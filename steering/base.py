@@ -26,7 +26,7 @@ import torch
 
 from interp.interventions import (Add, HookContext, Intervention, ProjectOut, check_number, check_positions,
                                   check_tensor)
-from interp.io import MissingFileError, load_tensors_json, output_dir, save_tensors_json
+from interp.io import MissingFileError, SerializationError, load_tensors_json, output_dir, save_tensors_json
 from interp.registry import Registry
 
 #: Entry-point group through which other packages add steering methods.
@@ -302,6 +302,18 @@ class SteeringVector:
                                                 "scale", "metadata"))
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: unsupported steering-vector format {meta.get('format_version')!r}")
+        where = path / "vector.json"
+        # a saved file is untrusted: a string where a list belongs would be split into characters
+        if not isinstance(meta["hooks"], list) or not all(isinstance(h, str) for h in meta["hooks"]):
+            raise SerializationError(f"{where}: 'hooks' must be a list of hook names, got {meta['hooks']!r}")
+        if meta["positions"] is not None and (not isinstance(meta["positions"], list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) for p in meta["positions"])):
+            raise SerializationError(f"{where}: 'positions' must be null or a list of integers, got {meta['positions']!r}")
+        for key in ("method", "operation"):
+            if not isinstance(meta[key], str):
+                raise SerializationError(f"{where}: {key!r} must be a string, got {meta[key]!r}")
+        if not isinstance(meta["metadata"], dict):
+            raise SerializationError(f"{where}: 'metadata' must be an object, got {meta['metadata']!r}")
         target = cls
         if cls is SteeringVector:
             with contextlib.suppress(KeyError):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from interp.io import load_tensors_json, output_dir, save_tensors_json
+from interp.io import SerializationError, build_checked, load_tensors_json, output_dir, save_tensors_json
 
 __all__ = ["RaptorConfig", "RaptorBlock", "Raptor"]
 
@@ -165,7 +165,12 @@ class Raptor(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> "Raptor":
+        """Read a model written by :meth:`save`; the configuration is checked against the weights' shapes
+        before anything is allocated (:class:`interp.io.SerializationError` naming the file otherwise)."""
         tensors, cfg = load_tensors_json(path, tensor_file="model.safetensors", json_file="config.json", what="Raptor")
-        model = cls(RaptorConfig(**cfg))
-        model.load_state_dict(tensors)
-        return model
+        where = Path(path) / "config.json"
+        try:
+            config = RaptorConfig(**cfg)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"{where}: not a RaptorConfig ({exc})") from None
+        return build_checked(lambda: cls(config), tensors, where)

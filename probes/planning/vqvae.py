@@ -239,17 +239,27 @@ class SetVQVAE(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None) -> "SetVQVAE":
-        """Read a model written by :meth:`save` (JSON + safetensors, no pickle)."""
-        from safetensors.torch import load_file
+        """Read a model written by :meth:`save` (JSON + safetensors, no pickle).
+
+        The saved configuration is checked against the weights' shapes before anything is allocated
+        (:func:`interp.io.build_checked`); a missing, truncated, damaged or edited file raises
+        :class:`interp.io.SerializationError` naming it.
+        """
+        from interp.io import SerializationError, build_checked, load_tensors_json
 
         path = Path(path)
-        meta = json.loads((path / "config.json").read_text())
+        state, meta = load_tensors_json(path, tensor_file="model.safetensors", json_file="config.json",
+                                        what="SetVQVAE", required=("type", "config"))
         if meta.get("type") != "SetVQVAE":
             raise TypeError(f"{path} does not hold a SetVQVAE")
-        model = cls(VQVAEConfig(**meta["config"]))
-        state = load_file(str(path / "model.safetensors"))
-        state.setdefault("feature_scale", model.feature_scale.clone())   # models saved before the option
-        model.load_state_dict(state)
+        if not isinstance(meta["config"], dict):
+            raise SerializationError(f"{path / 'config.json'}: 'config' must be an object, got {meta['config']!r}")
+        try:
+            config = VQVAEConfig(**meta["config"])
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"{path / 'config.json'}: not a VQVAEConfig ({exc})") from None
+        # feature_scale: models saved before the option lack it (the module's ones are right for them)
+        model = build_checked(lambda: cls(config), state, path / "config.json", optional=("feature_scale",))
         model.eval()
         return model.to(device) if device is not None else model
 
