@@ -11,7 +11,9 @@ to PyG as ``CityNetwork`` and ``torch_geometric.utils.total_influence``):
   projections, SiLU, dropout), full-batch training with early stopping, depth sweeps;
 * :mod:`.influence`: per-pair Jacobian influence, per-hop totals over exact BFS shells, the normalised
   curve and the receptive field ``R``, batched over seeds on their induced subgraphs; the linear-GCN closed form;
-* :mod:`.experiment`: the digest's validations (grid vs small world; Helsinki beside the paper's table).
+
+The digest's validations (grid vs small world; Helsinki beside the paper's table) are the reproduction recipe
+``interp reproduce city_networks`` (``benchmarks/city_networks/``).
 
 Choices where the sources were silent (details in ``docs/models/city_networks.md``): features are z-scored
 before training (the official files are raw and trained 30,000 epochs); the CPU runs use 300 epochs with
@@ -22,8 +24,6 @@ label sort is stable; generic graphs without OSMnx attributes fall back as descr
 from .baselines import MODEL_KINDS, CityGNN, DepthSweepResult, TrainConfig, TrainRun, depth_sweep, standardize, train_model
 from .data import (CityGraph, build_city_dataset, coalesce_undirected, grid_city, helsinki_graph, karate_control,
                    local_eccentricity, local_eccentricity_csr, partition_labels, random_split, small_world_control)
-from .experiment import (PAPER_ACCURACY_L16, PAPER_R_GCN, CityValidationResult, SweepSpec, ValidationConfig,
-                         decay_rate, road_validation, synthetic_validation)
 from .influence import (InfluenceResult, SubgraphBatch, gcn_norm_dense, hop_distances, induced_subgraphs,
                         influence_curve, influence_figure, linear_gcn_influence, measure_influence, pair_influence,
                         receptive_field, total_influence)
@@ -34,6 +34,5 @@ __all__ = [
     "MODEL_KINDS", "CityGNN", "TrainConfig", "TrainRun", "train_model", "standardize", "depth_sweep",
     "DepthSweepResult", "SubgraphBatch", "hop_distances", "induced_subgraphs", "pair_influence", "total_influence",
     "influence_curve", "receptive_field", "InfluenceResult", "influence_figure", "measure_influence",
-    "gcn_norm_dense", "linear_gcn_influence", "PAPER_ACCURACY_L16", "PAPER_R_GCN", "SweepSpec", "ValidationConfig",
-    "CityValidationResult", "decay_rate", "synthetic_validation", "road_validation",
+    "gcn_norm_dense", "linear_gcn_influence",
 ]

