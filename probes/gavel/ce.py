@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from interp.io import load_json, output_dir, save_tensors_json
+from interp.io import SerializationError, load_json, output_dir, save_tensors_json
 from interp.progress import progress
 
 from .detector import CEDetector
@@ -52,9 +52,21 @@ class CE:
             raise ValueError(f"CE.name must match [A-Za-z_][A-Za-z0-9_]*, got {self.name!r}")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"CE.version must be a positive integer, got {self.version!r}")
+        if not isinstance(self.description, str):
+            raise ValueError(f"CE.description must be a string, got {self.description!r}")
+        # a string where a list belongs would be iterated as characters
+        if not isinstance(self.texts, (list, tuple)) or not all(isinstance(t, str) for t in self.texts):
+            raise ValueError(f"CE.texts must be a list of strings, got {type(self.texts).__name__}")
+        if not isinstance(self.calibration, (list, tuple)):
+            raise ValueError(f"CE.calibration must be a list of dialogues, got {type(self.calibration).__name__}")
         for i, d in enumerate(self.calibration):
             if not isinstance(d, dict) or "messages" not in d or "ces" not in d:
                 raise ValueError(f"CE.calibration[{i}] must be a dict with 'messages' and 'ces'")
+            if not isinstance(d["ces"], (list, tuple)) or not all(isinstance(c, str) for c in d["ces"]):
+                raise ValueError(f"CE.calibration[{i}]['ces'] must be a list of CE names, got {d['ces']!r}")
+            if not isinstance(d["messages"], (list, tuple)):
+                raise ValueError(f"CE.calibration[{i}]['messages'] must be a list of messages, got "
+                                 f"{type(d['messages']).__name__}")
 
     def save(self, folder: str | Path, thresholds: dict | None = None, overwrite: bool = False) -> Path:
         with output_dir(folder, overwrite=overwrite, writer="CE.save") as tmp:
@@ -66,7 +78,10 @@ class CE:
     def load(cls, folder: str | Path) -> "CE":
         keys = ("name", "description", "version", "texts", "calibration")
         meta = load_json(Path(folder) / "ce.json", what="cognitive element", required=keys)
-        return cls(**{k: meta[k] for k in keys})
+        try:
+            return cls(**{k: meta[k] for k in keys})
+        except ValueError as exc:
+            raise SerializationError(f"{Path(folder) / 'ce.json'}: {exc}") from None
 
 
 class CELibrary:
@@ -107,6 +122,9 @@ class CELibrary:
         det = CEDetector.load(path / "detector") if (path / "detector" / "detector.json").is_file() else None
         by_name = {c.name: c for c in (CE.load(f) for f in sorted((path / "ces").iterdir()) if (f / "ce.json").is_file())}
         order = det.ces if det is not None else sorted(by_name)
+        missing = [n for n in order if n not in by_name]
+        if missing:
+            raise SerializationError(f"{path}: the detector knows CE(s) {missing} that have no ces/<name>/ce.json")
         return cls([by_name[n] for n in order], det)
 
 

@@ -97,6 +97,18 @@ def test_a_saved_steering_vector_with_hooks_as_a_string_is_refused(tmp_path):
     assert SteeringVector.load(out).hooks == ("blocks.1.hook_resid_pre", "blocks.2.hook_resid_pre")
 
 
+def test_a_saved_ce_with_a_string_where_a_list_belongs_is_refused(tmp_path):
+    from interp.probes.gavel.ce import CE
+
+    CE("harm_intent", "wants harm", texts=["I will hurt them."],
+       calibration=[{"messages": [{"role": "user", "content": "hi"}], "ces": ["harm_intent"]}]).save(tmp_path / "ce")
+    meta = json.loads((tmp_path / "ce" / "ce.json").read_text())
+    for field, value in (("texts", "I will hurt them."), ("calibration", [dict(meta["calibration"][0], ces="harm_intent")])):
+        (tmp_path / "ce" / "ce.json").write_text(json.dumps(dict(meta, **{field: value})))
+        with pytest.raises(SerializationError, match=f"ce.json: CE.{field}"):
+            CE.load(tmp_path / "ce")
+
+
 # ======================================================================= parser crashes
 def test_an_error_after_a_trailing_newline_is_a_syntax_error_with_its_line():
     for text, line in (("1 of\n", 2), ("all of {a} and\n", 2), ("1 of {a\n\n", 3), ("(1 of {a}\n", 2)):
