@@ -74,7 +74,7 @@ class RaptorCheck(Check):
     opt_in: ClassVar[bool] = True
 
     def run(self, model, data: AuditData) -> RaptorCheckResult:  # noqa: ARG002 - images, not texts
-        from .experiments import digits_images
+        from interp.data import digits_images
         cfg: RaptorCheckConfig = self.config
         if model.cfg.modality != "vision":
             raise ValueError("the raptor check needs a vision transformer (modality 'vision')")
