@@ -15,7 +15,8 @@ GNN_KINDS = ("gcn", "sage", "gat")
 
 def _road_full() -> ValidationConfig:
     # Helsinki (k = 16 as in the paper), every model at L = 2..16 on 2 seeds, influence of a 16-layer GCN
-    return ValidationConfig(influence_depth=16, sweeps={"main": [SweepSpec(("mlp", "gcn", "sage", "gat"), seeds=(0, 1))]},
+    return ValidationConfig(influence_depth=16,
+                            sweeps={"main": [SweepSpec(("mlp", "gcn", "sage", "gat"), seeds=(0, 1))]},
                             influence_samples=300, control_influence_samples=60)
 
 
@@ -37,7 +38,8 @@ def _tiny(**kw) -> ValidationConfig:
 
 class CityNetworksRecipe(Recipe):
     name = "city_networks"
-    title = "Towards Quantifying Long-Range Interactions in Graph Machine Learning: a Large Graph Dataset and a Measurement"
+    title = ("Towards Quantifying Long-Range Interactions in Graph Machine Learning: a Large Graph Dataset and a "
+             "Measurement")
     method = "models/city_networks/"
     doc = "docs/models/city_networks.md"
     notebook = "notebooks/city_networks.ipynb"

@@ -299,7 +299,8 @@ class CompletePResult(Result):
 
 
 # ---------------------------------------------------------------------------------------------- stages
-def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def coordinate_check(cfg: CompletePConfig, corpus: CharCorpus | None = None,
+                     stages: StageRunner | None = None) -> CompletePResult:
     """Activation RMS after ``coord_steps`` constant-LR AdamW steps at ``cfg.coord_lr`` (two grid points above
     the measured base optimum, so that updates dominate the initialisation), across widths (base
     depth) and depths (base width), for every parameterization; mean over ``coord_seeds`` initialisations.
@@ -354,7 +355,8 @@ def _coord_summary(rows: list[dict], cfg: CompletePConfig) -> dict:
     return out
 
 
-def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def lr_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None,
+                stages: StageRunner | None = None) -> CompletePResult:
     """LR grids at the base shape, the wider models (base depth) and the deeper models (base width), per
     parameterization. Summary: grid argmin per shape and its shift (in grid points) from the base shape;
     pass if CompleteP moves <= 1 point and SP >= 2 points, for the largest width and the largest depth."""
@@ -396,7 +398,8 @@ def _sweep_rows(unit: dict, stage: str, p: str, w: int, d: int, batch: int, step
     return rows
 
 
-def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None,
+                   stages: StageRunner | None = None) -> CompletePResult:
     """CompleteP base shape at a fixed token budget (``batch_base_steps`` steps of ``batch_size``) with every
     batch in ``batch_sizes``; hyperparameters follow :func:`sde_scale` (LR x sqrt(k), ...). Pass if the grid
     argmin in base-LR units moves <= 1 point across batch sizes."""
@@ -421,7 +424,8 @@ def batch_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stage
     return CompletePResult(config=cfg.to_dict(), sweeps=rows, summary={"batch": summary})
 
 
-def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None,
+                      stages: StageRunner | None = None) -> CompletePResult:
     """CompleteP base shape, fixed batch, step counts ``duration_steps`` on the half-octave grid
     ``duration_exponents`` (raw LR, no rule applied), losses averaged over the initialisation seeds
     ``duration_seeds``. The optimum is refined by a parabola in log2 LR.
@@ -445,7 +449,8 @@ def duration_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, st
     return CompletePResult(config=cfg.to_dict(), sweeps=rows, summary={"duration": summary})
 
 
-def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None,
+                        stages: StageRunner | None = None) -> CompletePResult:
     """Per-module multipliers vs the best global setting, found at the proxy and transferred to a 4x wider model.
 
     1. the CompleteP LR grid at the proxy (base shape) gives the best global LR ``eta*``;
@@ -522,7 +527,8 @@ def per_module_transfer(cfg: CompletePConfig, corpus: CharCorpus | None = None, 
                            summary={"per_module": summary})
 
 
-def experiment(cfg: CompletePConfig | None = None, corpus: CharCorpus | None = None, stages: StageRunner | None = None) -> CompletePResult:
+def experiment(cfg: CompletePConfig | None = None, corpus: CharCorpus | None = None,
+               stages: StageRunner | None = None) -> CompletePResult:
     """Run the stages listed in ``cfg.stages`` (default: all) and merge their results."""
     cfg = cfg or CompletePConfig()
     corpus = corpus or load_kjv_corpus()

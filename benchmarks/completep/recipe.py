@@ -75,7 +75,8 @@ class CompletePRecipe(Recipe):
         if "per_module" in s:
             p = s["per_module"]
             rows = {(r["setting"], r["seed"]): r["val_loss"] for r in res.transfer}
-            m.update(per_module_target_gain=p["target_gain"], proxy_search_gain=p["proxy_global_loss"] - p["proxy_best_loss"],
+            m.update(per_module_target_gain=p["target_gain"],
+                     proxy_search_gain=p["proxy_global_loss"] - p["proxy_best_loss"],
                      per_module_gain_per_seed=[rows[("global", sd)] - rows[("per-module", sd)]
                                                for sd in config.search_transfer_seeds])
         sweeps = res.to_frame().query("table == 'sweeps'") if res.sweeps else None

@@ -3,7 +3,7 @@ with the run settings of issue #22 as options (e.g. the settings before it).
 
 Usage::
 
-    .venv/bin/python -m interp.benchmarks.completep.sweep                      # = interp reproduce completep --preset full
+    .venv/bin/python -m interp.benchmarks.completep.sweep          # = interp reproduce completep --preset full
     .venv/bin/python -m interp.benchmarks.completep.sweep --stages coord lr
     .venv/bin/python -m interp.benchmarks.completep.sweep --stages lr --grad-clip none --final-gain-eps width \\
         --out before.json                                                       # the settings before issue #22

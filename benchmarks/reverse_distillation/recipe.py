@@ -122,9 +122,9 @@ class ReverseDistillationRecipe(Recipe):
                         [{"comparison": k, "ours": v} for k, v in prot.comparisons.items()],
                     "paper: ProteinGym DMS, fraction of 28 sets": [{"comparison": k, "paper_percent": v}
                                                                    for k, v in PAPER_PROTEINGYM.items()],
-                    "protein: exactness per chain step": [{"step": k, **{a: (float(b) if isinstance(b, (bool, int, float))
-                                                                              else str(b)) for a, b in e.items()}}
-                                                          for k, e in prot.exactness.items()],
+                    "protein: exactness per chain step": [
+                        {"step": k, **{a: (float(b) if isinstance(b, (bool, int, float)) else str(b))
+                                       for a, b in e.items()}} for k, e in prot.exactness.items()],
                     "synthetic: mean probe Spearman per representation":
                         [{"representation": k, "mean_spearman": v} for k, v in syn.summary["mean_scores"].items()],
                     "protein models": [{"model": k, **{a: b for a, b in m.items() if isinstance(b, (int, float))}}

@@ -2,8 +2,6 @@
 quantised digits against the explicitly squared baseline (models digest, section 1, CPU-scale validation)."""
 from __future__ import annotations
 
-import math
-
 from interp.reproduce import Outcome, Recipe
 
 from .experiment import (ExactnessResult, LearningResult, SquaredCircuitsConfig, SquaredCircuitsResult,
@@ -42,7 +40,8 @@ class SquaredCircuitsRecipe(Recipe):
         s, models = ln.summary, ln.summary["models"]
         a, b = models["A_unitary_tree"], models["B_unconstrained_squared"]
         measured = {"max_abs_Z_minus_1": ex.max_z_error, "max_marginal_error": ex.max_marginal_error,
-                    "rel_nll_gap_A_vs_B": s["rel_nll_gap_A_vs_B"], "abs_rel_nll_gap_A_vs_B": abs(s["rel_nll_gap_A_vs_B"]),
+                    "rel_nll_gap_A_vs_B": s["rel_nll_gap_A_vs_B"],
+                    "abs_rel_nll_gap_A_vs_B": abs(s["rel_nll_gap_A_vs_B"]),
                     "max_abs_Z_minus_1_A_training": s["max_abs_Z_minus_1_A"],
                     "test_bpd_A": a["test_bpd"], "test_bpd_B": b["test_bpd"],
                     "equal_parameter_count": float(a["num_parameters"] == b["num_parameters"])}

@@ -14,9 +14,10 @@ def trust_region_search(evaluate: Callable[[np.ndarray], np.ndarray], dim: int, 
     """Trust-region random search (minimisation) in log2 multiplier space.
 
     Round ``r`` draws ``samples`` points uniformly in the box ``center +- radius`` (round 0 evaluates the
-    center itself as its first point, which is the first incumbent) and scores them with one call ``evaluate(points [samples, dim]) ->
-    losses [samples]`` (non-finite = diverged). If the round's best beats the incumbent, it becomes the new
-    center and the radius grows x1.5 (capped at ``max_radius``); otherwise the radius halves.
+    center itself as its first point, which is the first incumbent) and scores them with one call
+    ``evaluate(points [samples, dim]) -> losses [samples]`` (non-finite = diverged). If the round's best beats
+    the incumbent, it becomes the new center and the radius grows x1.5 (capped at ``max_radius``); otherwise
+    the radius halves.
     The paper uses trust-region random search because the landscape has divergence cliffs; its radius,
     sample count and acceptance rule are not given, these are implementation choices.
     Returns one dict per round: ``points``, ``losses``, ``center``, ``radius``, ``best_point``, ``best_loss``.
