@@ -23,8 +23,8 @@ Choices where the paper is silent (documented in docs/dynamics.md): the breakthr
 within 5 % of its total decrease from its final value; HDBSCAN's ``min_cluster_size`` / ``min_samples`` scale the
 paper's Table 4 (3 % of the points, clustered points / 15). Two cluster purities are reported: :func:`homogeneity`
 (share of the most common label, any label) and :func:`label_fraction` (share of one label value); the addition
-run's "carry homogeneity" is the latter with the eligibility rule of :func:`addition_carry_summary` — see there for
-which parts are the paper's and which are ours (UNCERTAIN).
+run's "carry homogeneity" is the latter with the eligibility rule of the recipe's ``addition_carry_summary``
+(:mod:`interp.benchmarks.polca.addition`) — see there for which parts are the paper's and which are ours (UNCERTAIN).
 """
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def span_interval(model, loss_fn: LossFn, examples, basis: torch.Tensor, theta_t
 
 
 def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thetas: torch.Tensor,
-                     cache: str | Path | None = None) -> dict:
+                     interval: Callable[[int, Callable[[], dict]], dict] | None = None) -> dict:
     """Where POLCA's tracking of the exact per-example loss change is lost, interval by interval.
 
     For each checkpoint interval ``Δθ = θ_{t+1} − θ_t`` and ``s = Bᵀ Δθ``: the POLCA terms (first and exact second
@@ -274,24 +274,20 @@ def span_diagnostics(model, loss_fn: LossFn, examples, basis: torch.Tensor, thet
     (``"r2"``: total over all intervals and per interval, for POLCA 1st+2nd, 1st only, Σ_b exact along b, and exact
     in span; ``"r2_taylor"``: POLCA vs exact along b per (x, b, t); ``"r2_zero"``: of predicting no change).
     The Taylor terms can only be as good as the span: if ``exact_in_span`` misses the change, so does POLCA.
-    ``cache``: a folder where each interval's terms are written (atomically) and read back on a rerun.
+    ``interval``: optional ``(t, compute) -> terms`` through which each interval's :func:`span_interval` is
+    computed (e.g. a resumable stage, ``lambda t, f: stages(f"span-{t}", f)``); default: ``compute()``.
     ``"trajectories"`` ``[n, k, T]`` is :func:`polca_trajectories` (first + second order), from the same terms."""
-    from interp.io import load_tensors, save_tensors
     space = model if isinstance(model, ParamSpace) else ParamSpace(model)
     f = space.losses(loss_fn, examples)
     with torch.no_grad():
         last = f(thetas[-1])
+    run = interval if interval is not None else (lambda t, compute: compute())
     parts = []
     for t in progress(range(thetas.shape[0] - 1), desc="POLCA span"):
-        file = None if cache is None else Path(cache) / f"interval_{t:05d}.safetensors"
-        if file is not None and file.is_file():
-            got, meta = load_tensors(file, what="POLCA interval", tensors=_SPAN_KEYS)
-            if meta.get("n_basis") == basis.shape[1]:
-                parts.append(got)
-                continue
-        part = span_interval(space, loss_fn, examples, basis, thetas[t], thetas[t + 1])
-        if file is not None:
-            save_tensors(file, part, {"n_basis": basis.shape[1]})
+        part = run(t, lambda t=t: span_interval(space, loss_fn, examples, basis, thetas[t], thetas[t + 1]))
+        missing = [k for k in _SPAN_KEYS if k not in part]
+        if missing:
+            raise ValueError(f"interval {t}: the terms lack {missing} (expected the keys of span_interval)")
         parts.append(part)
     cat = {k: torch.stack([p[k] for p in parts], -1) for k in _SPAN_KEYS}
     p1, h, along, span = cat["first"], cat["second"], cat["exact_along_b"], cat["exact_in_span"]
@@ -354,8 +350,8 @@ def homogeneity(labels: np.ndarray, truth: np.ndarray) -> dict[int, float]:
 
 def label_fraction(labels: np.ndarray, truth: np.ndarray, value: int = 1) -> dict[int, float]:
     """Per cluster id (``>= 0``): the share of its members whose ``truth`` equals ``value``. Our reading of the
-    paper's "carry homogeneity" (Table 1; UNCERTAIN, see :func:`addition_carry_summary`) is this with ``value`` =
-    carry: the fraction of a cluster's tokens that carry, so a cluster of non-carry tokens scores 0 (where
+    paper's "carry homogeneity" (Table 1; UNCERTAIN, see ``addition_carry_summary`` in
+    :mod:`interp.benchmarks.polca.addition`) is this with ``value`` = carry: the fraction of a cluster's tokens that carry, so a cluster of non-carry tokens scores 0 (where
     :func:`homogeneity` would give 1)."""
     return {int(c): float((truth[labels == c] == value).mean()) for c in np.unique(labels[labels >= 0])}
 
@@ -473,155 +469,3 @@ def analyse(traj: torch.Tensor, exact: torch.Tensor, steps: Sequence[int], label
     add("exact_change", exact, cluster_direction(exact[:, 1:] - exact[:, :-1], min_cluster_size, drop_rising=False))
     return PolcaResult(steps=steps, tau=int(tau), kept=kept, traj=traj, exact=exact, clusters=rows,
                        assignments=assignments)
-
-
-# ----------------------------------------------------------------------------------------- 3-digit addition recipe
-@dataclasses.dataclass
-class AdditionConfig:
-    """POLCA on 3-digit addition at CPU scale (the paper: 3 layers, d=512, AdamW, 10k steps, 1250 problems, one
-    basis vector every 200 steps = 50 vectors, POLCA every 20). Defaults: the digest's CPU recipe and the measured
-    run of docs/dynamics.md (2 layers, d=64, Adam, 2000 steps, checkpoints every 40, one Lanczos vector at every
-    checkpoint = 50 vectors spread over training, 256 analysed problems = 1024 answer tokens; ~45 CPU-min)."""
-
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    steps: int = 2000
-    batch: int = 64
-    lr: float = 1e-3
-    every: int = 40             # checkpoint (and POLCA step) interval
-    basis_every: int = 40       # one Lanczos batch of k vectors every this many steps
-    k: int = 1
-    lanczos_iter: int = 20
-    n_hessian: int = 128        # problems for the Hessian estimate
-    n_eval: int = 256           # analysed problems (4 output tokens each; the digest's recipe)
-    delta: int = 80             # breakthrough window Δ in steps (a multiple of every)
-    seed: int = 0
-
-    def __post_init__(self):
-        for f in ("n_layers", "d_model", "n_heads", "steps", "batch", "every", "basis_every", "k", "lanczos_iter",
-                  "n_hessian", "n_eval", "delta"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"AdditionConfig.{f} must be a positive integer, got {v!r}")
-        if self.basis_every % self.every or self.steps % self.every:
-            raise ValueError("AdditionConfig.basis_every and steps must be multiples of every")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"AdditionConfig.d_model must be divisible by n_heads, got {self.d_model}/{self.n_heads}")
-        if not self.lr > 0:
-            raise ValueError(f"AdditionConfig.lr must be positive, got {self.lr}")
-
-
-def addition_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Per-output-token NLL ``[n·(n_digits+1)]`` of an HF causal LM on :func:`~interp.dynamics.tasks.addition`
-    sequences (the answer digits are the last ``n_digits+1`` tokens)."""
-    logits = model(tokens).logits
-    n_ans = 4 if tokens.shape[1] == 13 else (tokens.shape[1] - 3) // 3 + 1
-    pred = logits[:, -n_ans - 1:-1]
-    return nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), tokens[:, -n_ans:].reshape(-1), reduction="none")
-
-
-def addition_carry_summary(res: PolcaResult, digit: np.ndarray, carry: np.ndarray, eligible: float = 0.85) -> dict:
-    """Carry criteria of the paper's Table 1 per source (``polca``, ``exact``, ``exact_change``):
-    ``max_carry_fraction`` = the largest fraction of carry tokens in any cluster, over the clusters in which more
-    than ``eligible`` of the carry tokens are 10s or 100s digits (``digit`` 1 or 2), with that cluster's ``recall``
-    (its carry tokens over the carry tokens in any cluster of the same source, outliers excluded) and size;
-    ``hidden_fraction`` = share of all the source's clusters with a hidden breakthrough. ``digit``, ``carry``:
-    per-token labels ``[n]``.
-
-    What is the paper's and what is ours. The paper (as summarised in the method digest, §8) reports "max carry
-    homogeneity of any cluster" (exact loss 0.514, POLCA 0.973) and a carry cluster "with homogeneity 0.90"; the
-    digest does not define the quantity. The carry *label* (the lower places carry into this digit) is the paper's
-    (App. E.1, :func:`~interp.dynamics.tasks.addition_problems`). UNCERTAIN, our reading (attributed to the paper's
-    App. G by an earlier pass, not re-checked against the paper text): (a) homogeneity = the *fraction of carry
-    tokens* in the cluster, not the majority-label share — under the majority share a cluster of units tokens (which
-    never carry) or of non-carry tokens scores 1.0, so the exact-loss baseline could not sit at 0.514 whenever it
-    separates digits; (b) only clusters whose carry tokens are mostly (> ``eligible`` = 85 %) 10s/100s carries
-    count — a carry into the 1000s digit is the answer "1", learned as a digit-level skill, so a cluster of such
-    tokens is a digit cluster rather than a carry cluster (the threshold 0.85 comes with the same unverified App. G
-    attribution). Compared with the majority share both choices only lower the maximum: harder for POLCA's ≥ 0.8,
-    easier for the exact baseline's ≤ 0.65. On the measured run (docs/dynamics.md) rule (b) decides criterion 3:
-    POLCA's carry-rich clusters are 1000s carries."""
-    digit, carry = np.asarray(digit), np.asarray(carry)
-    df = res.to_frame()
-    out = {}
-    for name, pred in (("polca", lambda s: s.startswith("polca")), ("exact", lambda s: s == "exact"),
-                       ("exact_change", lambda s: s == "exact_change")):
-        best = {"max_carry_fraction": float("nan"), "recall": float("nan"), "size": 0, "source": None, "cluster": None}
-        n_clusters = n_eligible = 0
-        for src, lab in res.assignments.items():
-            if not pred(src):
-                continue
-            lab = np.asarray(lab)
-            in_any = (lab >= 0) & (carry == 1)
-            for c in np.unique(lab[lab >= 0]):
-                n_clusters += 1
-                m = lab == c
-                cm = m & (carry == 1)
-                if cm.sum() == 0 or np.isin(digit[cm], (1, 2)).mean() <= eligible:
-                    continue
-                n_eligible += 1
-                frac = float(cm.sum() / m.sum())
-                if not frac <= best["max_carry_fraction"]:
-                    best = {"max_carry_fraction": frac, "recall": float(cm.sum() / max(1, in_any.sum())),
-                            "size": int(m.sum()), "source": src, "cluster": int(c)}
-        sub = df[df.source.map(pred)] if len(df) else df
-        out[name] = {**best, "n_clusters": n_clusters, "n_eligible": n_eligible,
-                     "hidden_fraction": float(sub.hidden.mean()) if len(sub) else float("nan")}
-    return out
-
-
-def run_addition(cfg: AdditionConfig, folder: str | Path) -> PolcaResult:
-    """Train a small GPT-2 on 3-digit addition writing checkpoints to ``folder`` (resumes if present), build the
-    basis (``k`` vectors every ``basis_every`` steps; saved after each batch and resumed), compute the POLCA terms
-    and :func:`span_diagnostics` on ``n_eval`` held-out problems (each interval cached under ``folder/span``) and
-    cluster them against carry / digit labels. ``diagnostics``: R² of POLCA vs the exact per-token loss change, the
-    share of each step in the basis' span, and :func:`addition_carry_summary`."""
-    import transformers as T
-
-    from interp.io import load_tensors, save_tensors
-
-    from .tasks import addition
-    folder = Path(folder)
-    torch.manual_seed(cfg.seed)
-    conf = T.GPT2Config(n_layer=cfg.n_layers, n_embd=cfg.d_model, n_head=cfg.n_heads, vocab_size=13, n_positions=16,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=12, eos_token_id=12)
-    model = T.GPT2LMHeadModel(conf)
-    model.set_attn_implementation("eager")
-    rec = CheckpointRecorder(model, folder / "checkpoints", every=cfg.every)
-    data = addition(cfg.steps * cfg.batch, seed=cfg.seed).tokens.view(cfg.steps, cfg.batch, -1)
-    done = sorted(folder.glob("checkpoints/step_*.safetensors"))
-    if len(done) < cfg.steps // cfg.every + 1:
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-        for step in progress(range(cfg.steps + 1), desc="addition train"):
-            rec(step)
-            if step == cfg.steps:
-                break
-            loss = addition_token_loss(model, data[step]).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    steps, thetas = load_checkpoints(folder / "checkpoints")
-    space = ParamSpace(model)
-    hess = addition(cfg.n_hessian, seed=cfg.seed + 1).tokens
-    ev = addition(cfg.n_eval, seed=cfg.seed + 2)
-    at = [i for i, s in enumerate(steps) if s % cfg.basis_every == 0 and s < steps[-1]]
-    basis_file, conf_meta = folder / "basis.safetensors", {"config": dataclasses.asdict(cfg)}
-    resume = None
-    if basis_file.is_file():
-        got, meta = load_tensors(basis_file, what="POLCA basis", tensors=("basis",))
-        if meta.get("config") != conf_meta["config"]:
-            raise ValueError(f"{basis_file} was built with another AdditionConfig; use a fresh folder")
-        resume = got["basis"]
-    B = resume if resume is not None and resume.shape[1] == len(at) * cfg.k else build_basis(
-        space, addition_token_loss, hess, thetas, at, k=cfg.k, n_iter=cfg.lanczos_iter, seed=cfg.seed, resume=resume,
-        on_batch=lambda b: save_tensors(basis_file, {"basis": b}, conf_meta))
-    diag = span_diagnostics(space, addition_token_loss, ev.tokens, B, thetas, cache=folder / "span")
-    labels = {k: v[:, -4:].reshape(-1).numpy() for k, v in ev.labels.items()}
-    res = analyse(diag["trajectories"], diag["exact"], steps, labels, delta=cfg.delta, positive={"carry": 1})
-    frac = diag["frac_in_span"]
-    res.diagnostics = {"n_basis": int(B.shape[1]), "n_kept": int(res.kept.sum()), "r2": diag["r2"],
-                       "r2_taylor": diag["r2_taylor"], "r2_zero": diag["r2_zero"],
-                       "frac_in_span": {"mean": float(frac.mean()), "min": float(frac.min()), "max": float(frac.max())},
-                       "carry": addition_carry_summary(res, labels["digit"], labels["carry"])}
-    return res

@@ -104,7 +104,8 @@ def bench_decomposition(reps: int) -> dict:
 
 def _addition_setup(n: int, d: int = 16):
     """A 2-layer GPT-2 (2 heads) after 30 Adam steps on 3-digit addition, its ParamSpace, ``n`` problems."""
-    from interp.dynamics.polca import ParamSpace, addition_token_loss
+    from interp.benchmarks.polca.addition import addition_token_loss
+    from interp.dynamics.polca import ParamSpace
     from interp.dynamics.tasks import addition
     hf = _gpt2(2, d, 13, 16, n_head=2)
     # a few Adam steps so the Hessian is not the one at initialisation
