@@ -1,4 +1,4 @@
-"""The digest's CPU recipe (§5): a 2-layer model trained on 200 synthetic facts, and the side-by-side
+"""TCPE reproduction, validation 1 — the digest's CPU recipe (§5): a 2-layer model trained on 200 synthetic facts, and the side-by-side
 evaluation of knowledge edits on it (TCPE, ROME on the transcoder, ROME on the MLP, constrained fine-tuning).
 
 Facts: 50 subjects ``s0..s49`` × 4 relations ``r0..r3`` → objects ``o0..o29`` (drawn uniformly, seed 0).
@@ -18,8 +18,8 @@ import torch
 from interp.progress import progress
 from interp.results import TableResult
 
-from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
-    rome, second_moment, tcpe
+from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, \
+    fine_tune, rome, second_moment, tcpe
 from interp.editing.transcoders import Transcoder, splice
 
 N_SUBJ, N_REL, N_OBJ = 50, 4, 30
@@ -80,17 +80,23 @@ def facts_tokenizer(task: FactsTask):
     return word_tokenizer(task.words())
 
 
-def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed: int, d_model: int, d_mlp: int,
-                  n_layers: int, lr: float, batch: int, n_positions: int, desc: str):
-    """Train a small GPT-2-style LM (4 heads, dropout off, trained LayerNorms) on ``texts(batch, step_seed)``
-    with the loss on every real position (AdamW, one-cycle schedule); returns the interp Model (torch backend)."""
-    import interp
+def word_lm(tok, d_model: int, d_mlp: int, n_layers: int, n_positions: int, seed: int = 0):
+    """The untrained GPT-2-style LM of the toys (4 heads, dropout off, trained LayerNorms) over ``tok``'s
+    vocabulary (a ``transformers`` model; weights seeded by ``seed``)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_embd=d_model, n_layer=n_layers, n_head=4,
                      n_inner=d_mlp, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                      pad_token_id=tok.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    hf = GPT2LMHeadModel(cfg)
+    return GPT2LMHeadModel(cfg)
+
+
+def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed: int, d_model: int, d_mlp: int,
+                  n_layers: int, lr: float, batch: int, n_positions: int, desc: str):
+    """Train :func:`word_lm` on ``texts(batch, step_seed)`` with the loss on every real position (AdamW,
+    one-cycle schedule); returns the interp Model (torch backend)."""
+    import interp
+    hf = word_lm(tok, d_model, d_mlp, n_layers, n_positions, seed)
     opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     hf.train()
@@ -104,6 +110,13 @@ def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed:
         sched.step()
     hf.eval()
     return interp.wrap(hf, tok, backend="torch")
+
+
+def facts_relations(task: "FactsTask") -> dict:
+    """The task's facts as relations ``{"r<r>": ("{} r<r>", "{} p<r>", {"s<s>": " o<o>"})}`` (the form of
+    :data:`~interp.benchmarks.tcpe.real_facts.RELATIONS`)."""
+    return {f"r{r}": ("{} r%d" % r, "{} p%d" % r, {f"s{s}": f" o{int(task.objects[s, r])}" for s in range(N_SUBJ)})
+            for r in range(N_REL)}
 
 
 def train_facts_model(task: FactsTask | None = None, steps: int = 3000, seed: int = 0, d_model: int = 64,
@@ -211,6 +224,6 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
     return out
 
 
-__all__ = ["FactsTask", "word_tokenizer", "facts_tokenizer", "train_word_lm", "train_facts_model", "fact_predictions",
+__all__ = ["FactsTask", "word_tokenizer", "facts_tokenizer", "word_lm", "train_word_lm", "facts_relations", "train_facts_model", "fact_predictions",
            "FactsComparison",
            "compare_methods", "N_SUBJ", "N_REL", "N_OBJ"]

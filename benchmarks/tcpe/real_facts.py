@@ -11,8 +11,8 @@ methods against the plain model; only facts both know are edited.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -20,9 +20,9 @@ import torch
 from interp.progress import progress
 from interp.results import TableResult
 
-from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
-    rank_one, restrict, second_moment
-from interp.editing.transcoders import Transcoder, splice
+from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, \
+    fine_tune, rank_one, restrict
+from interp.editing.transcoders import Transcoder, TranscoderTrainingConfig, splice
 
 # (relation, prompt, paraphrase, {subject: object})
 RELATIONS = {
@@ -53,24 +53,33 @@ RELATIONS = {
 
 @dataclass(frozen=True)
 class Fact:
+    """A fact ``subject --relation--> obj``; ``template`` / ``para`` are the relation's prompt and paraphrase
+    (``"{}"`` = the subject; empty: the built-in :data:`RELATIONS`)."""
+
     relation: str
     subject: str
     obj: str
+    template: str = ""
+    para: str = ""
 
     @property
     def prompt(self) -> str:
-        return RELATIONS[self.relation][0].format(self.subject)
+        return (self.template or RELATIONS[self.relation][0]).format(self.subject)
 
     @property
     def paraphrase(self) -> str:
-        return RELATIONS[self.relation][1].format(self.subject)
+        return (self.para or RELATIONS[self.relation][1]).format(self.subject)
 
     def request(self, target: str) -> EditRequest:
-        return EditRequest(RELATIONS[self.relation][0], self.subject, target)
+        return EditRequest(self.template or RELATIONS[self.relation][0], self.subject, target)
 
 
-def all_facts() -> list[Fact]:
-    return [Fact(r, s, o) for r, (_, _, table) in RELATIONS.items() for s, o in table.items()]
+def all_facts(relations: dict | None = None) -> list[Fact]:
+    """Every fact of ``relations`` (``{relation: (prompt, paraphrase, {subject: object})}``; default
+    :data:`RELATIONS`)."""
+    rel = RELATIONS if relations is None else relations
+    return [Fact(r, s, o, *((p, q) if relations is not None else ())) for r, (p, q, table) in rel.items()
+            for s, o in table.items()]
 
 
 def _first(model, text: str) -> int:
@@ -137,143 +146,117 @@ class RealEditComparison(TableResult):
                       x="variable", y="value", color="method", barmode="group", title="single-fact edits")
 
 
-def edit_plan(both: Sequence[Fact], n_edits: int, seed: int = 0) -> list[tuple[Fact, str]]:
+def edit_plan(both: Sequence[Fact], n_edits: int, seed: int = 0, relations: dict | None = None
+              ) -> list[tuple[Fact, str]]:
     """The first ``n_edits`` of a fixed random order of ``both``, each with a new object of its relation drawn
-    by its own generator (``seed``, index): a larger ``n_edits`` extends the plan without changing its start."""
+    by its own generator (``seed``, index): a larger ``n_edits`` extends the plan without changing its start.
+    ``relations``: where the relation's objects come from (default :data:`RELATIONS`)."""
+    rel = RELATIONS if relations is None else relations
     order = np.random.default_rng(seed).permutation(len(both))
     out = []
     for i in order[:n_edits]:
         f = both[int(i)]
-        objs = sorted({o for o in RELATIONS[f.relation][2].values()} - {f.obj})
+        objs = sorted({o for o in rel[f.relation][2].values()} - {f.obj})
         out.append((f, objs[int(np.random.default_rng([seed, int(i)]).integers(len(objs)))]))
     return out
 
 
 def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, taus: Sequence[float] = (0.5,),
                  config: EditConfig | None = None, ft_config: FineTuneConfig | None = None,
-                 context_texts: Sequence[str] = (), heldout: Sequence[str] = (), n_mom2: int = 20_000,
-                 seed: int = 0, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft"),
-                 log=None, run_dir: str | None = None, reverse: bool = False,
-                 templates: Sequence[str] | None = None, mom2_dir: str | None = None) -> RealEditComparison:
+                 heldout: Sequence[str] = (), C_tc: torch.Tensor | None = None, C_mlp: torch.Tensor | None = None,
+                 seed: int = 0, methods: Sequence[str] = ("tcpe", "rome_tc", "rome", "ft"), log=None,
+                 templates: Sequence[str] | None = None, relations: dict | None = None,
+                 stage: Callable[[str, Callable[[], list]], list] | None = None,
+                 reverse: bool = False) -> RealEditComparison:
     """Edit ``n_edits`` known facts of ``model`` (each to another object of its relation, :func:`edit_plan`)
     with every method, each edit applied alone and reverted.
 
-    ``context_texts``: real text for the second moments (``n_mom2`` tokens); ``heldout``: texts for the
-    perplexity. TCPE's masks share one unmasked ``compute_v`` (:func:`~.rome.restrict`).
+    ``C_tc`` / ``C_mlp``: the second moments of the transcoder features and of the MLP key (needed by the
+    transcoder methods and by ``rome``); ``heldout``: texts for the perplexity. TCPE's masks share one
+    unmasked ``compute_v`` (:func:`~interp.editing.rome.restrict`); masks with the same rows (e.g. two τ that
+    keep the same features of ``k*``) have the same update and are evaluated once. ``relations``: the facts
+    (default :data:`RELATIONS`).
 
-    ``run_dir``: resumable run folder. ``setup.json`` (baseline, plan, templates), the second moments
-    (``mom2_mlp.safetensors``, ``mom2_tc.safetensors``) and, per edit and method group (``tc``: TCPE's taus and
-    ROME on the transcoder; ``rome``; ``ft``), ``edit_{i:03d}_{group}.json`` are written atomically as they
-    complete; a rerun with the same arguments reads them and computes only what is missing (a run with a
-    different layer, taus, seed or config is refused). Each file is checked again just before its
-    group is computed, so a second process on the same ``run_dir`` with ``reverse=True`` (the plan from its
-    end) shares the work; rows are returned in plan order. ``methods`` is not part of the run's identity: a
-    later call with another method (e.g. ``"ft"``) adds its files to the same folder.
-
-    ``templates``: the context templates (default: sampled by :func:`~.rome.context_templates`; a resumed run
-    uses its stored ones). ``mom2_dir``: folder of the second-moment files (default ``run_dir``). TCPE masks
-    with the same rows (e.g. two τ that keep the same features of ``k*``) have the same update and are evaluated
-    once.
+    ``stage(name, compute)``: each (edit, method group) is computed through it (``tc``: TCPE's taus and ROME on
+    the transcoder; ``rome``; ``ft``), e.g. an :class:`interp.stages.Stages` object, so an interrupted run
+    resumes at the first unfinished edit; ``reverse=True`` walks the plan from its end (a second process on
+    the same stages shares the work). Rows are returned in plan order.
     """
-    from pathlib import Path
-    from interp.io import atomic_write_json, load_json
     cfg = config or EditConfig()
     ft_cfg = ft_config or FineTuneConfig()
-    rd = Path(run_dir) if run_dir is not None else None
-    ident = {"layer": layer, "taus": [float(t) for t in taus], "seed": seed,
-             "config": {k: v for k, v in vars(cfg).items()}, "ft_config": vars(ft_cfg), "n_mom2": n_mom2,
-             "n_heldout": len(heldout), "n_context": len(context_texts)}
-    ident = __import__("json").loads(__import__("json").dumps(ident))
-    setup = None
-    if rd is not None and (rd / "setup.json").is_file():
-        setup = load_json(rd / "setup.json", what="real-edit run", required=("ident", "baseline"))
-        if setup["ident"] != ident:
-            raise ValueError(f"{rd} holds a run with other arguments: {setup['ident']} != {ident}")
-    known, _ = known_facts(model)
+    facts = all_facts(relations)
+    known, _ = known_facts(model, facts)
     with splice(model, layer, transcoder):
         known_tc, _ = known_facts(model, known)
         pred_tc = top1(model, [g.prompt for g in known])  # spliced model's answers before any edit
-        ppl_tc = setup["baseline"]["ppl_spliced"] if setup else perplexity(model, heldout)
-    ppl = setup["baseline"]["ppl"] if setup else perplexity(model, heldout)
+        ppl_tc = perplexity(model, heldout)
+    ppl = perplexity(model, heldout)
     both = [f for f in known if f in set(known_tc)]
-    templates = setup["baseline"]["templates"] if setup else \
-        (list(templates) if templates is not None else context_templates(model, cfg))
-    out = RealEditComparison(baseline={"n_facts": len(all_facts()), "known": len(known), "known_spliced": len(known_tc),
+    templates = list(templates) if templates is not None else context_templates(model, cfg)
+    out = RealEditComparison(baseline={"n_facts": len(facts), "known": len(known), "known_spliced": len(known_tc),
                                        "ppl": ppl, "ppl_spliced": ppl_tc, "templates": templates, "layer": layer})
-    if rd is not None and setup is None:
-        rd.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd / "setup.json", {"ident": ident, "baseline": out.baseline})
     if log:
         log(f"baseline {out.baseline}")
     groups = [g for g in ("tc", "rome", "ft") if (g == "tc" and {"tcpe", "rome_tc"} & set(methods)) or g in methods]
-    plan = edit_plan(both, n_edits, seed)
-    todo = [(i, g) for i in range(len(plan)) for g in groups
-            if rd is None or not (rd / f"edit_{i:03d}_{g}.json").is_file()]
-    md = Path(mom2_dir) if mom2_dir is not None else rd
-    if md is not None:
-        md.mkdir(parents=True, exist_ok=True)
-    mom = (lambda name: str(md / f"mom2_{name}.safetensors")) if md is not None else (lambda name: None)
+    if "tc" in groups and C_tc is None or "rome" in groups and C_mlp is None:
+        raise ValueError("compare_real: the transcoder methods need C_tc and ROME on the MLP needs C_mlp")
+    plan = edit_plan(both, n_edits, seed, relations)
     tc_site = TranscoderSite(model, layer, transcoder)
-    C_mlp = second_moment(MLPSite(model, layer), context_texts, n_tokens=n_mom2, cache_file=mom("mlp")) \
-        if any(g == "rome" for _, g in todo) else None
-    C_tc = second_moment(tc_site, context_texts, n_tokens=n_mom2, cache_file=mom("tc")) \
-        if any(g == "tc" for _, g in todo) else None
-    results: dict = {}
-    order = list(range(len(plan)))[::-1] if reverse else list(range(len(plan)))
-    for i in progress(order, desc="edits"):
+    stage = stage or (lambda name, compute: compute())
+
+    def group_rows(i: int, g: str) -> list[dict]:
         f, new = plan[i]
         req = f.request(new)
         tgt = _first(model, new)
-        for g in groups:
-            path = rd / f"edit_{i:03d}_{g}.json" if rd is not None else None
-            if path is not None and path.is_file():
-                results[i, g] = load_json(path, what="real-edit result", required=("rows",))["rows"]
-                continue
-            if g == "tc":
-                full = rank_one(tc_site, req, C_tc, cfg, tau=-1.0, method="rome_tc", templates=templates)
-                edits = ([restrict(full, t, site=tc_site) for t in taus] if "tcpe" in methods else []) \
-                    + ([full] if "rome_tc" in methods else [])
-            elif g == "rome":
-                edits = [rank_one(MLPSite(model, layer), req, C_mlp, cfg, method="rome", templates=templates)]
+        if g == "tc":
+            full = rank_one(tc_site, req, C_tc, cfg, tau=-1.0, method="rome_tc", templates=templates)
+            edits = ([restrict(full, t, site=tc_site) for t in taus] if "tcpe" in methods else []) \
+                + ([full] if "rome_tc" in methods else [])
+        elif g == "rome":
+            edits = [rank_one(MLPSite(model, layer), req, C_mlp, cfg, method="rome", templates=templates)]
+        else:
+            edits = [fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)]
+        rows, seen = [], {}
+        for e in edits:
+            tc_on = e.site == "transcoder"
+            others = [j for j, h in enumerate(known) if h.subject != f.subject]
+            same = (e.site, tuple(e.rows.tolist())) if g == "tc" else None  # same full edit + rows = same delta
+            if same is not None and same in seen:
+                p, ppl_after = seen[same]
             else:
-                edits = [fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)]
-            rows, seen = [], {}
-            for e in edits:
-                tc_on = e.site == "transcoder"
-                others = [j for j, h in enumerate(known) if h.subject != f.subject]
-                same = (e.site, tuple(e.rows.tolist())) if g == "tc" else None  # same full edit + rows = same delta
-                if same is not None and same in seen:
-                    p, ppl_after = seen[same]
-                else:
-                    e.apply(transcoder=transcoder) if tc_on else e.apply(model)
-                    try:
-                        with (splice(model, layer, transcoder) if tc_on else _null()):
-                            p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
-                            ppl_after = perplexity(model, heldout)
-                    finally:
-                        e.revert(transcoder=transcoder) if tc_on else e.revert(model)
-                    if same is not None:
-                        seen[same] = (p, ppl_after)
-                ref = set(known_tc) if tc_on else set(known)
-                before = pred_tc if tc_on else [_first(model, h.obj) for h in known]
-                neigh = [pi == _first(model, known[j].obj) for pi, j in zip(p[2:], others) if known[j] in ref]
-                loc = [pi == before[j] for pi, j in zip(p[2:], others)]
-                row = {"edit": i, "method": e.method if e.method != "tcpe" else f"tcpe(tau={e.tau})",
-                       "relation": f.relation, "subject": f.subject, "old": f.obj, "new": new,
-                       "efficacy": float(p[0] == tgt), "paraphrase": float(p[1] == tgt),
-                       "neighbourhood": float(np.mean(neigh)), "n_neighbours": len(neigh),
-                       "locality": float(np.mean(loc)), "n_locality": len(loc),
-                       "ppl_before": ppl_tc if tc_on else ppl, "ppl_after": ppl_after, "n_changed": e.n_changed,
-                       "d_key": e.d_key, "frac_changed": e.n_changed / e.d_key, "residual": e.residual,
-                       "final_nll": e.log["nll"][-1] if e.log.get("nll") else float("nan"),
-                       "cos_uk": e.log.get("cos_uk", float("nan"))}
-                rows.append(row)
-                if log:
-                    log(str(row))
-            results[i, g] = rows
-            if path is not None:
-                atomic_write_json(path, {"rows": rows})
-    out.rows.extend(r for i in range(len(plan)) for g in groups for r in results.get((i, g), []))
+                e.apply(transcoder=transcoder) if tc_on else e.apply(model)
+                try:
+                    with (splice(model, layer, transcoder) if tc_on else _null()):
+                        p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
+                        ppl_after = perplexity(model, heldout)
+                finally:
+                    e.revert(transcoder=transcoder) if tc_on else e.revert(model)
+                if same is not None:
+                    seen[same] = (p, ppl_after)
+            ref = set(known_tc) if tc_on else set(known)
+            before = pred_tc if tc_on else [_first(model, h.obj) for h in known]
+            neigh = [pi == _first(model, known[j].obj) for pi, j in zip(p[2:], others) if known[j] in ref]
+            loc = [pi == before[j] for pi, j in zip(p[2:], others)]
+            row = {"edit": i, "method": e.method if e.method != "tcpe" else f"tcpe(tau={e.tau})",
+                   "relation": f.relation, "subject": f.subject, "old": f.obj, "new": new,
+                   "efficacy": float(p[0] == tgt), "paraphrase": float(p[1] == tgt),
+                   "neighbourhood": float(np.mean(neigh)) if neigh else float("nan"), "n_neighbours": len(neigh),
+                   "locality": float(np.mean(loc)) if loc else float("nan"), "n_locality": len(loc),
+                   "ppl_before": ppl_tc if tc_on else ppl, "ppl_after": ppl_after, "n_changed": e.n_changed,
+                   "d_key": e.d_key, "frac_changed": e.n_changed / e.d_key, "residual": e.residual,
+                   "final_nll": e.log["nll"][-1] if e.log.get("nll") else float("nan"),
+                   "cos_uk": e.log.get("cos_uk", float("nan"))}
+            rows.append(row)
+            if log:
+                log(str(row))
+        return rows
+
+    results: dict = {}
+    order = list(range(len(plan)))[::-1] if reverse else list(range(len(plan)))
+    for i in progress(order, desc="edits"):
+        for g in groups:
+            results[i, g] = stage(f"edit-{i:03d}-{g}", lambda i=i, g=g: group_rows(i, g))
+    out.rows.extend(r for i in range(len(plan)) for g in groups for r in results[i, g])
     return out
 
 
@@ -311,26 +294,6 @@ def training_documents() -> list[str]:
     return docs
 
 
-def load_run(run_dir: str) -> RealEditComparison:
-    """The results a :func:`compare_real` ``run_dir`` holds so far (finished edits and method groups, in plan
-    order), without a model; ``baseline`` adds ``n_edits_complete`` (edits with every group written)."""
-    from pathlib import Path
-    from interp.io import load_json
-    rd = Path(run_dir)
-    setup = load_json(rd / "setup.json", what="real-edit run", required=("ident", "baseline"))
-    files = sorted(rd.glob("edit_*_*.json"))
-    out = RealEditComparison(baseline=dict(setup["baseline"]))
-    per: dict = {}
-    for f in files:
-        i = int(f.stem.split("_")[1])
-        per.setdefault(i, []).append(f)
-        out.rows.extend(load_json(f, what="real-edit result", required=("rows",))["rows"])
-    n_groups = len({f.stem.split("_", 2)[2] for f in files})  # the method groups this folder holds
-    out.baseline["n_edits_complete"] = sum(len(v) == n_groups for v in per.values())
-    out.rows.sort(key=lambda r: r["edit"])
-    return out
-
-
 def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
     """The real text of the second moments: for ``n_tokens ≤ 8000`` the 75 passages ``docs[1700:1775]`` of the
     earlier runs (truncated to 128 tokens each: ~9,600 tokens); above, every passage from ``docs[1700]`` on split
@@ -348,17 +311,17 @@ def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
 
 
 def plan_keys(model, layer: int, transcoder: Transcoder, n_edits: int | None, templates: Sequence[str],
-              seed: int = 0, fact_token: str = "subject_last"):
+              seed: int = 0, fact_token: str = "subject_last", relations: dict | None = None):
     """The edit plan of :func:`compare_real` (facts both the plain and the spliced model know, :func:`edit_plan`)
     and the keys ``k*`` of its requests at both sites, before any edit: ``(plan, keys_tc [n, d_sae],
     keys_mlp [n, d_mlp])``. ``n_edits=None``: the full plan (every fact both know), whose start is the plan of
     any ``n_edits``."""
     from interp.editing.rome import compute_key
-    known, _ = known_facts(model)
+    known, _ = known_facts(model, all_facts(relations))
     with splice(model, layer, transcoder):
         known_tc, _ = known_facts(model, known)
     both = [f for f in known if f in set(known_tc)]
-    plan = edit_plan(both, len(both) if n_edits is None else n_edits, seed)
+    plan = edit_plan(both, len(both) if n_edits is None else n_edits, seed, relations)
     tc_site, mlp_site = TranscoderSite(model, layer, transcoder), MLPSite(model, layer)
     reqs = [f.request(new) for f, new in plan]
     keys_tc = torch.stack([compute_key(tc_site, r, templates, fact_token) for r in reqs])
@@ -398,108 +361,120 @@ def ridge_rule(moments: dict, tiny_ok: int = 0, cos_ratio: float = 0.5, ridge: f
     return 0.0 if ok else ridge
 
 
-def validate_real(cache_dir: str, n_edits: int = 20, layer: int = 8, n_templates: int = 2, n_mom2: int = 100_000,
-                  tau_quantiles: Sequence[float] = (0.5, 0.9), tau_frac: float = 0.02,
-                  mom2_eps_rel: float | str = "auto",
-                  methods: Sequence[str] = ("tcpe", "rome_tc", "rome"), log=None,
-                  reverse: bool = False) -> tuple[RealEditComparison, dict]:
-    """Validation 3 of TCPE (digest §5) on ``zoo:smollm2-135m``, resumable in ``cache_dir``.
+@dataclass
+class RealConfig:
+    """Validation 3 (defaults: the run of docs/editing.md on ``zoo:smollm2-135m``).
 
-    Steps (each cached in ``cache_dir``): harvest ``blocks.{l}.ln2.hook_normalized`` / ``hook_mlp_out`` on
-    :func:`training_documents` (160k tokens, ``store_L{l}``, :func:`interp.store.harvest` resumes); train the
-    transcoder (d_sae 2304, L1 6.0, 2 epochs, checkpoint ``tc_ckpt_L{l}``, result ``tc_L{l}`` in sae-lens
-    format); its metrics on held-out text (``tc_metrics_L{l}.json``); the edit plan's keys and the second
-    moments of both sites from ``n_mom2`` tokens of :func:`moment_texts` (``mom2_L{l}_n{n_mom2}/``, with
-    :func:`~.rome.moment_diagnostics` of both in ``diagnostics.json``; the keys of the diagnostics and of the τ
-    rule are those of the full plan, every fact both models know, so extending ``n_edits`` changes neither);
-    TCPE's τ sweep; then :func:`compare_real` with
-    ``run_dir = cache_dir/edits_L{l}[_n{n_mom2}][_ridge{mom2_eps_rel}]`` (one file per edit and method group;
-    ``reverse``: a second worker).
-
-    **τ** (every value fixed before any edit is made): 0 (all of ``k*``'s features), the **rule τ**
-    ``tau_frac`` (:func:`tau_for_fraction`: the smallest τ whose mean mask over the full plan's keys is ≤ 2% of
-    d_sae, the middle of the digest's "|S| ≈ 1–3% of d_tc"; the configuration the goal is judged on), and the
-    ``tau_quantiles`` of the active feature values at the subjects' last tokens (:func:`subject_activation_quantiles`;
-    0.9 is the earlier runs' τ).
-
-    ``mom2_eps_rel``: ridge ``C + mom2_eps_rel · mean(diag C) · I`` for both sites. With ``n_mom2 = 8000`` (the
-    earlier runs) ``C`` of the transcoder was singular and ``u = C⁻¹k*`` nearly orthogonal to ``k*`` without
-    it (``cos_uk`` 0.05, −0.004; MLP site 0.53), hence 1e-2 there. ``"auto"`` (default) decides from
-    ``diagnostics.json`` by a rule fixed before it was computed (:func:`ridge_rule`): no ridge if the
-    transcoder's ``C`` on the features active in the text has no eigenvalue below 1e-6 · mean(diag C) and the
-    median ``cos_uk`` without ridge over the plan's keys is at least half the MLP site's; otherwise 1e-2.
-    ``mom2_eps_rel=0`` reproduces an unregularised run. ``methods``: FT-L (``"ft"``) does not depend on ``C``,
-    τ or the transcoder and is not in the default methods; ``methods=("ft",)`` extends a run folder with it
-    (the validation-3 folder of docs/editing.md holds all four methods of the 20-edit plan).
-    Returns the comparison and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule",
-    "tau_rule_frac", "moments", "mom2_eps_rel"}``.
+    ``model``: a zoo / hub name, or ``"facts-toy"`` for the recipe's tiny stand-in (the validation-1 facts model
+    with its own facts as the relations, its fact texts as the transcoder's and the moments' text).
+    Transcoder on MLP ``layer`` (``transcoder``: its training config) from ``max_tokens`` tokens harvested in
+    contexts of ``context_size``; second moments from ``n_mom2`` tokens (:func:`moment_texts`); ``n_edits``
+    edits of the plan; τ: 0, the rule τ (:func:`tau_for_fraction` at ``tau_frac``) and the ``tau_quantiles``
+    of the subjects' active feature values; ``mom2_eps_rel``: a ridge, or ``"auto"`` (:func:`ridge_rule` from
+    the diagnostics, fixed before they were computed).
     """
-    from pathlib import Path
 
-    import interp
+    model: str = "zoo:smollm2-135m"
+    layer: int = 8
+    transcoder: TranscoderTrainingConfig = field(default_factory=lambda: TranscoderTrainingConfig(
+        d_sae=2304, l1_coefficient=6.0, batch_size=256, n_epochs=2, lr=1e-3, resample_every=150, dead_window=50_000))
+    context_size: int = 128
+    max_tokens: int = 160_000
+    n_heldout: int = 24
+    n_templates: int = 2
+    n_mom2: int = 100_000
+    n_edits: int = 20
+    tau_quantiles: tuple[float, ...] = (0.5, 0.9)
+    tau_frac: float = 0.02
+    mom2_eps_rel: str = "auto"
+    methods: tuple[str, ...] = ("tcpe", "rome_tc", "rome", "ft")
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mom2_eps_rel != "auto":
+            try:
+                float(self.mom2_eps_rel)
+            except ValueError:
+                raise ValueError(f"mom2_eps_rel must be 'auto' or a number (as text), got {self.mom2_eps_rel!r}") from None
+        bad = set(self.methods) - {"tcpe", "rome_tc", "rome", "ft"}
+        if bad:
+            raise ValueError(f"unknown methods {sorted(bad)}: tcpe, rome_tc, rome, ft")
+
+
+def real_validation(config: RealConfig, stages, model, relations: dict | None = None,
+                    documents: Sequence[str] | None = None, heldout: Sequence[str] | None = None,
+                    moment_docs: Sequence[str] | None = None, log=None) -> tuple[RealEditComparison, dict]:
+    """Validation 3 of TCPE (digest §5) through ``stages`` (:class:`interp.stages.Stages`; every step resumes).
+
+    Stages: ``real-store`` (``blocks.{l}.ln2.hook_normalized`` / ``hook_mlp_out`` harvested from ``documents``
+    by :func:`interp.store.harvest`), ``real-transcoder`` (:func:`train_transcoder_from_store`, checkpointed
+    beside the stages), ``real-metrics`` (on the held-out text), ``real-setup`` (the subjects' feature
+    quantiles, the context templates, the rule τ from the keys of the full plan: every fact both models know,
+    so extending ``n_edits`` changes neither), ``real-moments`` (both sites' second moments from one pass and
+    their :func:`~interp.editing.rome.moment_diagnostics`), then one stage per edit and method group
+    (:func:`compare_real`). Every τ and the ridge are fixed before any edit is made.
+
+    Defaults for the text (SmolLM2 run): ``documents`` = :func:`training_documents`, ``heldout`` = the first
+    ``n_heldout`` lines of Ruth, ``moment_docs`` = :func:`moment_texts` of the documents. Returns the comparison
+    and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule", "tau_rule_frac", "moments",
+    "mom2_eps_rel"}``.
+    """
     from interp.data import heldout_text
-    from interp.io import atomic_write_json, load_json
+    from interp.editing.rome import moment_diagnostics, second_moments
+    from interp.editing.transcoders import evaluate_transcoder, train_transcoder_from_store
     from interp.store import harvest
 
-    from interp.editing.rome import moment_diagnostics, second_moments
-    from interp.editing.transcoders import TranscoderTrainingConfig, evaluate_transcoder, train_transcoder_from_store
-    cache = Path(cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    model = interp.load("zoo:smollm2-135m")
-    docs = training_documents()
-    tc_path = cache / f"tc_L{layer}"
-    if (tc_path / "cfg.json").is_file():
-        tc = Transcoder.load(tc_path)
-    else:
-        store = cache / f"store_L{layer}"
-        harvest(model, docs, [f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out"], store,
-                context_size=128, batch_size=8, dtype="float16", max_tokens=160_000, shard_mb=32)
-        tc, _ = train_transcoder_from_store(store, layer, TranscoderTrainingConfig(
-            d_sae=2304, l1_coefficient=6.0, batch_size=256, n_epochs=2, lr=1e-3, resample_every=150,
-            dead_window=50_000), checkpoint=cache / f"tc_ckpt_L{layer}", checkpoint_every=50)
-        tc.save(tc_path)
-    held = [x for x in heldout_text().splitlines() if x.strip()][:24]
-    mpath = cache / f"tc_metrics_L{layer}.json"
-    if mpath.is_file():
-        metrics = load_json(mpath, what="transcoder metrics")
-    else:
-        metrics = evaluate_transcoder(model, layer, tc, held, batch_size=8).to_frame().to_dict("records")[0]
-        atomic_write_json(mpath, metrics)
+    L = config.layer
+    docs = list(documents) if documents is not None else training_documents()
+    held = list(heldout) if heldout is not None else \
+        [x for x in heldout_text().splitlines() if x.strip()][:config.n_heldout]
+    mom_texts = list(moment_docs) if moment_docs is not None else moment_texts(docs, config.n_mom2)
+    store = stages.path("real-store", lambda tmp: harvest(
+        model, docs, [f"blocks.{L}.ln2.hook_normalized", f"blocks.{L}.hook_mlp_out"], tmp / "store",
+        context_size=config.context_size, batch_size=8, dtype="float16", max_tokens=config.max_tokens, shard_mb=32))
+
+    def train(tmp):
+        tc, _ = train_transcoder_from_store(store / "store", L, config.transcoder,
+                                            checkpoint=stages.folder / "real-transcoder-checkpoint",
+                                            checkpoint_every=50)
+        tc.save(tmp / "tc")
+    tc = Transcoder.load(stages.path("real-transcoder", train) / "tc")
+    metrics = stages("real-metrics", lambda: evaluate_transcoder(model, L, tc, held, batch_size=8)
+                     .to_frame().to_dict("records")[0])
     if log:
         log(f"transcoder {metrics}")
-    qs, l0 = subject_activation_quantiles(model, layer, tc, known_facts(model)[0], qs=tuple(tau_quantiles))
-    templates = context_templates(model, EditConfig(n_templates=n_templates))  # seeded: the same in every run
-    texts = moment_texts(docs, n_mom2)
-    mdir = cache / f"mom2_L{layer}_n{n_mom2}"
-    mdir.mkdir(parents=True, exist_ok=True)
-    # the rule's keys: the full plan (every fact both models know), so that a run extended to more edits keeps its
-    # τ sweep and ridge (the plan of any n_edits is its start)
-    _, keys_tc, keys_mlp = plan_keys(model, layer, tc, None, templates)
-    tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, tau_frac)
-    dpath = mdir / "diagnostics.json"
-    if dpath.is_file():
-        moments = load_json(dpath, what="second-moment diagnostics")
-    else:
-        moments = {}
-        Cs = second_moments([TranscoderSite(model, layer, tc), MLPSite(model, layer)], texts, n_tokens=n_mom2,
-                            cache_files=[str(mdir / "mom2_tc.safetensors"), str(mdir / "mom2_mlp.safetensors")])
-        for name, C, keys in (("tc", Cs[0], keys_tc), ("mlp", Cs[1], keys_mlp)):
-            moments[name] = moment_diagnostics(C, keys, eps_rels=(0.0, 1e-2))
-            moments[name]["n_keys_active"] = [int((k > 0).sum()) for k in keys] if name == "tc" else \
+
+    def setup():
+        qs, l0 = subject_activation_quantiles(model, L, tc, known_facts(model, all_facts(relations))[0],
+                                              qs=tuple(config.tau_quantiles))
+        templates = context_templates(model, EditConfig(n_templates=config.n_templates))  # seeded
+        _, keys_tc, keys_mlp = plan_keys(model, L, tc, None, templates, relations=relations)
+        tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, config.tau_frac)
+        return {"quantiles": {str(q): v for q, v in qs.items()}, "subject_l0": l0, "templates": templates,
+                "keys_tc": keys_tc, "keys_mlp": keys_mlp, "tau_rule": tau_rule, "tau_rule_frac": tau_rule_frac}
+    su = stages("real-setup", setup)
+    qs = {float(q): v for q, v in su["quantiles"].items()}
+
+    def moments():
+        Cs = second_moments([TranscoderSite(model, L, tc), MLPSite(model, L)], mom_texts, n_tokens=config.n_mom2)
+        diag = {}
+        for name, C, keys in (("tc", Cs[0], su["keys_tc"]), ("mlp", Cs[1], su["keys_mlp"])):
+            diag[name] = moment_diagnostics(C, keys, eps_rels=(0.0, 1e-2))
+            diag[name]["n_keys_active"] = [int((k > 0).sum()) for k in keys] if name == "tc" else \
                 [int((k != 0).sum()) for k in keys]
-        atomic_write_json(dpath, moments)
-    eps = ridge_rule(moments) if mom2_eps_rel == "auto" else float(mom2_eps_rel)
-    cfg = EditConfig(n_templates=n_templates, mom2_eps_rel=eps)
-    suffix = (f"_n{n_mom2}" if n_mom2 != 8000 else "") + (f"_ridge{eps:g}" if eps else "")
-    run_dir = cache / f"edits_L{layer}{suffix}"
+        return {"C_tc": Cs[0], "C_mlp": Cs[1], "diagnostics": diag}
+    mo = stages("real-moments", moments)
+    eps = ridge_rule(mo["diagnostics"]) if config.mom2_eps_rel == "auto" else float(config.mom2_eps_rel)
+    cfg = EditConfig(n_templates=config.n_templates, mom2_eps_rel=eps)
+    taus = tuple(sorted({0.0, float(su["tau_rule"])} | {round(qs[q], 3) for q in config.tau_quantiles}))
     if log:
-        log(f"tau_rule {tau_rule} (mean |S| {tau_rule_frac:.4f} of d_sae), quantiles {qs}, ridge {eps:g}")
-    taus = tuple(sorted({0.0, tau_rule} | {round(qs[q], 3) for q in tau_quantiles}))
-    res = compare_real(model, tc, layer, n_edits=n_edits, taus=taus, config=cfg, methods=tuple(methods),
-                       context_texts=texts, heldout=held, n_mom2=n_mom2, log=log, run_dir=str(run_dir),
-                       reverse=reverse, templates=templates, mom2_dir=str(mdir))
-    return res, {"metrics": metrics, "taus": taus, "tau_quantiles": qs, "subject_l0": l0, "tau_rule": tau_rule,
-                 "tau_rule_frac": tau_rule_frac, "moments": moments, "mom2_eps_rel": eps}
+        log(f"tau_rule {su['tau_rule']} (mean |S| {su['tau_rule_frac']:.4f} of d_sae), quantiles {qs}, ridge {eps:g}")
+    res = compare_real(model, tc, L, n_edits=config.n_edits, taus=taus, config=cfg, methods=tuple(config.methods),
+                       heldout=held, C_tc=mo["C_tc"], C_mlp=mo["C_mlp"], seed=config.seed, log=log,
+                       templates=su["templates"], relations=relations, stage=stages)
+    return res, {"metrics": metrics, "taus": list(taus), "tau_quantiles": su["quantiles"],
+                 "subject_l0": su["subject_l0"], "tau_rule": su["tau_rule"], "tau_rule_frac": su["tau_rule_frac"],
+                 "moments": mo["diagnostics"], "mom2_eps_rel": eps}
 
 
 def _null():
@@ -508,5 +483,5 @@ def _null():
 
 
 __all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1",
-           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "load_run", "validate_real", "moment_texts",
+           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "RealConfig", "real_validation", "moment_texts",
            "plan_keys", "tau_for_fraction", "ridge_rule"]

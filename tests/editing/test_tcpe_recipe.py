@@ -1,0 +1,58 @@
+"""The TCPE reproduction's data plumbing (benchmarks/tcpe): facts as relations, facts with their own templates,
+the edit plan over other relations, and the validations' preconditions on the full run (slow; the paper's
+criteria themselves are the claims of ``interp reproduce tcpe``)."""
+import pytest
+
+from interp.benchmarks.tcpe.facts import N_REL, N_SUBJ, FactsTask, facts_relations
+from interp.benchmarks.tcpe.real_facts import RELATIONS, Fact, RealConfig, all_facts, edit_plan
+
+
+def test_facts_relations_are_the_tasks_facts():
+    task = FactsTask(0)
+    rel = facts_relations(task)
+    assert list(rel) == [f"r{r}" for r in range(N_REL)]
+    facts = all_facts(rel)
+    assert len(facts) == N_SUBJ * N_REL
+    f = facts[N_SUBJ + 7]                                     # relation r1, subject s7
+    assert (f.relation, f.subject, f.obj) == ("r1", "s7", f" o{task.objects[7, 1]}")
+    assert f.prompt == task.prompt(7, 1) and f.paraphrase == task.prompt(7, 1, paraphrase=True)
+    req = f.request(" o3")
+    assert (req.prompt, req.subject, req.target) == ("{} r1", "s7", " o3")
+
+
+def test_builtin_facts_keep_their_form_and_plan_draws_from_the_relation():
+    f = all_facts()[0]
+    assert f == Fact("capital", "France", " Paris") and f.prompt == "The capital of France is"
+    rel = facts_relations(FactsTask(0))
+    plan = edit_plan(all_facts(rel)[:40], 10, seed=2, relations=rel)
+    assert len(plan) == 10
+    for fact, new in plan:
+        assert new != fact.obj and new in set(rel[fact.relation][2].values())
+    with pytest.raises(KeyError):
+        edit_plan(all_facts(rel)[:5], 2, seed=0)              # the task's relations are not the built-in ones
+    assert set(RELATIONS) == {"capital", "language", "currency"}
+
+
+def test_real_config_checks_its_fields():
+    with pytest.raises(ValueError, match="mom2_eps_rel"):
+        RealConfig(mom2_eps_rel="ridge")
+    with pytest.raises(ValueError, match="unknown methods"):
+        RealConfig(methods=("tcpe", "memit"))
+
+
+@pytest.mark.slow
+def test_full_run_preconditions():
+    """What the claims rest on (full preset, through the recipe's stages): the facts model knows every fact, the
+    translation toy learned the planted error as its own cluster beside others, SmolLM2 knows >= 51 facts (>= 50
+    others for each edit's locality) and ROME works on them."""
+    from interp.reproduce import run_recipe
+    rec = run_recipe("tcpe", "full").record
+    assert rec.error is None, rec.error
+    t = rec.tables
+    (m2,) = t["validation 2: model"]
+    assert m2["target_message"].startswith("cannot implicitly convert expression of type")
+    assert m2["target_size"] >= 40 and m2["n_clusters"] >= 2 and m2["fve"] > 0.9
+    (v3,) = t["validation 3: transcoder, τ and ridge"]
+    assert v3["known"] >= 51
+    assert rec.measured["real_rome_efficacy"] >= 0.8
+    assert all(r["n_locality"] >= 50 for r in t["validation 3: single-fact edits (mean per method)"])
