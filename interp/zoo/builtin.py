@@ -96,21 +96,3 @@ TOY_GRAMMAR = register(ZooEntry(
     builder=_lazy(".grammar:build_toy_grammar"),
     params=_grammar_params(),
 ))
-
-
-def _register_planning() -> tuple[ZooEntry, ...]:
-    """The ``planning-*`` entries (issue #15): recipes and specs live in :mod:`interp.zoo.planning`."""
-    from .planning import planning_specs
-
-    out = []
-    for spec in planning_specs():
-        task = spec["params"]["task"]
-        out.append(register(ZooEntry(
-            name=spec["name"], description=spec["description"],
-            source=f"trained locally on interp.probes.planning.tasks ({task['kind']} task)",
-            architecture="LlamaForCausalLM", size=spec.get("size", "~0.27M params"),
-            builder=_lazy(".planning:build_planning"), params=spec["params"])))
-    return tuple(out)
-
-
-PLANNING = _register_planning()

@@ -4,9 +4,10 @@ Sets of hidden states (:mod:`.states`: which (layer, position) states, harvested
 compressed to discrete codes with a set VQ-VAE (:mod:`.vqvae`) and compared with plug-in mutual information
 (:mod:`.mi`). The three analyses (:mod:`.analyses`) ask how far ahead a model plans (:func:`horizon_curve`),
 whether it keeps the path it did not take (:func:`branch_awareness`), and where in depth and position
-decision information lives (:func:`block_layer_map`). :mod:`.tasks` holds the paper's task families
-(goal-token horizon toy, context-free grammar, path finding) and the task protocol any user task follows;
-:mod:`.validation` the estimator sanity check that needs no language model.
+decision information lives (:func:`block_layer_map`). :mod:`.tasks` holds the task protocol any user task
+follows. The paper's task families (goal-token horizon toy, context-free grammar, path finding), the toy models
+trained on them (``zoo:planning-*``), the estimator sanity check and the validation runs are the reproduction,
+:mod:`interp.benchmarks.planning` (``interp reproduce planning``).
 """
 from .mi import (MIEstimate, conditional_mutual_information, entropy, miller_madow_bias, mutual_information,
                  normalized_mi, null_corrected_mi, relabel, shuffled_null)
@@ -15,9 +16,7 @@ from .vqvae import SetVQVAE, TrainConfig, VQVAEConfig, train_vqvae
 from .analyses import (BlockMapConfig, BlockMapResult, BranchConfig, BranchResult, CodeConfig, HorizonConfig,
                        HorizonResult, block_layer_map, block_map_from_sets, branch_awareness, fit_codes,
                        horizon_curve, mi_with_null)
-from .validation import EstimatorSanityResult, estimator_sanity, symbol_sets, true_symmetric_channel_mi
-from .tasks import (TASKS, ContextFreeGrammar, HorizonToy, PathFinding, PlanningExample, PlanningTask,
-                    make_tokenizer, task_for, task_from_params, task_vocab)
+from .tasks import PlanningExample, PlanningTask
 
 __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "shuffled_null", "null_corrected_mi",
            "normalized_mi", "miller_madow_bias", "MIEstimate", "relabel",
@@ -26,6 +25,4 @@ __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "s
            "CodeConfig", "HorizonConfig", "BranchConfig", "BlockMapConfig", "HorizonResult", "BranchResult",
            "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "block_map_from_sets",
            "fit_codes", "mi_with_null",
-           "EstimatorSanityResult", "estimator_sanity", "symbol_sets", "true_symmetric_channel_mi",
-           "PlanningExample", "PlanningTask", "HorizonToy", "ContextFreeGrammar", "PathFinding", "TASKS",
-           "make_tokenizer", "task_for", "task_from_params", "task_vocab"]
+           "PlanningExample", "PlanningTask"]

@@ -79,6 +79,9 @@ class HorizonConfig(CodeConfig):
 class BranchConfig(CodeConfig):
     path_context: str = "alone"                   # "alone" | "prompt"
     path_layers: tuple[int, ...] | None = None    # layers coding a path (default: the last)
+    #: "greedy" (the paper's: the model's own solved continuations) or "target" (every example, with its
+    #: reference answer as the generated path: for a model that does not solve the task yet)
+    continuation: str = "greedy"
 
 
 @dataclass
@@ -341,8 +344,12 @@ def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> 
 
     The model continues each prompt greedily by as many tokens as the longest answer has; a continuation whose
     first words (or first tokens) are one answer's is *solved* and the first other answer is its alternative; only those
-    examples enter the MIs (accuracy = ``task.is_correct`` over all examples)."""
+    examples enter the MIs (accuracy = ``task.is_correct`` over all examples). With
+    ``config.continuation="target"`` every example enters, its reference ``target`` taken as the generated path and
+    the first other answer as the alternative (accuracy is still that of the greedy continuations)."""
     config = config or BranchConfig()
+    if config.continuation not in ("greedy", "target"):
+        raise ValueError(f"BranchConfig.continuation must be 'greedy' or 'target', got {config.continuation!r}")
     examples = task.examples(config.n_examples, seed=config.seed)
     if not all(len(e.answers) >= 2 and e.decoy for e in examples):
         raise ValueError("branch awareness needs examples with >= 2 answers and a decoy")
@@ -357,8 +364,11 @@ def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> 
     for i, (e, t, g) in enumerate(zip(examples, texts, gen)):
         words = t.split()
         ids = [next(it) for _ in e.answers]
-        hit = [j for j, a in enumerate(e.answers) if words[:len(a.split())] == a.split()
-               or torch.equal(g[:len(ids[j])], ids[j])]
+        if config.continuation == "target":
+            hit = [next((j for j, a in enumerate(e.answers) if a == e.target), 0)]
+        else:
+            hit = [j for j, a in enumerate(e.answers) if words[:len(a.split())] == a.split()
+                   or torch.equal(g[:len(ids[j])], ids[j])]
         if hit:
             used.append(i)
             gens.append(e.answers[hit[0]])

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from interp import zoo
-from interp.probes.planning import HorizonToy, PathFinding, PlanningExample, make_tokenizer, task_for
-from interp.zoo.planning import (PLANNING_SPECS, _encode, _MTPHeads, build_planning, evaluate_planning,
-                                 fast_params)
+from interp.benchmarks.planning.tasks import HorizonToy, PathFinding, make_tokenizer, task_for
+from interp.benchmarks.planning.zoo import (PLANNING_SPECS, _encode, _MTPHeads, build_planning, evaluate_planning,
+                                            fast_params)
+from interp.probes.planning import PlanningExample
 
 
 def _test_entry(name: str, **overrides) -> zoo.ZooEntry:
@@ -52,7 +53,7 @@ def test_encode_followups_label_answers_only():
 def test_backward_queries_recipe():
     """Backward sub-queries need a task with a marker word; their queries are unlabelled, their answers labelled;
     the recipe field is left out of the params at its default (recipe hashes of older entries unchanged)."""
-    from interp.zoo.planning import PF_SHORT_TASK, PlanningModelConfig
+    from interp.benchmarks.planning.zoo import PF_SHORT_TASK, PlanningModelConfig
 
     with pytest.raises(ValueError):
         PlanningModelConfig(backward_queries=2)  # the default PF task has no backward marker
@@ -84,7 +85,7 @@ def test_existing_recipes_unchanged_by_later_fields():
     a different task (its vocabulary has the marker word), so it is a different recipe."""
     import hashlib
 
-    from interp.zoo.planning import PF_SHORT_TASK, PlanningModelConfig
+    from interp.benchmarks.planning.zoo import PF_SHORT_TASK, PlanningModelConfig
 
     for spec in PLANNING_SPECS:
         if spec["name"] not in _PARAMS_PINS:
@@ -99,7 +100,7 @@ def test_existing_recipes_unchanged_by_later_fields():
 
 
 def test_step_accuracy_hand_checked():
-    from interp.zoo.planning import _step_accuracy
+    from interp.benchmarks.planning.zoo import _step_accuracy
 
     task = PathFinding("short")
     tok = make_tokenizer(task)
@@ -218,7 +219,7 @@ def _full_size_params():
         name = s["name"]
         if name in _PF_MEASURED:
             yield pytest.param(name, marks=pytest.mark.xfail(
-                strict=True, raises=(RuntimeError, AssertionError),
+                strict=True, raises=AssertionError,
                 reason=f"4-layer d-64 model does not learn path finding to 0.9 in a CPU budget: "
                        f"{_PF_MEASURED[name]}"))
         else:
@@ -230,7 +231,12 @@ def _full_size_params():
 def test_full_size_entry_accuracy(name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = zoo.path(name)
+    try:
+        folder = zoo.path(name)
+    except RuntimeError as exc:  # the build's accuracy floor: nothing cached; any other error is a failure
+        if "did not train: greedy accuracy" not in str(exc):
+            raise
+        raise AssertionError(f"{name}: {exc}") from exc
     metrics = zoo.info(name).metrics
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)

@@ -54,7 +54,7 @@ def model():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.probes.planning import make_tokenizer
+    from interp.benchmarks.planning.tasks import make_tokenizer
 
     tok = make_tokenizer(("<pad>", "<bos>", "<eos>", "<unk>") + tuple(WORDS))
     torch.manual_seed(3)
@@ -140,6 +140,42 @@ def test_branch_awareness_mechanics(model, tmp_path, monkeypatch):
     # alternatives are the answers the model did not generate (harvested alone: <bos> + path)
     with pytest.raises(ValueError, match=">= 2 answers"):
         branch_awareness(model, WordTask(), BranchConfig(n_examples=5, **FAST))
+
+
+def test_branch_awareness_target_continuation(model, monkeypatch):
+    """``continuation="target"``: every example enters with its reference target as the generated path and the
+    other answer as the alternative, whatever the model generates (here the target is the answer it does NOT
+    generate, so the greedy mode would take the other one)."""
+    own = ModelPathTask(model)
+    task = ModelPathTask.__new__(ModelPathTask)
+    task._ex = [Example(e.prompt, e.answers[0], answers=e.answers, decoy=e.decoy) for e in own._ex]
+    captured = {}
+    from interp.probes.planning import analyses
+
+    real_fit = analyses.fit_codes
+
+    def spy(groups, config, seed=0):
+        captured["paths"] = set(groups["path"])
+        return real_fit(groups, config, seed)
+
+    real_prompt_ids = analyses._prompt_ids
+    seen = []
+
+    def spy_ids(model_, texts, batch_size):
+        seen.append(list(texts))
+        return real_prompt_ids(model_, texts, batch_size)
+
+    monkeypatch.setattr(analyses, "fit_codes", spy)
+    monkeypatch.setattr(analyses, "_prompt_ids", spy_ids)
+    r = branch_awareness(model, task, BranchConfig(n_examples=120, continuation="target", **FAST))
+    n = len(task._ex)
+    assert r.n == n and r.accuracy == 1.0   # accuracy: the task's is_correct on the greedy continuations
+    # harvested path texts, in order: prompts, then alt, decoy, generated (path_context="alone")
+    alt, decoy, generated = seen[1], seen[2], seen[3]
+    assert generated == [e.answers[0] for e in task._ex] and alt == [e.answers[1] for e in task._ex]
+    assert decoy == [e.decoy for e in task._ex]
+    with pytest.raises(ValueError, match="continuation must be 'greedy' or 'target'"):
+        branch_awareness(model, task, BranchConfig(n_examples=5, continuation="sample", **FAST))
 
 
 def test_block_layer_map_on_plain_texts(model, tmp_path):

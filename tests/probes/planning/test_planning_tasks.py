@@ -11,8 +11,9 @@ from collections import defaultdict
 
 import pytest
 
-from interp.probes.planning import (ContextFreeGrammar, HorizonToy, PathFinding, PlanningExample, PlanningTask,
-                                    make_tokenizer, task_for, task_from_params)
+from interp.benchmarks.planning.tasks import (ContextFreeGrammar, HorizonToy, PathFinding, make_tokenizer, task_for,
+                                              task_from_params)
+from interp.probes.planning import PlanningExample, PlanningTask
 
 
 def _parse_edges(prompt: str):
@@ -163,7 +164,7 @@ _LATER_TASK_FIELDS = {"backward_marker": None, "query_first": False}
 
 
 def test_protocol_and_task_for():
-    from interp.zoo.planning import planning_specs
+    from interp.benchmarks.planning.zoo import planning_specs
 
     for t in (HorizonToy(), ContextFreeGrammar(), PathFinding()):
         assert isinstance(t, PlanningTask)

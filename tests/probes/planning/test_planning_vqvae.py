@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import interp
-from interp.probes.planning import (SetSpec, SetVQVAE, StateSets, VQVAEConfig, estimator_sanity, harvest_sets,
-                                    mutual_information, symbol_sets, train_vqvae)
+from interp.benchmarks.planning.validation import estimator_sanity, symbol_sets
+from interp.probes.planning import (SetSpec, SetVQVAE, StateSets, VQVAEConfig, harvest_sets, mutual_information,
+                                    train_vqvae)
 from interp.testing import tiny_model
 
 TINY = {"d_model": 32, "d_latent": 8, "n_encoder_layers": 1, "n_heads": 2}

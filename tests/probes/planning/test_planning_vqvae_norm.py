@@ -3,7 +3,8 @@ import math
 
 import torch
 
-from interp.probes.planning import SetVQVAE, StateSets, VQVAEConfig, mutual_information, symbol_sets, train_vqvae
+from interp.benchmarks.planning.validation import symbol_sets
+from interp.probes.planning import SetVQVAE, StateSets, VQVAEConfig, mutual_information, train_vqvae
 
 TINY = {"d_model": 32, "d_latent": 8, "n_encoder_layers": 1, "n_heads": 2}
 

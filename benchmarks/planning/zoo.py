@@ -1,10 +1,14 @@
 """``zoo:planning-*``: small Llama decoders trained from scratch on the planning tasks of
-:mod:`interp.probes.planning.tasks`, with next-token prediction (NTP) or multi-token prediction (MTP).
+:mod:`interp.benchmarks.planning.tasks`, with next-token prediction (NTP) or multi-token prediction (MTP).
+
+The entries are declared through the ``interp.zoo`` entry point ``planning`` (:func:`entries`); their names,
+versions and params are those ``interp.zoo.builtin`` registered before they moved here (issue #31), so their cache
+keys, pinned in ``tests/zoo/test_moved_entries.py``, are unchanged.
 
 These are the CPU-scale models of the planning-horizon / branch-awareness analyses (Ustaomeroglu, Askin
-et al., ICLR 2026; digest §4 of ``shared/papers/interp_papers.md``). Every entry's recipe stores the full
+et al., ICLR 2026; section 4 of the papers digest). Every entry's recipe stores the full
 task specification under ``params["task"]`` (``{"kind": ..., **fields}``), so
-:func:`interp.probes.planning.task_for` rebuilds exactly the task a model was trained on.
+:func:`interp.benchmarks.planning.tasks.task_for` rebuilds exactly the task a model was trained on.
 
 Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 64, 4 heads, MLP 256, untied embeddings,
 word-level tokenizer over the task vocabulary (``<bos>`` prepended).
@@ -39,8 +43,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PlanningModelConfig", "PLANNING_SPECS", "TEST_OVERRIDES", "build_planning", "evaluate_planning",
-           "planning_specs", "fast_params", "greedy_generate"]
+__all__ = ["PlanningModelConfig", "PLANNING_SPECS", "TEST_OVERRIDES", "build_planning", "entries", "evaluate_planning",
+           "planning_specs", "fast_params", "greedy_generate", "train_planning"]
 
 #: full task specifications (every dataclass field, so a change of a default changes the recipe hash)
 HORIZON_TASK = {"kind": "horizon", "n_goals": 8, "n_fillers": 16, "prefix_len": 12, "horizon": 3, "n_random": 9,
@@ -355,7 +359,7 @@ def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
 # ----------------------------------------------------------------------------------------- build
 def build_planning(out: Path, params: Mapping[str, Any]) -> dict:
     """Train one planning model from scratch and save it (HF folder + word-level tokenizer) into ``out``."""
-    from ._util import torch_threads
+    from interp.zoo._util import torch_threads
 
     cfg = PlanningModelConfig.from_params(params)
     with torch_threads(cfg.num_threads):
@@ -371,9 +375,10 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..probes.planning.tasks import make_tokenizer, task_from_params
-    from ..progress import progress
-    from ._util import quiet_transformers, warmup_cosine_schedule
+    from interp.progress import progress
+    from interp.zoo._util import quiet_transformers, warmup_cosine_schedule
+
+    from .tasks import make_tokenizer, task_from_params
 
     t0, c0 = time.perf_counter(), time.process_time()
     task = task_from_params(cfg.task)
@@ -451,7 +456,7 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
 
 
 def _train(out: Path, cfg: PlanningModelConfig) -> dict:
-    from ._util import quiet_transformers
+    from interp.zoo._util import quiet_transformers
 
     model, tokenizer, task, metrics = train_planning(cfg)
     if not metrics["greedy_accuracy"] >= cfg.min_accuracy:
@@ -461,3 +466,14 @@ def _train(out: Path, cfg: PlanningModelConfig) -> dict:
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
     return metrics
+
+
+def entries() -> tuple:
+    """The ``planning-*`` zoo entries (the ``interp.zoo`` entry point ``planning``)."""
+    from interp.zoo import ZooEntry
+
+    return tuple(ZooEntry(
+        name=spec["name"], description=spec["description"],
+        source=f"trained locally on interp.benchmarks.planning.tasks ({spec['params']['task']['kind']} task)",
+        architecture="LlamaForCausalLM", size=spec.get("size", "~0.27M params"), builder=build_planning,
+        params=spec["params"]) for spec in planning_specs())

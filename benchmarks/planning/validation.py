@@ -15,7 +15,7 @@ the check passes when the Spearman correlation over the noise levels is >= 0.9 a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -23,9 +23,9 @@ import torch
 
 from interp.results import Result
 
-from .mi import mutual_information, shuffled_null
-from .states import StateSets
-from .vqvae import TrainConfig, VQVAEConfig, train_vqvae
+from interp.probes.planning.mi import mutual_information, shuffled_null
+from interp.probes.planning.states import StateSets
+from interp.probes.planning.vqvae import TrainConfig, VQVAEConfig, train_vqvae
 
 __all__ = ["true_symmetric_channel_mi", "symbol_sets", "EstimatorSanityResult", "estimator_sanity", "horizon_criteria",
            "decay_criteria", "horizon_run_for", "HORIZON_RUN", "BRANCH_RUN", "SMOLLM_RUN",
