@@ -1,4 +1,6 @@
-"""Tests of CopyPasteLLM (interp.models.copypaste): metrics, prompting, Alg. 2, DPO, Alg. 3, toy recipe."""
+"""Tests of CopyPasteLLM (interp.models.copypaste): metrics, prompting, Alg. 2, DPO, Alg. 3; and of its validations
+(interp.benchmarks.copypaste: the toy, the SmolLM2 pipeline's pieces). The digest's criteria on the full runs are
+the recipe's claims (benchmarks/copypaste/claims.yaml), checked by tests/reproduce."""
 from __future__ import annotations
 
 import math
@@ -7,10 +9,11 @@ import pytest
 import torch
 
 import interp
+from interp.benchmarks.copypaste import ToyConfig, toy_experiment, word_tokenizer
 from interp.models.copypaste import (CaptureConfig, CaptureResult, Candidate, DPOConfig, PreferenceConfig, PreferencePair,
-                                     RefineConfig, ToyConfig, build_pairs, capture_copying, copy_fragments, copy_metrics,
+                                     RefineConfig, build_pairs, capture_copying, copy_fragments, copy_metrics,
                                      copy_score, cp_link, cp_order, cp_refine, dpo_loss, dpo_train, elo_tournament,
-                                     encode_pairs, parse_order, sequence_logprobs, toy_experiment, word_tokenizer)
+                                     encode_pairs, parse_order, sequence_logprobs)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -313,25 +316,9 @@ def test_toy_experiment_runs_end_to_end_small(tmp_path):
         ToyConfig(n_known=8, n_eval=5)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "only partly reproduces at our scale (ToyConfig() defaults: 64-d, 3 layers, 3,000 pre-training steps; ~100-300 s "
-    "on the shared CPU): counterfactual-context accuracy 0.00 -> 0.50 (+50 points, passes), kappa of counterfactual "
-    "answers 0.54 -> 0.73 (passes), contextual captured-token share 0.26 -> 0.55 (passes), but original-context "
-    "accuracy 1.00 -> 0.42 (criterion: no drop, fails): after DPO the tiny model often copies the wrong context "
-    "sentence (its copy circuit is weak; with 1,500 pre-training steps: 0.00 -> 0.08 and 1.00 -> 0.33)."))
-def test_toy_paper_criteria():
-    res = toy_experiment(ToyConfig())
-    m = res.metrics
-    assert m["cf_accuracy"]["after"] - m["cf_accuracy"]["before"] >= 0.20, m
-    assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"], m
-    assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"], m
-    assert m["contextual_share"]["after"] > m["contextual_share"]["before"], m
-
-
 # ------------------------------------------------------------------------------------------ SmolLM2 RAG pipeline
 def test_smollm_rag_facts_faithfulness_and_pairs():
-    from interp.models.copypaste.smollm import FACTS, Fact, faithful, rag_pairs
+    from interp.benchmarks.copypaste.smollm import FACTS, Fact, faithful, rag_pairs
 
     assert len(FACTS) > 100 and len({(f.subject, f.relation) for f in FACTS}) == len(FACTS)
     f = Fact("France", "capital", "Paris")
@@ -348,14 +335,14 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
     # the SmolLM2 run's stamp (Alg. 2's "r* + gold answer" as plain concatenation, the answer written as the context
     # writes it): a stamped CP-Order winner is itself a verbatim copy, so kappa can credit it
     from interp.models.copypaste.preference import PreferenceConfig
-    from interp.models.copypaste.smollm import SmolConfig
+    from interp.benchmarks.copypaste.smollm import SmolConfig
 
     cfg = PreferenceConfig(min_kappa=0.8, min_delta=3.0, stamp_template=SmolConfig().stamp_template)
     bare = rag_pairs("P", f, "Berlin", "The capital of France is Paris.", "Paris", cfg)
     assert {p.chosen for p in bare} == {"The capital of France is Berlin. Berlin."}
     assert copy_metrics(bare[0].chosen, ctx)[0] == 1.0 and bare[2].rejected.endswith("So the answer is Berlin. Paris.")
     assert copy_metrics("The capital of France is Berlin. Answer: Berlin", ctx)[0] == 0.75    # the "Answer:" stamp
-    from interp.models.copypaste.smollm import stamp_suffix, strip_stamp
+    from interp.benchmarks.copypaste.smollm import stamp_suffix, strip_stamp
 
     t, xs = SmolConfig().stamp_template, ("Berlin", "Paris")
     assert strip_stamp(bare[0].chosen, t, xs) == f.sentence("Berlin")                         # stamp detected...
@@ -369,7 +356,7 @@ def test_smollm_rag_facts_faithfulness_and_pairs():
 
 def test_smollm_answer_end_rule_and_capture_truncation(tiny_lm):
     from interp.models.copypaste.capture import truncate_ids
-    from interp.models.copypaste.smollm import answer_end, first_answer, strip_stamp
+    from interp.benchmarks.copypaste.smollm import answer_end, first_answer, strip_stamp
 
     cases = {  # generated text -> the answer every condition is scored on
         "The capital of Iraq is Jerusalem.\nQuestion: next": "The capital of Iraq is Jerusalem.",
@@ -387,63 +374,22 @@ def test_smollm_answer_end_rule_and_capture_truncation(tiny_lm):
     assert truncate_ids(tok, ids, None) == ids and truncate_ids(tok, [], answer_end) == []
 
 
-@pytest.fixture(scope="module")
-def smollm_result(tmp_path_factory):
-    import os
+def test_smollm_config_validation_and_recipe_stage_names():
+    from interp.benchmarks.copypaste import CopyPasteRunConfig, SmolConfig
+    from interp.benchmarks.copypaste.recipe import _Prefixed
 
-    from interp.models.copypaste.smollm import smollm_experiment
+    with pytest.raises(ValueError, match="n_facts"):
+        SmolConfig(n_facts=1)
+    with pytest.raises(ValueError, match="units"):
+        CopyPasteRunConfig(units=("toy", "gpt4"))
+    seen = []
 
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("smollm_cp")
-    old = os.environ.get("INTERP_CACHE_DIR")
-    os.environ.setdefault("INTERP_CACHE_DIR", str(tmp / "cache"))   # cold cache in CI: builds zoo:smollm2-135m
-    try:
-        return smollm_experiment(work_dir=tmp / "run")
-    finally:
-        if old is None:
-            os.environ.pop("INTERP_CACHE_DIR", None)
+    class Store:                         # stands in for interp.stages.Stages
+        folder, fresh = None, False
 
+        def __call__(self, name, fn):
+            seen.append(name)
+            return fn()
 
-@pytest.mark.slow
-def test_smollm_lora_dpo_no_drop_on_original_contexts(smollm_result):
-    # measured 2026-12-02 (SmolConfig defaults: stamp "{response} {answer}.", one-line answer rule, 80/109 facts known,
-    # 30 held-out facts, 200 training prompts, 128 pairs, 16 LoRA-DPO steps at lr 2e-4): original-context accuracy
-    # 0.967 -> 1.000, DPO loss 0.693 -> 0.010 (with the "Answer: {answer}" stamp: 0.967 -> 1.000 too)
-    m = smollm_result.metrics
-    assert smollm_result.n_known >= 40 and smollm_result.dpo_loss[-1] < smollm_result.dpo_loss[0]
-    assert m["orig_accuracy"]["after"] >= m["orig_accuracy"]["before"]
-
-
-@pytest.mark.slow
-def test_smollm_lora_dpo_contextual_share_up(smollm_result):
-    # measured 2026-12-02 (SmolConfig defaults, stamp "{response} {answer}."): contextual share of the Alg. 3 captured
-    # tokens 0.780 -> 0.811, contextual captures per sample 2.13 -> 2.57 (with the earlier "Answer: {answer}" stamp the
-    # share fell, 0.780 -> 0.744, and this criterion was part of the strict xfail below)
-    m = smollm_result.metrics
-    assert m["contextual_share"]["after"] > m["contextual_share"]["before"]
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-02 (SmolConfig defaults: stamp '{response} {answer}.', every answer cut at its first line, 128 "
-    "pairs from 200 RAG prompts, 16 LoRA-DPO steps at lr 2e-4): counterfactual faithfulness 0.800 -> 0.967 (+0.167; "
-    "criterion +0.20; 29 of 30 answers follow the context, but the base model already did in 24), answers naming the "
-    "memorised fact 0.100 -> 0.033; two epochs (32 steps): 0.967 again. With the earlier stamp "
-    "'{response} Answer: {answer}': 0.800 -> 0.867 (+0.067), two thirds of the answers stamped, the rest terse "
-    "'X: Y'; at lr 5e-4 the model collapsed onto the stamp (faithfulness 0.367)."))
-def test_smollm_lora_dpo_faithfulness(smollm_result):
-    m = smollm_result.metrics
-    assert m["cf_faithfulness"]["after"] >= m["cf_faithfulness"]["before"] + 0.20
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "Measured 2026-12-02 (SmolConfig defaults, stamp '{response} {answer}.', one-line answer rule): kappa of the "
-    "answers to counterfactual contexts 0.869 -> 0.767 (criterion: up; density delta 4.67 -> 3.30). A stamped copy "
-    "now has kappa 1, but 14 of 30 answers take a terse 'The capital of X: Y' form (kappa 0.6) and some go on "
-    "'... is a landmark in Y. Y. Y. ...'; two epochs (32 steps) drift further: 0.621, 24 of 30 in the 'X: Y' "
-    "form. With the earlier stamp '{response} Answer: {answer}' (kappa 0.75 for a perfect stamped copy): "
-    "0.869 -> 0.571."))
-def test_smollm_lora_dpo_kappa_up(smollm_result):
-    m = smollm_result.metrics
-    assert m["cf_kappa"]["after"] > m["cf_kappa"]["before"]
+    view = _Prefixed(Store(), "smollm")
+    assert view("known", lambda: [True]) == [True] and seen == ["smollm-known"] and view.fresh is False

@@ -1,4 +1,4 @@
-"""The digest's CPU-scale validation of CopyPasteLLM: a tiny word-level LM memorises synthetic facts
+"""The digest's CPU-scale validation of CopyPasteLLM (the method is :mod:`interp.models.copypaste`): a tiny word-level LM memorises synthetic facts
 (entity -> city), sees RAG prompts whose contexts sometimes contradict them, and is DPO-trained on pairs from
 Alg. 2 whose chosen answer copies the context sentence. Pass: counterfactual-context accuracy +20 points,
 original-context accuracy not lower, kappa of generations up, share of contextual captured tokens (Alg. 3) up.
@@ -22,11 +22,9 @@ import interp
 from interp.progress import progress
 from interp.results import Result
 
-from ..common import set_seed, warmup_cosine
-from .capture import CaptureConfig, capture_copying
-from .dpo import DPOConfig, dpo_train
-from .metrics import copy_metrics
-from .preference import Candidate, PreferenceConfig, build_pairs
+from interp.models.common import set_seed, warmup_cosine
+from interp.models.copypaste import (Candidate, CaptureConfig, DPOConfig, PreferenceConfig, build_pairs,
+                                     capture_copying, copy_metrics, dpo_train)
 
 CITIES = ("paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "dakar", "hanoi", "sofia", "perth")
 TEMPLATE = ("context", ":", "question", "where", "does", "live", "?", "answer", "lives", "in", ".", "so", "that",

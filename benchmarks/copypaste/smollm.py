@@ -39,24 +39,22 @@ is a cumulative lr x steps of ~1.2e-2; 16 steps at 5e-5 would be 8e-4. The first
 same 128 pairs with the "Answer:" stamp (docs/models/copypaste.md): 2e-4 keeps original-context accuracy
 (0.967 -> 1.000) but raises counterfactual faithfulness only 0.800 -> 0.867; 5e-4 collapses every answer onto the
 stamp ("Answer: X"). With the default stamp and 2e-4: faithfulness 0.800 -> 0.967, original accuracy 0.967 -> 1.000,
-κ 0.869 -> 0.767, Alg. 3 contextual share 0.780 -> 0.811.
+κ 0.869 -> 0.767, Alg. 3 contextual share 0.780 -> 0.811. Both the learning rate and the stamp were chosen by
+comparing runs on the same 30 held-out evaluation facts (there is no separate validation split), so the after-DPO
+numbers of the chosen setting are optimistic; ``benchmarks/copypaste/claims.yaml`` records it under ``changed:``.
+The run is ``interp reproduce copypaste --preset full`` (the stages are :class:`interp.stages.Stages`).
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from interp.models.copypaste import (Candidate, CaptureConfig, DPOConfig, PreferenceConfig, PreferencePair,
+                                     build_pairs, capture_copying, copy_metrics, dpo_train)
 from interp.results import Result
-
-from .capture import CaptureConfig, capture_copying
-from .dpo import DPOConfig, dpo_train
-from .metrics import copy_metrics
-from .preference import Candidate, PreferenceConfig, PreferencePair, build_pairs
 
 CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",
@@ -134,9 +132,15 @@ class SmolConfig:
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(lr=2e-4, batch_size=2, grad_accum=4, epochs=1,
                                                              max_length=256))
     seed: int = 0
+    #: use only the first ``n_facts`` of :data:`FACTS` (``None``: all 109; a small number for a quick run)
+    n_facts: int | None = None
 
     def __post_init__(self):
         PreferenceConfig(stamp_template=self.stamp_template)  # the stamp is checked where Alg. 2 defines it
+        if self.n_facts is not None and self.n_facts < 2:
+            raise ValueError(f"n_facts must be >= 2 or None, got {self.n_facts}")
+        if self.n_eval < 1 or self.n_train_samples < 1 or self.n_pairs < 1:
+            raise ValueError("n_eval, n_train_samples and n_pairs must be >= 1")
 
 
 def chat_prompt(tokenizer, question: str, context: str | None) -> str:
@@ -301,27 +305,19 @@ def measure(model, tok, ev_facts, cf_answers, cfg: SmolConfig) -> tuple[dict[str
     return m, a_cf
 
 
-def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None = None,
-                      log=print) -> SmolResult:
-    """Run the pipeline; with ``work_dir`` every stage is cached there (atomic writes) and a rerun resumes."""
+def smollm_experiment(cfg: SmolConfig | None = None, stages=None, log=print) -> SmolResult:
+    """Run the pipeline. With ``stages`` (an :class:`interp.stages.Stages`, as ``interp reproduce copypaste`` passes)
+    the knowledge test, the before-DPO measurement, the Alg. 2 pairs and the DPO run + after-DPO measurement are
+    stored stages keyed by the config and the code, so an interrupted run resumes and a changed config recomputes;
+    the DPO run also checkpoints every optimiser step inside its stage's folder. Without ``stages`` nothing is
+    stored."""
     import interp
-    from interp.io import atomic_write_json
     from interp.zoo.registry import path as zoo_path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = cfg or SmolConfig()
-    wd = Path(work_dir) if work_dir is not None else None
-    if wd is not None:
-        wd.mkdir(parents=True, exist_ok=True)
-
-    def cached(name, fn):
-        f = wd / name if wd is not None else None
-        if f is not None and f.exists():
-            return json.loads(f.read_text())
-        v = fn()
-        if f is not None:
-            atomic_write_json(f, v)
-        return v
+    stage = stages if stages is not None else (lambda name, fn: fn())
+    facts = FACTS if cfg.n_facts is None else FACTS[:cfg.n_facts]
 
     base = zoo_path("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(base)
@@ -331,12 +327,14 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
     rng = random.Random(cfg.seed)
 
     def knowledge():
-        ans = _gen(model, [chat_prompt(tok, f.question, None) for f in FACTS], cfg.max_new_tokens)
-        return [names(f.answer, a) for f, a in zip(FACTS, ans)]
+        ans = _gen(model, [chat_prompt(tok, f.question, None) for f in facts], cfg.max_new_tokens)
+        return [names(f.answer, a) for f, a in zip(facts, ans)]
 
-    known_mask = cached("known.json", knowledge)
-    known = [f for f, k in zip(FACTS, known_mask) if k]
-    log(f"known {len(known)}/{len(FACTS)}")
+    known_mask = stage("known", knowledge)
+    known = [f for f, k in zip(facts, known_mask) if k]
+    log(f"known {len(known)}/{len(facts)}")
+    if len(known) <= cfg.n_eval:
+        raise ValueError(f"only {len(known)} of {len(facts)} facts are known; n_eval = {cfg.n_eval} leaves none to train on")
     order = known[:]
     rng.shuffle(order)
     ev, tr = order[:cfg.n_eval], order[cfg.n_eval:]
@@ -344,7 +342,7 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
     other = lambda f: rng.choice([a for a in pool[f.relation] if a != f.answer])
     cf_ev = [other(f) for f in ev]
 
-    before = cached("before.json", lambda: dict(zip(("metrics", "answers"), measure(model, tok, ev, cf_ev, cfg))))
+    before = stage("before", lambda: dict(zip(("metrics", "answers"), measure(model, tok, ev, cf_ev, cfg))))
     log(f"before {before['metrics']}")
 
     # Alg. 2 pairs on training facts
@@ -361,7 +359,7 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
                 min_kappa=0.8, min_delta=3.0, stamp_template=cfg.stamp_template))])
         return out
 
-    pairs_all = cached("pairs.json", make_pairs)
+    pairs_all = stage("pairs", make_pairs)
     prng = random.Random(cfg.seed + 1)
     pairs = [PreferencePair(**d) for d in prng.sample(pairs_all, min(cfg.n_pairs, len(pairs_all)))]
     log(f"pairs {len(pairs)} of {len(pairs_all)}")
@@ -374,34 +372,25 @@ def smollm_experiment(cfg: SmolConfig | None = None, work_dir: str | Path | None
         torch.manual_seed(cfg.seed)                       # LoRA A initialisation
         peft_model = get_peft_model(hf, lcfg)
         tok.padding_side = "right"
-        hist = dpo_train(peft_model, tok, pairs, cfg.dpo,
-                         checkpoint=(wd / "dpo_ckpt.pt") if wd is not None else None)
+        ckpt = None
+        if stages is not None:                            # resumable DPO inside this run's stage folder
+            stages.folder.mkdir(parents=True, exist_ok=True)
+            ckpt = stages.folder / "dpo_ckpt.pt"
+            if stages.fresh:
+                ckpt.unlink(missing_ok=True)
+        hist = dpo_train(peft_model, tok, pairs, cfg.dpo, checkpoint=ckpt)
+        if ckpt is not None:
+            ckpt.unlink(missing_ok=True)                  # the stage's value is stored next; the weights are not kept
         tok.padding_side = "left"
         merged = peft_model.merge_and_unload().eval()
         after_model = interp.wrap(merged, tok, backend="torch")
         m, a = measure(after_model, tok, ev, cf_ev, cfg)
         return {"metrics": m, "answers": a, "loss": hist.loss, "accuracy": hist.accuracy}
 
-    after = cached("after.json", train_and_measure)
+    after = stage("after", train_and_measure)
     log(f"after {after['metrics']}")
     metrics = {k: {"before": before["metrics"][k], "after": after["metrics"][k]} for k in before["metrics"]}
     ex = [(f"{f.question} [context: {c}]", b, a) for f, c, b, a in
           zip(ev[:5], cf_ev[:5], before["answers"][:5], after["answers"][:5])]
     return SmolResult(metrics=metrics, dpo_loss=after["loss"], dpo_reward_accuracy=after["accuracy"],
-                      n_known=len(known), n_facts=len(FACTS), n_pairs=len(pairs), examples=ex)
-
-
-if __name__ == "__main__":  # pragma: no cover - the measured run
-    import sys
-
-    torch.set_num_threads(1)
-    # usage: python -m interp.models.copypaste.smollm WORK_DIR [N_TRAIN_SAMPLES N_PAIRS GRAD_ACCUM [EPOCHS]]
-    cfg = SmolConfig()
-    if len(sys.argv) > 4:
-        cfg.n_train_samples, cfg.n_pairs, cfg.dpo.grad_accum = map(int, sys.argv[2:5])
-    if len(sys.argv) > 5:
-        cfg.dpo.epochs = int(sys.argv[5])
-    r = smollm_experiment(cfg, work_dir=sys.argv[1] if len(sys.argv) > 1 else None)
-    print(r.to_frame().to_string())
-    for e in r.examples:
-        print(e)
+                      n_known=len(known), n_facts=len(facts), n_pairs=len(pairs), examples=ex)
