@@ -33,7 +33,9 @@ One serialisation path for tensors plus facts (results, steering vectors, detect
 the facts in its metadata, :func:`save_tensors`), each file atomically; :func:`load_tensors_json` /
 :func:`load_tensors` read them back without pickle and check what the caller needs (keys of the JSON,
 names, shapes and dtypes of the tensors), raising :class:`SerializationError` that names the file and the
-problem. Writers that own a folder call them inside :func:`output_dir`.
+problem. Writers that own a folder call them inside :func:`output_dir`. Loaders of saved modules build them
+with :func:`build_checked`, which checks the saved configuration against the file's tensors on the ``meta``
+device first, so an inflated or edited configuration is refused before anything is allocated.
 """
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def is_report_dir(path: Path) -> bool:
         return False
     try:
         return json.loads(res.read_text(encoding="utf-8")).get("schema") == SCHEMA
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -149,7 +149,7 @@ def _legacy_report_files(folder: Path) -> list[str] | None:
     files = [n for n in ("index.html", "results.json") if (folder / n).is_file()]
     try:
         checks = json.loads((folder / "results.json").read_text(encoding="utf-8")).get("checks") or []
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         checks = []
     for c in checks:
         name = c.get("name") if isinstance(c, dict) else None
