@@ -613,7 +613,7 @@ def test_result_views_and_round_trip(planted, tmp_path):
 
 def test_configs_validate_their_fields():
     from interp.probes.audit_checks import HeadsConfig
-    from interp.probes.heads.experiment import ValidationConfig
+    from interp.benchmarks.heads.experiment import ValidationConfig
 
     assert HeadsConfig().convention == "official" and HeadsConfig().padded_queries == "drop"
     with pytest.raises(ValueError, match="heads.convention must be one of 'official', 'quantile'"):
