@@ -68,7 +68,8 @@ class GavelRecipe(Recipe):
         # the digest's CE world as documented (docs/gavel.md, Validation 1)
         "full": GavelConfig(),
     }
-    cost = {"quick": "about 30 s", "full": "about 4 CPU-minutes (the SmolLM2 runs: about 1 h, not a preset)"}
+    cost = {"quick": "about 10 s CPU",
+            "full": "about 40 s CPU, 4 min wall on the shared 2 cores (the SmolLM2 runs: about 1 h, not a preset)"}
     code = ("interp.benchmarks.gavel", "interp.probes.gavel")
 
     def run_unit(self, config: GavelConfig, unit: None, stages) -> dict:
