@@ -71,7 +71,7 @@ class InfluenceRecipe(Recipe):
     notebook = "notebooks/influence.ipynb"
     Config = InfluenceConfig
     presets = {"quick": QUICK, "full": InfluenceConfig()}
-    cost = {"quick": "about 25 s",
+    cost = {"quick": "about 10 CPU-s (one thread)",
             "full": "about 90 CPU-minutes: 10 Majority seeds (~85 CPU-s standard with the influence re-run, ~10 CPU-s "
                     "per other variant), conditioned Majority at the paper's 3000 x 256 (~15 CPU-min per variant), "
                     "Q(w) on zoo:smollm2-135m (~25 min on one core)"}

@@ -28,7 +28,7 @@ class PolcaRecipe(Recipe):
     notebook = "notebooks/polca.ipynb"
     Config = AdditionConfig
     presets = {"quick": QUICK, "full": AdditionConfig()}
-    cost = {"quick": "about 10 s",
+    cost = {"quick": "about 6 CPU-s (one thread)",
             "full": "about 45 CPU-minutes (the documented run: 2,711 s wall on one thread = training ~2 min, basis "
                     "7.8 min, POLCA terms and span diagnostics 35 min)"}
     code = ("interp.benchmarks.polca", "interp.dynamics.polca", "interp.dynamics.tasks")

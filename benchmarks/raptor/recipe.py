@@ -44,7 +44,7 @@ class RaptorRecipe(Recipe):
     notebook = "notebooks/raptor.ipynb"
     Config = RaptorRecipeConfig
     presets = {"quick": QUICK, "full": RaptorRecipeConfig()}
-    cost = {"quick": "about 15 s",
+    cost = {"quick": "about 12 CPU-s (one thread)",
             "full": "about 23 wall-minutes on 2 free cores (3 teachers of 60 epochs, 3 x 10 Raptor fits of 300 steps "
                     "per unit; about 75 CPU-minutes on one idle thread)"}
     code = ("interp.benchmarks.raptor", "interp.dynamics.raptor", "interp.data.digits")
