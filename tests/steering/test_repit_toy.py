@@ -67,7 +67,7 @@ def test_repit_group_rule_and_bookkeeping(wmd, tmp_path):
 
 def test_single_target_category(toy_refusal_path):
     """The recipe's single target (one category against five): RepIt removes bio's refusal and keeps the others'.
-    Measured on 6 seeds of the recipe: drop 1.00 on every seed, non-target refusal kept at 0.92-0.99. (That the
+    Measured on 6 seeds of the recipe: drop 1.00 on every seed, non-target refusal kept at 0.919-0.988. (That the
     plain bio vector also breaks the others' refusal, keeping < 90 % of it, holds on 5 of the 6 seeds, < 50 % on 4: see
     the recipe's claims.)"""
     res = experiment(toy_config(targets=("bio",)))
