@@ -44,8 +44,9 @@ def main() -> dict:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", default="12:27", help="start:stop of the layer range")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--detector", help="a trained CEDetector folder (e.g. benchmarks/results/gavel_smollm2_v2/"
-                    "detector): its layer range, size and CEs, with the library rules, replace the random one")
+    ap.add_argument("--detector", help="a trained CEDetector folder (e.g. DIR/detector of `python -m "
+                    "interp.benchmarks.gavel.smollm2 --out DIR --final`): its layer range, size and CEs, with the "
+                    "library rules, replace the random one")
     ap.add_argument("--out", default=str(RESULTS / "gavel_monitor"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
