@@ -104,7 +104,7 @@ def render_html(runs: Sequence[Any]) -> str:
     overview = []
     for r in runs:
         rec = r.record
-        cells = " ".join(_verdict(v["verdict"]) for v in rec.verdicts)
+        cells = ", ".join(f"{n} {_verdict(v)}" for v, n in rec.counts().items())
         overview.append(f'<tr><td><a href="#paper-{html.escape(rec.paper)}">{html.escape(rec.paper)}</a></td>'
                         f'<td class="left">{html.escape(rec.title)}</td><td>{rec.preset}</td><td>{rec.seconds:.1f} s</td>'
                         f'<td class="left">{cells}</td></tr>')
