@@ -514,4 +514,5 @@ def _run_ray(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar
                       num_workers=cfg.num_workers, record=record, gpus_per_worker=cfg.gpus_per_worker)
 
 
-__all__ = ["harvest", "HarvestConfig", "HarvestResult", "compute_shard", "stop_layer", "DTYPES", "ENGINES"]
+__all__ = ["harvest", "HarvestConfig", "HarvestResult", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES",
+           "ENGINES"]
