@@ -308,7 +308,8 @@ class SteeringVector:
             raise SerializationError(f"{where}: 'hooks' must be a list of hook names, got {meta['hooks']!r}")
         if meta["positions"] is not None and (not isinstance(meta["positions"], list) or not all(
                 isinstance(p, int) and not isinstance(p, bool) for p in meta["positions"])):
-            raise SerializationError(f"{where}: 'positions' must be null or a list of integers, got {meta['positions']!r}")
+            raise SerializationError(f"{where}: 'positions' must be null or a list of integers, "
+                                     f"got {meta['positions']!r}")
         for key in ("method", "operation"):
             if not isinstance(meta[key], str):
                 raise SerializationError(f"{where}: {key!r} must be a string, got {meta[key]!r}")

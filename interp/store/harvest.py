@@ -347,7 +347,8 @@ class _StoreLock:
         except Timeout:
             _remove_if_empty(self.created)
             raise StoreError(f"another harvest is writing into {str(self.folder)!r} (it holds {LOCK}); wait for "
-                             "it to finish (then rerun to resume or check it), or harvest into another folder") from None
+                             "it to finish (then rerun to resume or check it), or harvest into another "
+                             "folder") from None
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -318,7 +318,8 @@ class CEDetector:
             spec_meta = meta["spec"]
             if spec_meta is not None and not (isinstance(spec_meta, dict) and isinstance(spec_meta.get("layers"), list)
                                               and isinstance(spec_meta.get("group_kv"), bool)):
-                raise TypeError(f"'spec' must be null or {{'layers': [...], 'group_kv': true|false}}, got {spec_meta!r}")
+                raise TypeError(f"'spec' must be null or {{'layers': [...], 'group_kv': true|false}}, "
+                                f"got {spec_meta!r}")
             spec = FeatureSpec(tuple(spec_meta["layers"]), spec_meta["group_kv"]) if spec_meta else None
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"{where}: {exc}") from None

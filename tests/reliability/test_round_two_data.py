@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,8 +158,12 @@ _WORDS = "the quick brown fox jumps over a lazy dog while seven owls count silve
 
 def _texts(n: int = 30) -> list[str]:
     g = torch.Generator().manual_seed(0)
-    return [f"doc {i}: " + " ".join(_WORDS[j] for j in torch.randint(0, len(_WORDS), (int(torch.randint(4, 30, (1,), generator=g)),),
-                                                                      generator=g).tolist()) for i in range(n)]
+    docs = []
+    for i in range(n):
+        length = int(torch.randint(4, 30, (1,), generator=g))
+        words = torch.randint(0, len(_WORDS), (length,), generator=g).tolist()
+        docs.append(f"doc {i}: " + " ".join(_WORDS[j] for j in words))
+    return docs
 
 
 TEXTS = _texts()
@@ -323,14 +326,16 @@ def _both(man, key, value):
 
 
 MUTATIONS = {
-    "file_outside_relative": (_edit(lambda m, o: (_outside_copy(o), m["shards"]["1"].update(file="../outside/x.safetensors"))),
-                              "names the file"),
+    "file_outside_relative": (
+        _edit(lambda m, o: (_outside_copy(o), m["shards"]["1"].update(file="../outside/x.safetensors"))),
+        "names the file"),
     "file_absolute": (_edit(lambda m, o: m["shards"]["1"].update(file=str(_outside_copy(o)))), "names the file"),
     "n_rows_raised": (_edit(lambda m, o: m["shards"]["0"].update(n_rows=m["shards"]["0"]["n_rows"] + 32)), "'n_rows'"),
     "n_contexts_raised_consistently": (_edit(lambda m, o: (
         m["shards"]["0"].update(n_contexts=m["shards"]["0"]["n_contexts"] + 2, n_rows=m["shards"]["0"]["n_rows"] + 32),
         m.update(n_contexts=m["n_contexts"] + 2, n_tokens=m["n_tokens"] + 32),
-        m.update(contexts_per_shard=m["contexts_per_shard"] + 2), m["identity"].update(contexts_per_shard=m["contexts_per_shard"]),
+        m.update(contexts_per_shard=m["contexts_per_shard"] + 2),
+        m["identity"].update(contexts_per_shard=m["contexts_per_shard"]),
     )), "first_context|n_contexts|holds"),
     "shapes_top_level": (_edit(lambda m, o: m["shapes"].update({NAMES[0]: [32]})), "identity"),
     "shapes_everywhere": (_edit(lambda m, o: _both(m, "shapes", {NAMES[0]: [32], NAMES[1]: [64]})), "holds|changed"),

@@ -86,7 +86,8 @@ def test_a_saved_steering_vector_with_hooks_as_a_string_is_refused(tmp_path):
     from interp.steering import SteeringVector
 
     out = tmp_path / "vec"
-    SteeringVector("diff_in_means", "add", ("blocks.1.hook_resid_pre", "blocks.2.hook_resid_pre"), torch.ones(8)).save(out)
+    hooks = ("blocks.1.hook_resid_pre", "blocks.2.hook_resid_pre")
+    SteeringVector("diff_in_means", "add", hooks, torch.ones(8)).save(out)
     meta = json.loads((out / "vector.json").read_text())
     for field, value in (("hooks", "blocks.1.hook_resid_pre"), ("positions", "12"), ("metadata", [1])):
         bad = dict(meta, **{field: value})
@@ -103,7 +104,8 @@ def test_a_saved_ce_with_a_string_where_a_list_belongs_is_refused(tmp_path):
     CE("harm_intent", "wants harm", texts=["I will hurt them."],
        calibration=[{"messages": [{"role": "user", "content": "hi"}], "ces": ["harm_intent"]}]).save(tmp_path / "ce")
     meta = json.loads((tmp_path / "ce" / "ce.json").read_text())
-    for field, value in (("texts", "I will hurt them."), ("calibration", [dict(meta["calibration"][0], ces="harm_intent")])):
+    bad_dialogue = dict(meta["calibration"][0], ces="harm_intent")
+    for field, value in (("texts", "I will hurt them."), ("calibration", [bad_dialogue])):
         (tmp_path / "ce" / "ce.json").write_text(json.dumps(dict(meta, **{field: value})))
         with pytest.raises(SerializationError, match=f"ce.json: CE.{field}"):
             CE.load(tmp_path / "ce")
@@ -227,7 +229,8 @@ def _fuzz(tmp_path: Path, n: int, seed: int = 0) -> dict[str, int]:
             seen["refused"] += 1
             continue
         except Exception as exc:  # noqa: BLE001 - the point of the test
-            pytest.fail(f"case {i} raised {type(exc).__name__}: {exc}\n{source if not isinstance(source, Path) else source.read_text()!r}")
+            shown = source.read_text() if isinstance(source, Path) else source
+            pytest.fail(f"case {i} raised {type(exc).__name__}: {exc}\n{shown!r}")
         seen["loaded"] += 1
         if kind in (0, 3):  # structural changes: what loaded is over CE names, never over single characters
             for r in rules:
