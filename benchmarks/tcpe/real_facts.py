@@ -361,6 +361,38 @@ def ridge_rule(moments: dict, tiny_ok: int = 0, cos_ratio: float = 0.5, ridge: f
     return 0.0 if ok else ridge
 
 
+@torch.no_grad()
+def mask_leak(C: torch.Tensor, keys: torch.Tensor, taus: Sequence[float], eps_rel: float = 0.0) -> list[dict]:
+    """Why a mask can cost locality, from ``C [d, d]`` and the plan's keys ``keys [n, d]`` alone (no edit).
+
+    The update ``ΔW = r uᵀ / (uᵀk*)`` restricted to the rows ``S`` changes the output on a token with features
+    ``k`` by ``(u_S · k) / (uᵀk*) · r``. Per key (``u`` = :func:`~interp.editing.rome.left_vector` with the ridge
+    ``eps_rel · mean(diag C)``) and per mask (``"full"``: every row; each τ: ``S = {a : k*_a > 0, k*_a ≥ τ}``):
+    ``rms`` = ``√(u_Sᵀ C u_S) / |uᵀk*|`` (the RMS effect over the text ``C`` was estimated on) and ``other_keys`` =
+    the median over the other keys ``k_j`` of ``|u_S · k_j| / |uᵀk*|``. Returns one row per mask with the
+    medians over keys.
+    """
+    from interp.editing.rome import left_vector
+    C64 = C.double()
+    eps = eps_rel * float(torch.diagonal(C64).mean())
+    K = keys.double()
+    masks = [("full", None)] + [(f"tau={t:g}", float(t)) for t in taus]
+    per: dict[str, dict[str, list]] = {m: {"rms": [], "other_keys": []} for m, _ in masks}
+    for i, k in enumerate(K):
+        u, _ = left_vector(C64, k, eps)
+        u = u.double()
+        uk = float(u @ k).__abs__()
+        others = torch.cat([K[:i], K[i + 1:]])
+        for name, t in masks:
+            uS = u if t is None else u * ((k > 0) & (k >= t))
+            per[name]["rms"].append(float((uS @ C64 @ uS).clamp_min(0).sqrt()) / uk)
+            if len(others):
+                per[name]["other_keys"].append(float((others @ uS).abs().median()) / uk)
+    return [{"mask": name, "ridge": eps_rel, "rms_median": float(np.median(v["rms"])),
+             "other_keys_median": float(np.median(v["other_keys"])) if v["other_keys"] else float("nan")}
+            for name, v in per.items()]
+
+
 @dataclass
 class RealConfig:
     """Validation 3 (defaults: the run of docs/editing.md on ``zoo:smollm2-135m``).
@@ -411,13 +443,14 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
     beside the stages), ``real-metrics`` (on the held-out text), ``real-setup`` (the subjects' feature
     quantiles, the context templates, the rule τ from the keys of the full plan: every fact both models know,
     so extending ``n_edits`` changes neither), ``real-moments`` (both sites' second moments from one pass and
-    their :func:`~interp.editing.rome.moment_diagnostics`), then one stage per edit and method group
+    their :func:`~interp.editing.rome.moment_diagnostics`), ``real-leak`` (:func:`mask_leak` with the run's ridge
+    and without), then one stage per edit and method group
     (:func:`compare_real`). Every τ and the ridge are fixed before any edit is made.
 
     Defaults for the text (SmolLM2 run): ``documents`` = :func:`training_documents`, ``heldout`` = the first
     ``n_heldout`` lines of Ruth, ``moment_docs`` = :func:`moment_texts` of the documents. Returns the comparison
     and ``{"metrics", "taus", "tau_quantiles", "subject_l0", "tau_rule", "tau_rule_frac", "moments",
-    "mom2_eps_rel"}``.
+    "mom2_eps_rel", "leak"}``.
     """
     from interp.data import heldout_text
     from interp.editing.rome import moment_diagnostics, second_moments
@@ -467,6 +500,8 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
     eps = ridge_rule(mo["diagnostics"]) if config.mom2_eps_rel == "auto" else float(config.mom2_eps_rel)
     cfg = EditConfig(n_templates=config.n_templates, mom2_eps_rel=eps)
     taus = tuple(sorted({0.0, float(su["tau_rule"])} | {round(qs[q], 3) for q in config.tau_quantiles}))
+    leak = stages("real-leak", lambda: mask_leak(mo["C_tc"], su["keys_tc"], taus, eps)
+                  + (mask_leak(mo["C_tc"], su["keys_tc"], taus, 0.0) if eps else []))
     if log:
         log(f"tau_rule {su['tau_rule']} (mean |S| {su['tau_rule_frac']:.4f} of d_sae), quantiles {qs}, ridge {eps:g}")
     res = compare_real(model, tc, L, n_edits=config.n_edits, taus=taus, config=cfg, methods=tuple(config.methods),
@@ -474,7 +509,7 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
                        templates=su["templates"], relations=relations, stage=stages)
     return res, {"metrics": metrics, "taus": list(taus), "tau_quantiles": su["quantiles"],
                  "subject_l0": su["subject_l0"], "tau_rule": su["tau_rule"], "tau_rule_frac": su["tau_rule_frac"],
-                 "moments": mo["diagnostics"], "mom2_eps_rel": eps}
+                 "moments": mo["diagnostics"], "mom2_eps_rel": eps, "leak": leak}
 
 
 def _null():
@@ -483,5 +518,6 @@ def _null():
 
 
 __all__ = ["RELATIONS", "Fact", "all_facts", "training_documents", "subject_activation_quantiles", "known_facts", "top1",
-           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "RealConfig", "real_validation", "moment_texts",
+           "perplexity", "RealEditComparison", "edit_plan", "compare_real", "RealConfig", "real_validation", "mask_leak",
+           "moment_texts",
            "plan_keys", "tau_for_fraction", "ridge_rule"]

@@ -247,6 +247,7 @@ class TcpeRecipe(Recipe):
             **{k: info["metrics"][k] for k in ("fve", "l0", "dead_frac") if k in info["metrics"]},
             "tau_rule": info["tau_rule"], "tau_rule_frac": info["tau_rule_frac"], "taus": str(info["taus"]),
             "ridge": info["mom2_eps_rel"], "known": rres.baseline["known"], "known_spliced": rres.baseline["known_spliced"]}]
+        tables["validation 3: why a mask costs locality (medians over the plan's keys; no edit)"] = info["leak"]
         notes = (f"Validation 1 at layer {config.facts.layer}, key at the {config.facts.fact_token!r} token; "
                  f"validation 3 on {config.real.model} (layer {config.real.layer}): rule τ {info['tau_rule']:g} "
                  f"(mean |S| {info['tau_rule_frac']:.2%} of d_tc), ridge {info['mom2_eps_rel']:g}.")

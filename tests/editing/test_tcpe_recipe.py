@@ -56,3 +56,25 @@ def test_full_run_preconditions():
     assert v3["known"] >= 51
     assert rec.measured["real_rome_efficacy"] >= 0.8
     assert all(r["n_locality"] >= 50 for r in t["validation 3: single-fact edits (mean per method)"])
+
+
+def test_mask_leak_by_hand():
+    """Diagonal C: u = C⁻¹k normalised; the full u's effect on C's text is |u|_C / |u·k|; a mask keeps its rows."""
+    import torch
+
+    from interp.benchmarks.tcpe.real_facts import mask_leak
+    C = torch.diag(torch.tensor([1.0, 4.0, 0.25, 2.0]))
+    keys = torch.tensor([[1.0, 0.5, 0.0, 0.2], [0.0, 1.0, 1.0, 0.0]])
+    rows = {r["mask"]: r for r in mask_leak(C, keys, taus=(0.4,))}
+
+    def one(k, keep):
+        u = k / torch.diagonal(C)
+        u = u / u.norm()
+        uS = u * keep
+        return float((uS @ C @ uS).sqrt()) / float(u @ k), [float((o @ uS).abs()) / float(u @ k) for o in keys
+                                                              if not torch.equal(o, k)][0]
+    full = [one(k, torch.ones(4)) for k in keys]
+    masked = [one(k, ((k > 0) & (k >= 0.4)).float()) for k in keys]
+    assert rows["full"]["rms_median"] == pytest.approx(sum(r for r, _ in full) / 2, rel=1e-6)
+    assert rows["tau=0.4"]["rms_median"] == pytest.approx(sum(r for r, _ in masked) / 2, rel=1e-6)
+    assert rows["tau=0.4"]["other_keys_median"] == pytest.approx(sum(o for _, o in masked) / 2, rel=1e-6)
