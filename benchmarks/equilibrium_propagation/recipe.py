@@ -27,7 +27,7 @@ class EquilibriumPropagationRecipe(Recipe):
         # the digest's recipe: 64-64-64-10, 100 epochs, 5 seeds; beta sweep; 8 layers with/without skips, 3 seeds
         "full": EPRunConfig(),
     }
-    cost = {"quick": "about 10 s", "full": "about 15 CPU-minutes"}
+    cost = {"quick": "about 10 s", "full": "about 32 minutes on a loaded 2-core machine (one thread)"}
     code = ("interp.benchmarks.equilibrium_propagation", "interp.models.equilibrium_propagation",
             "interp.models.common")
 
