@@ -389,3 +389,18 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
     for a, b in zip(hf.parameters(), ref.parameters()):        # the re-run trains exactly like Adam
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert fi.curves_centered["adam"]["direct"].shape == (3, 2) and "influence_centered" in fi.to_frame()
+
+
+def test_recipe_configs_refuse_bad_values():
+    """The influence recipe's configs name the field and what was expected."""
+    from interp.benchmarks.influence import InfluenceConfig, MajorityConfig, QDomainsConfig
+    with pytest.raises(ValueError, match="at least two seeds"):
+        InfluenceConfig(seeds=(0,))
+    with pytest.raises(ValueError, match="four variants"):
+        InfluenceConfig(variants=("standard", "myopic"))
+    with pytest.raises(ValueError, match="conditioned.task"):
+        InfluenceConfig(conditioned=MajorityConfig())
+    with pytest.raises(ValueError, match="q_position"):
+        QDomainsConfig(q_length=8, q_position=8)
+    with pytest.raises(ValueError, match="n_ctx"):
+        QDomainsConfig(n_ctx=0)

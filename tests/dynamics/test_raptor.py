@@ -377,3 +377,11 @@ def test_real_image_split_teacher_and_probe_baselines(planted):
     assert base["probe_acc_block0"] == linear_probe_accuracy(f(acts[1, :24]), labels[:24], f(acts[1, 24:]), labels[24:])
     assert base["probe_acc_last"] == linear_probe_accuracy(f(acts[-1, :24]), labels[:24], f(acts[-1, 24:]), labels[24:])
     assert set(base) == {"probe_acc_input", "probe_acc_block0", "probe_acc_last"}
+
+
+def test_recipe_config_refuses_bad_values():
+    from interp.benchmarks.raptor import RaptorRecipeConfig
+    with pytest.raises(ValueError, match="distinct"):
+        RaptorRecipeConfig(p_drops=(0.0,))
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        RaptorRecipeConfig(p_drops=(0.0, 1.0))
