@@ -128,6 +128,16 @@ def check_number(value, what: str) -> float:
     return v
 
 
+def resolve_heads(heads: Sequence[int], n_heads: int, where: str = "this hook") -> tuple[int, ...]:
+    """Head indices as non-negative ones: negative indices count from the end, as Python indexing does
+    (``-1`` is the last head); an index outside ``-n_heads..n_heads-1`` is an ``IndexError`` naming the range."""
+    bad = [h for h in heads if not -n_heads <= h < n_heads]
+    if bad:
+        raise IndexError(f"head index {bad[0]} out of range for {where!r}, which has {n_heads} heads "
+                         f"(valid: -{n_heads}..{n_heads - 1}; negative indices count from the last head)")
+    return tuple(h % n_heads for h in heads)
+
+
 def _select(tensor: torch.Tensor, ctx: HookContext, positions, heads):
     """``(view, put)``: the selected entries of ``tensor`` and a function writing new values back.
 
@@ -139,11 +149,7 @@ def _select(tensor: torch.Tensor, ctx: HookContext, positions, heads):
         raise ValueError(f"heads={list(heads)} given for {ctx.name!r}, which has no head axis "
                          f"(head-indexed hooks: {', '.join(HEAD_AXIS)})")
     if heads is not None:
-        n_heads = tensor.shape[ctx.head_axis]
-        bad = [h for h in heads if not -n_heads <= h < n_heads]
-        if bad:
-            raise IndexError(f"head index {bad[0]} out of range for {ctx.name!r}, which has {n_heads} heads "
-                             f"(valid: 0..{n_heads - 1})")
+        heads = resolve_heads(heads, tensor.shape[ctx.head_axis], ctx.name)
     moved = tensor.movedim(ctx.pos_axis, 1)  # [batch, pos, ...]; pattern: [batch, q, head, k]
     sel = ctx.position_mask(tensor, positions) if positions is not None else None
     hidx = None if heads is None else torch.as_tensor(list(heads), dtype=torch.long, device=tensor.device)
@@ -278,7 +284,8 @@ class Ablate(Intervention):
             return _apply(tensor, ctx, self.positions, self.heads, torch.zeros_like)
         mean = self._mean(ctx).to(tensor.device, tensor.dtype)
         if self.heads is not None and ctx.head_axis is not None and mean.dim() == 2:
-            mean = mean[torch.as_tensor(list(self.heads), device=mean.device)]
+            heads = resolve_heads(self.heads, mean.shape[0], ctx.name)
+            mean = mean[torch.as_tensor(list(heads), device=mean.device)]
         return _apply(tensor, ctx, self.positions, self.heads,
                       lambda t: torch.zeros_like(t) + _check_vector(mean, t, ctx, "mean"))
 

@@ -52,6 +52,12 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
     from transformer_lens import HookedTransformer
 
     backend = _check_backend(backend)
+    if model is None:
+        raise TypeError("wrap() needs a model (a transformers model, a TransformerLens model or an nnsight "
+                        "wrapper), got None")
+    if isinstance(model, (str, Path)):
+        raise TypeError(f"wrap() needs a model object, got the name {str(model)!r}; load a model by name or "
+                        f"folder with interp.load({str(model)!r})")
     if isinstance(model, Model):
         raise TypeError("already an interp.Model")
     is_tl = isinstance(model, HookedTransformer) or type(model).__name__ == "TransformerBridge"
@@ -67,6 +73,9 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
     nn_wrapper = None
     if type(model).__module__.startswith("nnsight"):
         nn_wrapper, model = model, model._module
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"wrap() needs a model (a transformers model, a TransformerLens model or an nnsight "
+                        f"wrapper), got a {type(model).__name__}")
     if getattr(model, "_interp_bridged", False):
         raise ValueError("this Hugging Face module was already wrapped with backend='transformer_lens', which "
                          "rewires it in place; load it again (or wrap copy.deepcopy(model) before bridging) to "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,6 +23,42 @@ from .run import current_pass, pass_scope, run_scope
 
 #: which models are currently inside one of their own hook functions (recursion guard)
 _IN_HOOK: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("interp_in_hook", default=frozenset())
+
+
+class _Opened:
+    """One open ``capture`` / ``intervene`` / ``splice`` context of one model. It belongs to the thread (the
+    :mod:`contextvars` context) that opened it: runs in other threads never see it."""
+
+    __slots__ = ("model", "hooks", "splice_at", "splice", "open")
+
+    def __init__(self, model: "Model", hooks: "HookSet | None" = None, splice_at: str | None = None,
+                 splice: Any = None) -> None:
+        self.model, self.hooks, self.splice_at, self.splice = model, hooks or {}, splice_at, splice
+        self.open = True
+
+    def visible(self) -> bool:
+        """Whether this context applies here: open, and opened in the current thread / context."""
+        return self.open and any(e is self for e in _OPEN.get())
+
+
+#: the contexts open in this thread (a :class:`contextvars.ContextVar`, so each thread and each asyncio task
+#: has its own), every model's, outermost first
+_OPEN: contextvars.ContextVar[tuple[_Opened, ...]] = contextvars.ContextVar("interp_open_contexts", default=())
+#: guards the lazy creation of each model's run lock
+_LOCK_GUARD = threading.Lock()
+
+
+def _open(entry: _Opened) -> Callable[[], None]:
+    """Open ``entry`` in the current context; returns its idempotent close (callable from anywhere: a close
+    from another thread marks it closed, so it stops applying in the thread that opened it too)."""
+    _OPEN.set(_OPEN.get() + (entry,))
+
+    def close() -> None:
+        entry.open = False
+        current = _OPEN.get()
+        if any(e is entry for e in current):
+            _OPEN.set(tuple(e for e in current if e is not entry))
+    return close
 
 Inputs = Any  # str | list[str] | LongTensor [batch, pos] | dict(input_ids, attention_mask) | FloatTensor pixels
 HookSet = dict[str, list[InterventionFn]]
@@ -68,8 +105,34 @@ class Model:
     def __init__(self, tokenizer=None, cfg: ModelConfig | None = None) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self._active: list[HookSet] = []  # hooks of open capture/intervene contexts, outermost first
-        self._splices: dict[str, Any] = {}  # base hook name -> Splice of an open `splice` context
+        self._run_lock = threading.RLock()  # runs of one model are serialised (see _locked)
+
+    # ------------------------------------------------------------------ per-thread contexts, serialised runs
+    def _opened(self) -> list[_Opened]:
+        """This model's contexts open in the current thread, outermost first."""
+        return [e for e in _OPEN.get() if e.model is self and e.open]
+
+    @property
+    def _active(self) -> list[HookSet]:
+        """Hooks of the ``capture``/``intervene`` contexts open in the current thread, outermost first (the
+        hooks a backend merges into each run; the torch backend installs its contexts as module hooks)."""
+        return [e.hooks for e in self._opened() if e.hooks]
+
+    @property
+    def _splices(self) -> dict[str, Any]:
+        """Base hook name -> Splice of the ``splice`` contexts open in the current thread."""
+        return {e.splice_at: e.splice for e in self._opened() if e.splice_at is not None}
+
+    def _locked(self) -> "threading.RLock":
+        """The model's run lock: one run at a time per model (a run in another thread waits for it), because
+        a run switches state that the backends keep on the shared module (TransformerLens hook points and
+        config flags, nnsight's tracer, the attention implementation). Re-entrant: a generation's passes
+        are runs inside the generation's hold."""
+        lock = self.__dict__.get("_run_lock")
+        if lock is None:  # a plug-in backend that did not call Model.__init__
+            with _LOCK_GUARD:
+                lock = self.__dict__.setdefault("_run_lock", threading.RLock())
+        return lock
 
     # ------------------------------------------------------------------ backend interface
     def _all_hook_names(self) -> list[str]:
@@ -80,13 +143,8 @@ class Model:
         raise NotImplementedError
 
     def _push(self, hooks: HookSet) -> Callable[[], None]:
-        """Activate ``hooks`` for every forward until the returned callable is called."""
-        self._active.append(hooks)
-
-        def pop() -> None:
-            with contextlib.suppress(ValueError):
-                self._active.remove(hooks)
-        return pop
+        """Activate ``hooks`` for every forward of the current thread until the returned callable is called."""
+        return _open(_Opened(self, hooks))
 
     @property
     def device(self) -> torch.device:
@@ -111,6 +169,16 @@ class Model:
         way analyzers write weights (``W_in``, ``W_gate``, ``W_out``, ``W_O`` and their biases). Revert by
         adding ``-delta``; a float64 ``delta`` is added at float64 and rounded once, so adding
         ``saved.double() - now.double()`` restores a saved weight up to float64 round-off. HF backends (torch, nnsight)."""
+        raise ValueError(f"editing weights is supported on the torch and nnsight backends, not {self.backend!r}: "
+                         "wrap the Hugging Face model with one of those, edit, then wrap it again")
+
+    def write_weight_rows(self, name: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``values`` into rows ``rows`` of ``weight(name)[layer]`` (TransformerLens shape; rows index its
+        first axis: ``W_out [d_mlp, d_model]`` -> neurons, ``W_in``/``W_gate [d_model, d_mlp]`` -> residual
+        dimensions, ``W_O`` -> its flattened ``[n_heads * d_head]`` axis, biases -> entries) IN PLACE, in one
+        tensor operation, so an interruption (Ctrl-C) leaves all rows written or none. ``values`` has shape
+        ``[len(rows), *rest]`` and the weight's own dtype (nothing is rounded here: this is how an edit puts
+        back exactly the weights it saved). HF backends (torch, nnsight)."""
         raise ValueError(f"editing weights is supported on the torch and nnsight backends, not {self.backend!r}: "
                          "wrap the Hugging Face model with one of those, edit, then wrap it again")
 
@@ -263,11 +331,11 @@ class Model:
             raise ValueError(f"splice at one hook name, got {at!r} (matches {names[:3]})")
         if at in self._splices:
             raise ValueError(f"an SAE is already spliced at {at!r}; close that splice first")
-        self._splices[at] = Splice(self, sae, at, use_error_term)
+        close = _open(_Opened(self, splice_at=at, splice=Splice(self, sae, at, use_error_term)))
         try:
             yield self
         finally:
-            self._splices.pop(at, None)
+            close()
 
     def hook_names(self, pattern: str | Sequence[str] | None = None) -> list[str]:
         """Canonical hook names this model offers, optionally filtered by a glob or a list of names/globs.
@@ -286,26 +354,31 @@ class Model:
         """Tokenize with padding: ``{"input_ids": [batch, pos], "attention_mask": [batch, pos]}``.
 
         ``padding_side`` defaults to the tokenizer's. Either side gives the same results on real
-        tokens, because position ids are computed from the attention mask.
+        tokens, because position ids are computed from the attention mask. The tokenizer is only read,
+        never written (its padding side and pad token stay as they are, also while other threads use it):
+        rows are padded here, with the pad token (else the end-of-sequence, else the unknown token, else 0).
         """
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass token ids, or wrap(model, tokenizer=...)")
+        if padding_side is not None and padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         tok = self.tokenizer
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+        side = padding_side or getattr(tok, "padding_side", "right")
         if isinstance(texts, str):
             texts = [texts]
-        old = tok.padding_side
-        try:
-            if padding_side is not None:
-                if padding_side not in ("left", "right"):
-                    raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-                tok.padding_side = padding_side
-            enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=add_special_tokens,
-                      truncation=max_length is not None, max_length=max_length)
-        finally:
-            tok.padding_side = old
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        enc = tok(list(texts), padding=False, add_special_tokens=add_special_tokens,
+                  truncation=max_length is not None, max_length=max_length)
+        rows = [torch.as_tensor(r, dtype=torch.long) for r in enc["input_ids"]]
+        pad = next((int(p) for p in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None),
+                                     getattr(tok, "unk_token_id", None)) if isinstance(p, int)), 0)
+        n = max((len(r) for r in rows), default=0)
+        ids = torch.full((len(rows), n), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):  # one slice assignment per row (tokenization itself loops over rows too)
+            at = slice(n - len(r), n) if side == "left" else slice(0, len(r))
+            ids[i, at] = r
+            mask[i, at] = 1
+        return {"input_ids": ids, "attention_mask": mask}
 
     def prepare(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
                 padding_side: str | None = None) -> dict[str, torch.Tensor]:
@@ -345,6 +418,8 @@ class Model:
         dev = self.device
         batch = {k: v.to(dev) for k, v in batch.items()}
         if "pixel_values" in batch:
+            if batch["pixel_values"].shape[0] == 0:
+                raise ValueError(f"images have no rows (shape {tuple(batch['pixel_values'].shape)}); pass at least one")
             batch["pixel_values"] = batch["pixel_values"].to(self._float_dtype())
             return batch
         ids = batch["input_ids"]
@@ -440,7 +515,7 @@ class Model:
         mask = batch.get("attention_mask")
         ids = batch.get("input_ids")
         past = 0 if mask is None or ids is None else mask.shape[1] - ids.shape[1]
-        with pass_scope(self, mask, past):
+        with self._locked(), pass_scope(self, mask, past):
             return self._forward(batch, dict(merged), stop_at_layer, grad)
 
     def _context(self, name: str, tensor: torch.Tensor | None = None, pass_ctx=None) -> HookContext:
@@ -634,7 +709,9 @@ class Model:
         """Continue each prompt by ``max_new_tokens`` tokens (greedy unless ``do_sample``).
 
         Interventions and captures of open contexts apply at every pass (see :meth:`_generate_ids` for
-        what a pass is). Prompts are left-padded, so batched results equal unbatched ones. ``seed``
+        what a pass is). Prompts are left-padded by default; with ``padding_side="right"`` (or a
+        right-padded batch of ids and mask) each row continues from its own last real token, the new tokens
+        following after the padding (masked), so batched results equal unbatched ones either way. ``seed``
         seeds a private generator (the global RNG is untouched). ``max_new_tokens=0`` returns empty
         continuations on every backend. Returns the new text of each prompt (or the new token ids
         ``[batch, new]`` with ``return_text=False``, ``-1`` after a row's end-of-sequence token).
@@ -652,6 +729,11 @@ class Model:
         if "input_ids" not in batch:
             raise ValueError("generate needs text or token ids")
         ids, mask = batch["input_ids"], batch["attention_mask"]
+        limit = self._max_positions()
+        longest = int(mask.sum(1).max())
+        if limit is not None and max_new_tokens and longest + max_new_tokens - 1 > limit:
+            raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs "
+                             f"{longest + max_new_tokens - 1} positions; this model takes at most {limit}")
         gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         new = self._generate_ids(ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos)
         if not return_text:
@@ -682,15 +764,21 @@ class Model:
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         out = []
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        step = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+        step = first = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
         past = None
-        with run_scope(self, generating=True):
+        with self._locked(), run_scope(self, generating=True):
             for _ in range(max_new_tokens):
                 if self._kv_cache:
                     logits, past = self._run({**step, "past_key_values": past, "use_cache": True}, prepared=True)
                 else:
                     logits = self._run(step, prepared=True)
-                nxt = sample_next(logits[:, -1, :], do_sample, temperature, top_k, gen)
+                if step is first:  # the prompt: each row's last real token (right padding puts pads after it)
+                    n = step["attention_mask"].shape[1]
+                    at = (step["attention_mask"] * torch.arange(1, n + 1, device=ids.device)).argmax(1)
+                    last = logits[torch.arange(logits.shape[0], device=logits.device), at.to(logits.device)]
+                else:  # the new token (with a key-value cache the pass holds only it)
+                    last = logits[:, -1, :]
+                nxt = sample_next(last, do_sample, temperature, top_k, gen)
                 nxt = torch.where(done, torch.full_like(nxt, -1), nxt)
                 out.append(nxt)
                 if stop_at_eos and eos_t is not None:
@@ -766,6 +854,8 @@ _READ_ONLY_WHY = {
 
 
 def _check_ids(ids: torch.Tensor, vocab: int | None, max_positions: int | None) -> None:
+    if ids.shape[0] == 0:
+        raise ValueError("token ids have no rows (shape %s); pass at least one sequence" % (tuple(ids.shape),))
     if ids.shape[-1] == 0:
         raise ValueError("token ids have no positions (shape %s); pass at least one token" % (tuple(ids.shape),))
     if ids.numel() and vocab is not None:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..architectures import ArchSpec, Site, arch_spec, norm_parts
-from ..model import HookSet, Model, ModelConfig
+from ..model import HookSet, Model, ModelConfig, _Opened
 from ..names import parse
 from ..run import current_pass
 from .attention import ImplSwitch, Slots
@@ -53,28 +53,63 @@ class HFModel(Model):
     @torch.no_grad()
     def add_to_weight(self, name: str, layer: int, delta: torch.Tensor) -> None:
         """See :meth:`interp.Model.add_to_weight`."""
-        spec = self.spec
-        paths = {"W_in": spec.mlp_in, "b_in": spec.mlp_in, "W_gate": spec.mlp_gate_path, "W_out": spec.mlp_out,
-                 "b_out": spec.mlp_out, "W_O": spec.o, "b_O": spec.o}
-        if name not in paths or paths[name] is None:
-            raise KeyError(f"add_to_weight supports {', '.join(k for k, v in paths.items() if v)} on this "
-                           f"architecture, not {name!r}")
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < spec.n_layers:
-            raise ValueError(f"layer must be an integer in 0..{spec.n_layers - 1}, got {layer!r}")
-        current = self._weight(name)[layer]
+        mod, current = self._edit_target(name, layer)
         delta = torch.as_tensor(delta)
         if tuple(delta.shape) != tuple(current.shape):
             raise ValueError(f"delta for {name}[{layer}] has shape {tuple(delta.shape)}; expected {tuple(current.shape)}")
         if not bool(torch.isfinite(delta).all()):
             raise ValueError(f"delta for {name}[{layer}] has non-finite entries")
-        mod = self.hf_model.get_submodule(f"{spec.blocks}.{layer}.{paths[name]}")
         if name.startswith("b_"):
-            if getattr(mod, "bias", None) is None:
-                raise KeyError(f"{name}: this architecture's module has no bias to edit")
             _add_rounded_once(mod.bias, delta)
             return
         d = delta.flatten(0, 1) if name == "W_O" else delta  # W_O [H, d_head, d] -> [H * d_head, d] = [in, out]
         _add_rounded_once(mod.weight, d if type(mod).__name__ == "Conv1D" else d.T)  # weights are read as [in, out]
+
+    @torch.no_grad()
+    def write_weight_rows(self, name: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """See :meth:`interp.Model.write_weight_rows`."""
+        mod, current = self._edit_target(name, layer)
+        rows = torch.as_tensor(rows)
+        if rows.dim() != 1 or rows.dtype in (torch.bool, torch.float16, torch.float32, torch.float64, torch.bfloat16):
+            raise ValueError(f"rows must be a 1-D tensor of integer indices, got {rows.dtype} {tuple(rows.shape)}")
+        rows = rows.long()
+        n = current.shape[0] if name != "W_O" else current.shape[0] * current.shape[1]
+        if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < n):
+            raise IndexError(f"rows of {name}[{layer}] must lie in 0..{n - 1}")
+        if rows.unique().numel() != rows.numel():
+            raise ValueError(f"rows of {name}[{layer}] must not repeat")
+        tail = tuple(current.shape[2:] if name == "W_O" else current.shape[1:])
+        values = torch.as_tensor(values)
+        if tuple(values.shape) != (rows.numel(), *tail):
+            raise ValueError(f"values for {rows.numel()} rows of {name}[{layer}] have shape {tuple(values.shape)}; "
+                             f"expected {(rows.numel(), *tail)}")
+        if values.dtype != current.dtype:
+            raise TypeError(f"values for {name}[{layer}] are {values.dtype}; the weight is {current.dtype} (rows are "
+                            "written as given, never rounded: cast them first)")
+        if name.startswith("b_"):
+            mod.bias.index_copy_(0, rows.to(mod.bias.device), values.to(mod.bias.device))
+            return
+        w = mod.weight  # TransformerLens [in, out] is Conv1D's own layout and nn.Linear's transpose
+        if type(mod).__name__ == "Conv1D":
+            w.index_copy_(0, rows.to(w.device), values.to(w.device))
+        else:
+            w.index_copy_(1, rows.to(w.device), values.to(w.device).T)
+
+    def _edit_target(self, name: str, layer: int) -> tuple[nn.Module, torch.Tensor]:
+        """The module holding ``weight(name)[layer]`` for :meth:`add_to_weight` / :meth:`write_weight_rows`,
+        and that weight now (TransformerLens shape); refuses names, layers and missing biases clearly."""
+        spec = self.spec
+        paths = {"W_in": spec.mlp_in, "b_in": spec.mlp_in, "W_gate": spec.mlp_gate_path, "W_out": spec.mlp_out,
+                 "b_out": spec.mlp_out, "W_O": spec.o, "b_O": spec.o}
+        if name not in paths or paths[name] is None:
+            raise KeyError(f"weight edits support {', '.join(k for k, v in paths.items() if v)} on this "
+                           f"architecture, not {name!r}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < spec.n_layers:
+            raise ValueError(f"layer must be an integer in 0..{spec.n_layers - 1}, got {layer!r}")
+        mod = self.hf_model.get_submodule(f"{spec.blocks}.{layer}.{paths[name]}")
+        if name.startswith("b_") and getattr(mod, "bias", None) is None:
+            raise KeyError(f"{name}: this architecture's module has no bias to edit")
+        return mod, self._weight(name)[layer]
 
     @torch.no_grad()
     def project_out_of_residual_writers(self, direction: torch.Tensor) -> list[str]:
@@ -127,14 +162,7 @@ class HFModel(Model):
 
 
     def _max_positions(self) -> int | None:
-        c = getattr(self.hf_model, "config", None)
-        if c is None or getattr(c, "rope_theta", None) is not None or getattr(c, "rope_parameters", None):
-            return None  # rotary embeddings: no table to run off the end of
-        for key in ("n_positions", "max_position_embeddings"):
-            v = getattr(c, key, None)
-            if isinstance(v, int) and v > 0:
-                return v
-        return None
+        return hf_max_positions(self.hf_model)
 
     @property
     def device(self) -> torch.device:
@@ -243,9 +271,13 @@ class HFModel(Model):
         return cache[layer]
 
     def _foreign(self, run) -> bool:
-        """A pass that is not ``run``'s (``run=None``: hooks of open contexts act in every pass)."""
+        """Whether hooks installed for ``run`` must stay out of the current forward: ``run`` a
+        :class:`~interp.run.Run` -- a pass that is not that run's; ``run`` an open context -- a forward in a
+        thread that did not open it (or after it closed); ``None`` -- never."""
         if run is None:
             return False
+        if isinstance(run, _Opened):
+            return not run.visible()
         p = current_pass(self)
         return p is None or p.run is not run
 
@@ -292,6 +324,19 @@ class HFModel(Model):
             for d in (m._forward_hooks, m._forward_pre_hooks):
                 for k in [k for k, fn in d.items() if id(fn) in ids]:
                     d.pop(k, None)
+
+
+def hf_max_positions(hf_model: Any) -> int | None:
+    """The longest input a Hugging Face model's learned position table takes (``n_positions`` /
+    ``max_position_embeddings``), or ``None`` when it has none to run off the end of (rotary embeddings)."""
+    c = getattr(hf_model, "config", None)
+    if c is None or getattr(c, "rope_theta", None) is not None or getattr(c, "rope_parameters", None):
+        return None
+    for key in ("n_positions", "max_position_embeddings"):
+        v = getattr(c, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
 
 
 def _project_output_off(module: nn.Module, r_hat: torch.Tensor) -> None:

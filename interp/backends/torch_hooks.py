@@ -8,16 +8,23 @@ registered on the modules themselves are never touched.
 from __future__ import annotations
 
 import os
+import threading
 from functools import partial
 from typing import Any, Callable
 
 import torch
 
-from ..model import HookSet, StopForward
+from ..model import HookSet, StopForward, _open, _Opened
 from ..run import current_pass
 
 #: ``INTERP_DEBUG=1``: verify after every run that the model is clean (no hooks of the run left behind)
 DEBUG = os.environ.get("INTERP_DEBUG", "") not in ("", "0")
+#: held while this backend registers or removes module hooks. PyTorch's registration is not atomic: it numbers
+#: handles from one global counter without a lock (two threads can get the same number, and removing one hook
+#: then drops the other's ``with_kwargs`` flag) and stores the hook before its ``with_kwargs`` flag (a forward
+#: running meanwhile calls it with the wrong arguments; seen in the threads stress test). So registrations
+#: are serialised here, and those of contexts also wait for the model's running run (``Model._locked``).
+_HOOKS_LOCK = threading.RLock()
 from .hf import HFModel
 
 
@@ -25,27 +32,30 @@ class TorchModel(HFModel):
     backend = "torch"
 
     def _install(self, hooks: HookSet, run=None) -> Callable[[], None]:
-        """Register ``hooks``; with ``run``, they act only in passes of that run (a run's own hooks must
-        not fire in another thread's forward of the same module), otherwise in every pass."""
+        """Register ``hooks``; with ``run`` (a :class:`~interp.run.Run`), they act only in passes of that run
+        (a run's own hooks must not fire in another thread's forward of the same module); with an open
+        context (``interp.model._Opened``), only in forwards of the thread that opened it."""
         switch, slots = self._attention_install(hooks, run)
         handles: list[Any] = [switch, slots]  # recorded before they act: removal is safe at any point
         fns: list[Any] = []
         try:
             switch.enter()
             slots.enter()
-            for (path, io), entries in self._groups(hooks).items():
-                module = self._submodule(path)
-                if io == "output":
-                    fns.append(partial(self._out_hook, entries, run))
-                    handles.append(module.register_forward_hook(fns[-1], with_kwargs=True))
-                else:
-                    fns.append(partial(self._in_hook, entries, run))
-                    handles.append(module.register_forward_pre_hook(fns[-1], with_kwargs=True))
+            with _HOOKS_LOCK:
+                for (path, io), entries in self._groups(hooks).items():
+                    module = self._submodule(path)
+                    if io == "output":
+                        fns.append(partial(self._out_hook, entries, run))
+                        handles.append(module.register_forward_hook(fns[-1], with_kwargs=True))
+                    else:
+                        fns.append(partial(self._in_hook, entries, run))
+                        handles.append(module.register_forward_pre_hook(fns[-1], with_kwargs=True))
         except BaseException:
             try:
                 _remove(handles)
             finally:
-                self._sweep_hooks(fns)  # a hook registered just before the interruption, handle unrecorded
+                with _HOOKS_LOCK:
+                    self._sweep_hooks(fns)  # a hook registered just before the interruption, handle unrecorded
             raise
         return partial(_remove, handles)
 
@@ -67,20 +77,26 @@ class TorchModel(HFModel):
         return (args, {**kwargs, key: new}) if changed else None
 
     def _push(self, hooks: HookSet):
-        # contexts become real torch hooks at once, so raw hf_model calls and HF generate see them too;
+        # contexts become real torch hooks at once, so raw hf_model calls and HF generate in the thread that
+        # opened them see them too (they act only where the context is visible: other threads never see it);
         # hooks of spliced SAEs are not module hooks: they stay with the model and run inside the splice
         real = {n: f for n, f in hooks.items() if n in self.sites}
         virtual = {n: f for n, f in hooks.items() if n not in self.sites}
-        remove = self._install(real)
-        if not virtual:
-            return remove
-        pop = super()._push(virtual)
+        entry = _Opened(self, virtual)
+        close = _open(entry)
+        try:
+            with self._locked():  # never while a run of this model is between its module hooks
+                remove = self._install(real, entry)
+        except BaseException:
+            close()
+            raise
 
         def both() -> None:
             try:
-                pop()
+                close()
             finally:
-                remove()
+                with self._locked():
+                    remove()
         return both
 
     def _forward(self, batch, hooks, stop_at_layer, grad):
@@ -124,11 +140,12 @@ def _remove(handles: list[Any]) -> None:
     All are attempted even if one fails; a failure is then raised (never swallowed), after the rest
     were removed."""
     errors: list[BaseException] = []
-    while handles:
-        h = handles.pop()
-        try:
-            h.remove()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below once everything is removed
-            errors.append(exc)
+    with _HOOKS_LOCK:
+        while handles:
+            h = handles.pop()
+            try:
+                h.remove()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below once everything is removed
+                errors.append(exc)
     if errors:
         raise errors[0]

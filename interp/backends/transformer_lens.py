@@ -171,6 +171,19 @@ class TLModel(Model):
         return norm_parts(mod)  # HookedTransformer: its own LayerNorm/RMSNorm (w, b)
 
 
+    def _max_positions(self) -> int | None:
+        """The context length of a learned position table: the HF model's for a bridge (as on the other
+        backends), ``cfg.n_ctx`` for a HookedTransformer with standard positional embeddings; ``None`` for
+        rotary and other position schemes without a table."""
+        if self.hf_model is not None:
+            from .hf import hf_max_positions
+            return hf_max_positions(self.hf_model)
+        c = self.tl.cfg
+        n_ctx = getattr(c, "n_ctx", None)
+        if getattr(c, "positional_embedding_type", None) == "standard" and isinstance(n_ctx, int) and n_ctx > 0:
+            return n_ctx
+        return None
+
     @property
     def device(self) -> torch.device:
         try:
