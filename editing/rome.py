@@ -49,7 +49,7 @@ HF backends). Nothing else of the model is touched.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Sequence
 
 import torch
@@ -149,6 +149,10 @@ class MLPSite(_Site):
     def W(self) -> torch.Tensor:
         return self.model.weight("W_out")[self.layer].float()
 
+    def raw_W(self) -> torch.Tensor:
+        """``W`` in the weight's own dtype (what an edit records as its starting point)."""
+        return self.model.weight("W_out")[self.layer]
+
     def b(self) -> torch.Tensor:
         return self.model.weight("b_out")[self.layer].float()
 
@@ -167,6 +171,10 @@ class TranscoderSite(_Site):
 
     def W(self) -> torch.Tensor:
         return self.tc.W_dec.detach().float()
+
+    def raw_W(self) -> torch.Tensor:
+        """``W`` in the weight's own dtype (what an edit records as its starting point)."""
+        return self.tc.W_dec.detach().clone()
 
     def b(self) -> torch.Tensor:
         return self.tc.b_dec.detach().float()
@@ -403,11 +411,72 @@ def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: E
 
 
 # ====================================================================== the edit
+def _fingerprint(rows: torch.Tensor, values: torch.Tensor) -> str:
+    """SHA-256 of which rows, their shape, dtype and exact bytes: equal exactly when the rows are bit for bit
+    the same (a stable identity of a weight state, cheap enough to check on every apply and revert)."""
+    h = hashlib.sha256(f"{tuple(values.shape)}|{values.dtype}|".encode())
+    h.update(rows.detach().cpu().long().contiguous().numpy().tobytes())
+    v = values.detach().cpu().contiguous()
+    h.update(v.flatten().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+    return h.hexdigest()
+
+
+class _Target:
+    """The edited rows of one object: ``W_out[layer]`` of a model (through the capture layer) or a transcoder's
+    ``W_dec``. ``read()`` copies the rows ``[n_rows, d]`` in the weight's dtype; ``write(values)`` puts them in
+    place in ONE tensor operation (``index_copy_``), so an interruption leaves all rows written or none."""
+
+    def __init__(self, edit: "Edit", model, transcoder: Transcoder | None) -> None:
+        self.rows = edit.rows.detach().cpu().long()
+        if edit.site == "transcoder":
+            if transcoder is None:
+                raise ValueError("this edit changes a transcoder's W_dec: pass transcoder=")
+            if tuple(transcoder.W_dec.shape) != tuple(edit.delta.shape):
+                raise ValueError(f"transcoder W_dec {tuple(transcoder.W_dec.shape)} does not match the edit "
+                                 f"{tuple(edit.delta.shape)}")
+            self.owner, self.layer = transcoder, None
+        else:
+            if model is None:
+                raise ValueError("this edit changes the model's W_out: pass model=")
+            w = model.weight("W_out")
+            if not 0 <= edit.layer < w.shape[0] or tuple(w.shape[1:]) != tuple(edit.delta.shape):
+                raise ValueError(f"the model's W_out {tuple(w.shape)} does not match the edit (layer {edit.layer}, "
+                                 f"delta {tuple(edit.delta.shape)})")
+            self.owner, self.layer = model, edit.layer
+        if self.rows.numel() and not (0 <= int(self.rows.min()) and int(self.rows.max()) < edit.delta.shape[0]):
+            raise ValueError(f"the edit's rows lie outside 0..{edit.delta.shape[0] - 1}")
+
+    def read(self) -> torch.Tensor:
+        if self.layer is None:
+            return self.owner.W_dec.detach()[self.rows.to(self.owner.W_dec.device)].cpu().clone()
+        return self.owner.weight("W_out")[self.layer][self.rows].cpu()
+
+    def write(self, values: torch.Tensor) -> None:
+        if self.layer is None:
+            w = self.owner.W_dec
+            with torch.no_grad():
+                w.index_copy_(0, self.rows.to(w.device), values.to(w.device))
+        else:
+            self.owner.write_weight_rows("W_out", self.layer, self.rows, values)
+
+
 @dataclass
 class Edit(Result):
     """One weight edit: ``W ← W + delta`` on a site (``"mlp"``: ``W_out[layer]``; ``"transcoder"``: its
     ``W_dec``). ``delta [d_key, d_model]`` (TL orientation, rows = keys/features); ``rows``: the rows it
-    changes; ``k_star``, ``v_star``, ``u``; ``residual = ‖k* W' + b − v*‖ / ‖v*‖`` after the edit."""
+    changes; ``k_star``, ``v_star``, ``u``; ``residual = ‖k* W' + b − v*‖ / ‖v*‖`` after the edit.
+
+    **State.** An edit knows the weights it was computed on: ``weights_before`` (the edited rows, in the
+    weight's dtype) and ``fingerprint_before`` / ``fingerprint_after`` (SHA-256 of those rows before and of
+    the rows applying it leaves, ``before + delta`` rounded once to the weight's dtype). So the weights
+    themselves say whether an object holds the edit: :meth:`holds`. :meth:`apply` writes the edited rows
+    only onto the weights the edit was computed on; :meth:`revert` writes ``weights_before`` back (bit for bit)
+    only where the edit is held; each refuses otherwise, changing nothing. Each ends in one tensor write,
+    so an interruption at any point leaves the rows either as before or as edited, never between, and
+    :attr:`applied` (read from the weights, not a stored flag) always agrees with them. ``applied`` is
+    about the model or transcoder this edit was last applied to or reverted on; a saved edit loads as not
+    applied (``applied`` saved by older versions is ignored); ``edit.holds(model)`` tells about any model.
+    Edits saved before these records existed record ``weights_before`` on their first :meth:`apply`."""
 
     kind = "edit"
     method: str
@@ -424,52 +493,124 @@ class Edit(Result):
     n_active: int = 0
     d_key: int = 0
     log: dict = field(default_factory=dict)
-    applied: bool = False
+    applied: InitVar[bool] = False
+    weights_before: torch.Tensor | None = None
+    fingerprint_before: str = ""
+    fingerprint_after: str = ""
+
+    def __post_init__(self, applied: bool) -> None:
+        # a saved edit loads as not applied: ``applied`` is read from the weights it was last applied to (the
+        # ``applied`` argument, written by older versions, is ignored)
+        self._holder = None
+        if self.weights_before is None:
+            if self.fingerprint_before or self.fingerprint_after:
+                raise ValueError("an edit with fingerprints needs the weights_before they were taken of")
+            return
+        wb = torch.as_tensor(self.weights_before)
+        if tuple(wb.shape) != (len(self.rows), *self.delta.shape[1:]):
+            raise ValueError(f"weights_before has shape {tuple(wb.shape)}; expected the edited rows "
+                             f"{(len(self.rows), *self.delta.shape[1:])}")
+        given = (self.fingerprint_before, self.fingerprint_after)
+        self._set_before(wb)
+        if any(g and g != h for g, h in zip(given, (self.fingerprint_before, self.fingerprint_after))):
+            raise ValueError("the edit's fingerprints do not match its weights_before and delta (a damaged or "
+                             "edited file)")
 
     @property
     def n_changed(self) -> int:
         """Number of changed rows (decoder columns in the paper's ``[d_model, d_tc]`` orientation)."""
         return int(len(self.rows))
 
-    def _add(self, model, transcoder: Transcoder | None, sign: float) -> None:
-        """Add ``sign * delta`` to the edited weight: a transcoder's ``W_dec``, or the model's ``W_out`` through
-        the capture layer's :meth:`interp.Model.add_to_weight`."""
-        if self.site == "transcoder":
-            if transcoder is None:
-                raise ValueError("this edit changes a transcoder's W_dec: pass transcoder=")
-            if tuple(transcoder.W_dec.shape) != tuple(self.delta.shape):
-                raise ValueError(f"transcoder W_dec {tuple(transcoder.W_dec.shape)} does not match the edit "
-                                 f"{tuple(self.delta.shape)}")
-            transcoder.W_dec.add_((sign * self.delta).to(transcoder.W_dec))
-            return
-        if model is None:
-            raise ValueError("this edit changes the model's W_out: pass model=")
-        now = model.weight("W_out")[self.layer]
-        after = getattr(self, "_after", None)
-        if sign < 0 and after is not None and torch.allclose(now, after, rtol=0, atol=1e-6):
-            # the weight is as this edit left it: restore the saved values (no round-off from w + d - d)
-            model.add_to_weight("W_out", self.layer, self._before.double() - now.double())  # float64: no float32 drift
-            return
-        model.add_to_weight("W_out", self.layer, sign * self.delta)
-        if sign > 0:
-            self._before, self._after = now, model.weight("W_out")[self.layer]
+    def _edited(self, before: torch.Tensor) -> torch.Tensor:
+        """The edited rows: ``before + delta`` added at float64 and rounded once to the weight's dtype."""
+        d = self.delta.detach().cpu()[self.rows.detach().cpu().long()]
+        return (before.double() + d.double()).to(before.dtype)
+
+    def record_before(self, weight: torch.Tensor) -> "Edit":
+        """Record the weights this edit is computed on: ``weight [d_key, d_model]`` (the whole edited matrix in
+        its own dtype, e.g. ``model.weight("W_out")[layer]``); sets ``weights_before`` and both fingerprints."""
+        if tuple(weight.shape) != tuple(self.delta.shape):
+            raise ValueError(f"weight {tuple(weight.shape)} does not match the edit's delta {tuple(self.delta.shape)}")
+        self._set_before(weight.detach().cpu()[self.rows.detach().cpu().long()].clone())
+        return self
+
+    def _set_before(self, wb: torch.Tensor) -> None:
+        """``weights_before`` = ``wb`` (the edited rows) and the fingerprints of it and of the edited rows; the
+        fingerprints are assigned last, together, so an interruption never leaves them describing other rows."""
+        rows = self.rows.detach().cpu().long()
+        fps = (_fingerprint(rows, wb), _fingerprint(rows, self._edited(wb)))
+        self.weights_before = wb
+        self.fingerprint_before, self.fingerprint_after = fps
+
+    def _state(self, target: _Target) -> str:
+        """``"edited"``, ``"before"`` (the weights it was computed on) or ``"other"`` for ``target`` now."""
+        fp = _fingerprint(target.rows, target.read())
+        if self.fingerprint_after and fp == self.fingerprint_after:
+            return "edited"
+        if self.fingerprint_before and fp == self.fingerprint_before:
+            return "before"
+        return "other"
+
+    def holds(self, model=None, transcoder: Transcoder | None = None) -> bool:
+        """Whether ``model``'s ``W_out[layer]`` (or ``transcoder``'s ``W_dec``) holds this edit now: its edited
+        rows are bit for bit what :meth:`apply` leaves (by fingerprint). ``False`` for an edit saved before
+        fingerprints were recorded and never applied since."""
+        return self._state(_Target(self, model, transcoder)) == "edited"
+
+    def _applied(self) -> bool:
+        """Whether the model or transcoder this edit was last applied to or reverted on holds it now (read
+        from its weights; ``False`` for a loaded edit until it is applied)."""
+        ref = self._holder
+        owner = ref() if ref is not None else None
+        if owner is None:
+            return False
+        return self.holds(transcoder=owner) if self.site == "transcoder" else self.holds(model=owner)
+
+    def _hold(self, owner) -> None:
+        import weakref
+        self._holder = weakref.ref(owner)
 
     @torch.no_grad()
     def apply(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
-        """Add ``delta`` to the weight (in place)."""
-        if self.applied:
-            raise RuntimeError("edit already applied; revert it first")
-        self._add(model, transcoder, 1.0)
-        self.applied = True
+        """Write the edited rows (``before + delta``, rounded once) in place. Refused, changing nothing, when
+        the weights already hold the edit or are not the weights it was computed on (another edit of the same
+        rows applied since, or another model)."""
+        target = _Target(self, model, transcoder)
+        now = target.read()
+        fp = _fingerprint(target.rows, now)
+        if self.fingerprint_after and fp == self.fingerprint_after:
+            raise RuntimeError("edit already applied: this model's edited rows are exactly as the edit leaves them; "
+                               "revert it first")
+        if self.fingerprint_before and fp != self.fingerprint_before:
+            raise RuntimeError(f"cannot apply the edit: the {len(target.rows)} rows it changes are not the weights it "
+                               "was computed on (another edit of these rows is applied, or this is another model); "
+                               "revert that edit first, or compute the edit on this model")
+        if not self.fingerprint_before:  # saved before weights were recorded: these rows are its starting point
+            self._set_before(now)
+        edited = self._edited(now)
+        self._hold(target.owner)
+        target.write(edited)  # one write: an interruption leaves the rows as before or as edited
         return self
 
     @torch.no_grad()
     def revert(self, model=None, transcoder: Transcoder | None = None) -> "Edit":
-        """Subtract ``delta`` again."""
-        if not self.applied:
-            raise RuntimeError("edit is not applied")
-        self._add(model, transcoder, -1.0)
-        self.applied = False
+        """Write the rows saved before the edit back, bit for bit. Refused, changing nothing, unless the weights
+        hold the edit exactly (:meth:`holds`)."""
+        target = _Target(self, model, transcoder)
+        state = self._state(target)
+        if state != "edited":
+            why = ("its rows are the weights before the edit" if state == "before" else
+                   "its rows are neither the edited nor the original weights (changed since, or another model)"
+                   if self.fingerprint_after else "this edit has no record of the weights it leaves (saved before "
+                   "edits recorded them); reload the model instead")
+            raise RuntimeError(f"edit is not applied to this {'transcoder' if self.site == 'transcoder' else 'model'}: "
+                               f"{why}; nothing was changed")
+        before = torch.as_tensor(self.weights_before)
+        if _fingerprint(target.rows, before) != self.fingerprint_before:
+            raise RuntimeError("the edit's saved weights_before do not match its fingerprint_before (a damaged "
+                               "or edited file); nothing was changed")
+        self._hold(target.owner)
+        target.write(before)  # one write: an interruption leaves the rows as edited or as before
         return self
 
     def to_frame(self):
@@ -487,6 +628,10 @@ class Edit(Result):
         fig.update_layout(title=f"{self.method}: {self.n_changed} rows changed", xaxis_title="row (feature/neuron)",
                           yaxis_title="‖ΔW row‖")
         return fig
+
+
+# a property, set after the dataclass is built: ``applied`` is also the (ignored) init argument of older saves
+Edit.applied = property(Edit._applied, doc=Edit._applied.__doc__)  # type: ignore[assignment, method-assign]
 
 
 def _mask_rows(k_star: torch.Tensor, tau: float | None, ablate: bool) -> torch.Tensor:
@@ -595,7 +740,7 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
                 request={"prompt": req.prompt, "subject": req.subject, "target": req.target},
                 delta=delta, rows=rows, k_star=k, v_star=v_star, u=u,
                 residual=float((out - v_star).norm() / v_star.norm().clamp_min(1e-12)),
-                tau=tau, n_active=int((k > 0).sum()), d_key=len(k), log=log)
+                tau=tau, n_active=int((k > 0).sum()), d_key=len(k), log=log).record_before(site.raw_W())
 
 
 def restrict(edit: Edit, tau: float | None, ablate: bool = False, site: _Site | None = None) -> Edit:
@@ -612,9 +757,17 @@ def restrict(edit: Edit, tau: float | None, ablate: bool = False, site: _Site | 
     else:
         res = edit.residual + float((edit.k_star @ (edit.delta - delta)).norm() / edit.v_star.norm().clamp_min(1e-12))
     method = "tcpe_ablate" if ablate else ("tcpe" if tau is not None and tau >= 0 else edit.method)
-    return Edit(method=method, site=edit.site, layer=edit.layer, request=dict(edit.request), delta=delta,
-                rows=keep.nonzero().flatten(), k_star=edit.k_star, v_star=edit.v_star, u=edit.u, residual=res,
-                tau=tau, n_active=edit.n_active, d_key=edit.d_key, log=dict(edit.log))
+    out = Edit(method=method, site=edit.site, layer=edit.layer, request=dict(edit.request), delta=delta,
+               rows=keep.nonzero().flatten(), k_star=edit.k_star, v_star=edit.v_star, u=edit.u, residual=res,
+               tau=tau, n_active=edit.n_active, d_key=edit.d_key, log=dict(edit.log))
+    if site is not None:
+        return out.record_before(site.raw_W())
+    if edit.weights_before is not None and len(edit.rows):  # the same starting point, on a subset of its rows
+        have = edit.rows.detach().cpu().long()
+        at = torch.searchsorted(have, out.rows.cpu()).clamp_max(len(have) - 1)
+        if bool((have[at] == out.rows.cpu()).all()):
+            out._set_before(torch.as_tensor(edit.weights_before)[at].clone())
+    return out
 
 
 def rome(model, request: EditRequest, layer: int, C: torch.Tensor | None = None, texts: Sequence[str] = (),
@@ -691,7 +844,7 @@ def fine_tune(model, request: EditRequest, layer: int, config: FineTuneConfig | 
     edit = Edit(method="ft", site="mlp", layer=layer,
                 request={"prompt": request.prompt, "subject": request.subject, "target": request.target},
                 delta=delta, rows=rows, k_star=k, v_star=k @ (W + delta) + site.b(), u=torch.zeros(len(k)),
-                residual=0.0, n_active=int((k > 0).sum()), d_key=len(k), log=log)
+                residual=0.0, n_active=int((k > 0).sum()), d_key=len(k), log=log).record_before(site.raw_W())
     return edit.apply(model) if apply else edit
 
 
