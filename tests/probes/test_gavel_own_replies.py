@@ -177,3 +177,23 @@ def test_monitor_validation_positive_modes(model):
         run_monitor_validation(model, det, request=True, steer={})
     with pytest.raises(ValueError, match="harmless"):
         run_monitor_validation(model, det, harmless="some")
+
+
+def test_run_smollm2_runs_through_stages_and_resumes(model, tmp_path):
+    """The SmolLM2 run's pipeline on the tiny model: own replies, detector and monitor are stages; a second run with
+    the same config computes nothing and gives the same table."""
+    from interp.benchmarks.gavel.smollm2 import SmolLM2Config, run_smollm2
+    from interp.probes.gavel import DetectorConfig
+    from interp.stages import Stages
+    cfg = SmolLM2Config(model="tiny", layers=(1, 3), n_train=12, n_cal=2, n_test=2, n_mono=2, n_mono_cal=2,
+                        detector=DetectorConfig(hidden=8, rnn_layers=1, max_epochs=1), n_own=2, n_own_cal=2,
+                        own_max_new_tokens=3, monitor_max_new_tokens=2)
+    first = Stages("gavel/smollm2", cfg, root=tmp_path)
+    a = run_smollm2(cfg, model=model, stages=first)
+    assert first.computed == ["own-replies", "library-validation", "monitor-harmless"]
+    assert set(a["validation"].to_frame().method) == {"gavel", "monolithic", "keywords"}
+    assert a["monitor"].summary()["harmless"] == 15 and list(a["detector"].spec.layers) == [1, 2]
+    again = Stages("gavel/smollm2", cfg, root=tmp_path)
+    b = run_smollm2(cfg, model=model, stages=again)
+    assert again.computed == []
+    assert b["validation"].rows == a["validation"].rows
