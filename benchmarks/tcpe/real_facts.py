@@ -351,7 +351,7 @@ def tau_for_fraction(keys: torch.Tensor, frac: float, step: float = 1e-3) -> tup
 
 
 def ridge_rule(moments: dict, tiny_ok: int = 0, cos_ratio: float = 0.5, ridge: float = 1e-2) -> float:
-    """The ridge of :func:`validate_real` from the second-moment diagnostics (rule fixed before they were
+    """The ridge of :func:`real_validation` from the second-moment diagnostics (rule fixed before they were
     computed): 0 if the transcoder's ``C`` has at most ``tiny_ok`` eigenvalues below 1e-6 · mean(diag C) on the
     features active in the text and the median ``cos(u, k*)`` without ridge over the plan's keys is at least
     ``cos_ratio`` times the MLP site's (ROME's own site); otherwise ``ridge`` (the earlier runs' 1e-2)."""
