@@ -29,7 +29,7 @@ class SDMRecipe(Recipe):
         # the digest's recipe: b = 200, lambda = 0.8, SAE d = 256, k = 8, 50 epochs, 5 seeds, apricot baseline
         "full": SDMConfig(),
     }
-    cost = {"quick": "about 15 s", "full": "about 10 CPU-minutes"}
+    cost = {"quick": "about 15 s", "full": "about 2 minutes (30 CPU-seconds; one thread)"}
     code = ("interp.benchmarks.sdm.experiment", "interp.benchmarks.sdm.recipe", "interp.models.sdm",
             "interp.models.common")
 
