@@ -607,7 +607,8 @@ class Model:
         """``with model.capture(names) as cache:`` records every forward pass run inside the block.
 
         Passes accumulate: ``cache[name]`` concatenates them along the batch axis when shapes match;
-        ``cache.passes(name)`` keeps them apart (e.g. generation steps).
+        ``cache.passes(name)`` keeps them apart (e.g. generation steps). The context belongs to the thread
+        that opened it: runs in other threads are not recorded (docs/reliability.md, "Threads").
         """
         wanted = self._resolve(names)
         cache = Cache(model=self)
@@ -620,7 +621,8 @@ class Model:
     @contextlib.contextmanager
     def intervene(self, interventions: Mapping[str, InterventionFn | Sequence[InterventionFn]]) -> Iterator["Model"]:
         """``with model.intervene({name_or_pattern: intervention, ...}):`` — applies to every forward and
-        to :meth:`generate` inside the block; a pattern applies the intervention at every matching hook."""
+        to :meth:`generate` inside the block; a pattern applies the intervention at every matching hook. The
+        context belongs to the thread that opened it: runs in other threads do not see it."""
         hooks: HookSet = defaultdict(list)
         for pattern, fns in interventions.items():
             fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]

@@ -262,6 +262,15 @@ def test_over_long_input_names_the_context_length_on_transformer_lens(arch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_generation_past_the_context_length_is_refused_before_it_starts(backend):
+    model = wrapped("gpt2", backend)  # 128 learned positions
+    ids = torch.full((1, 126), 65, dtype=torch.long)
+    with pytest.raises(ValueError, match="needs 130 positions; this model takes at most 128"):
+        model.generate(ids, max_new_tokens=5)
+    assert model.generate(ids, max_new_tokens=3, return_text=False, stop_at_eos=False).shape == (1, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_an_empty_batch_is_refused(backend):
     model = wrapped("llama", backend)
     empty = torch.ones(0, 5, dtype=torch.long)
