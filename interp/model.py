@@ -107,6 +107,12 @@ class Model:
         self.cfg = cfg
         self._run_lock = threading.RLock()  # runs of one model are serialised (see _locked)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a lock cannot be copied or pickled: a copy of the model gets its own on its first run
+        state = self.__dict__.copy()
+        state.pop("_run_lock", None)
+        return state
+
     # ------------------------------------------------------------------ per-thread contexts, serialised runs
     def _opened(self) -> list[_Opened]:
         """This model's contexts open in the current thread, outermost first."""

@@ -184,6 +184,15 @@ def test_a_context_belongs_to_the_thread_that_opened_it(backend):
     assert not torch.allclose(seen["b_out"], ref, atol=1e-2)   # B's own forward is scaled
 
 
+def test_a_model_with_its_run_lock_can_still_be_copied():
+    import copy
+    hf, tok = tiny_model("llama", seed=4, n_layers=3, perturb_norms=True)
+    model = interp.wrap(hf, tok, backend="torch")
+    twin = copy.deepcopy(model)
+    assert twin._locked() is not model._locked()
+    assert torch.equal(twin(TEXTS), model(TEXTS))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tokenizer_is_never_written(backend):
     """Padding side and pad token are passed per call; the shared tokenizer object stays as it was."""
