@@ -139,8 +139,9 @@ class PlanningRecipe(Recipe):
         "full": PlanningReproConfig(),
     }
     cost = {"quick": "about 30 s",
-            "full": "about 75 CPU-minutes (estimator 2 x ~2 min, horizon and shapes ~3 x 3 min, branch 2 x 7 min, "
-                    "SmolLM2 map ~15 min) plus building the planning zoo models (~25 CPU-minutes, once)"}
+            "full": "about 45 CPU-minutes (documented CPU times: branch 412 + 416 s, SmolLM2 map 859 s, PF horizon "
+                    "167 s; estimator, horizon toy and CFG a few minutes each) plus building the zoo models "
+                    "(~25 CPU-minutes, once: planning-pf-short-nodead-mtp alone 1,043 s)"}
     code = ("interp.benchmarks.planning", "interp.probes.planning")
 
     def units(self, config: PlanningReproConfig) -> list:
