@@ -8,6 +8,7 @@ every position. A word-level tokenizer (one token per word) keeps subjects and o
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -129,6 +130,21 @@ def train_facts_model(task: FactsTask | None = None, steps: int = 3000, seed: in
     return model, task
 
 
+@contextlib.contextmanager
+def applied(edit, model, transcoder: Transcoder | None = None):
+    """``edit`` applied for the block and reverted after it (also on an error). An edit that changes no row (a
+    TCPE mask above every key value) is a no-op: nothing is written."""
+    if edit.n_changed == 0:
+        yield edit
+        return
+    on_tc = edit.site == "transcoder"
+    edit.apply(transcoder=transcoder) if on_tc else edit.apply(model)
+    try:
+        yield edit
+    finally:
+        edit.revert(transcoder=transcoder) if on_tc else edit.revert(model)
+
+
 @torch.no_grad()
 def fact_predictions(model, task: FactsTask, paraphrase: bool = False) -> np.ndarray:
     """Top-1 object index predicted for every (subject, relation): ``[N_SUBJ, N_REL]`` (-1 if not an object)."""
@@ -197,20 +213,16 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
         for method in methods:
             for tau in (taus if method == "tcpe" else (None,)):
                 if method == "rome":
-                    e = rome(model, req, layer, C=C_mlp, config=cfg, templates=templates)
+                    e = rome(model, req, layer, C=C_mlp, config=cfg, templates=templates, apply=False)
                 elif method == "ft":
-                    e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1])
+                    e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)
                 else:
                     e = tcpe(model, req, layer, transcoder, tau=-1.0 if method == "rome_tc" else tau, C=C_tc,
-                             config=cfg, templates=templates)
+                             config=cfg, templates=templates, apply=False)
                 ref = base_tc if e.site == "transcoder" else base
-                if e.site == "transcoder":
-                    with splice(model, layer, transcoder):
+                with applied(e, model, transcoder):
+                    with (splice(model, layer, transcoder) if e.site == "transcoder" else contextlib.nullcontext()):
                         pred, para = fact_predictions(model, task), fact_predictions(model, task, True)
-                    e.revert(transcoder=transcoder)
-                else:
-                    pred, para = fact_predictions(model, task), fact_predictions(model, task, True)
-                    e.revert(model)
                 acc_other = float((pred[other] == truth[other]).mean())
                 out.rows.append({"method": method if tau is None else f"tcpe(tau={tau})", "subject": s, "relation": r,
                                  "new_object": new, "efficacy": float(pred[s, r] == new),
@@ -224,6 +236,6 @@ def compare_methods(model, task: FactsTask, transcoder: Transcoder, layer: int =
     return out
 
 
-__all__ = ["FactsTask", "word_tokenizer", "facts_tokenizer", "word_lm", "train_word_lm", "facts_relations", "train_facts_model", "fact_predictions",
+__all__ = ["FactsTask", "applied", "word_tokenizer", "facts_tokenizer", "word_lm", "train_word_lm", "facts_relations", "train_facts_model", "fact_predictions",
            "FactsComparison",
            "compare_methods", "N_SUBJ", "N_REL", "N_OBJ"]

@@ -39,7 +39,7 @@ import torch
 
 from interp.results import TableResult
 
-from .facts import train_word_lm, word_tokenizer
+from .facts import applied, train_word_lm, word_tokenizer
 from interp.editing.kecode import cluster_errors, kecode_scores
 from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, context_templates, fine_tune, \
     rank_one, restrict, second_moment
@@ -391,26 +391,22 @@ def compare_kecode(model, task: CodeTask, transcoder: Transcoder, layer: int, ta
         for tau in (taus if method == "tcpe" else (None,)):
             if method == "rome":
                 e = rank_one(MLPSite(model, layer), req, C_mlp, cfg, tau=None, method="rome", templates=templates)
-                e.apply(model)
             elif method == "ft":
-                e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1])
+                e = fine_tune(model, req, layer, ft_cfg, templates=templates[:1], apply=False)
             elif method == "rome_tc":
                 e = full
-                e.apply(transcoder=transcoder)
             else:
                 e = restrict(full, tau, site=tc_site)
-                e.apply(transcoder=transcoder)
-            if e.site == "transcoder":
-                with splice(model, layer, transcoder):
+            with applied(e, model, transcoder):
+                if e.site == "transcoder":
+                    with splice(model, layer, transcoder):
+                        _, after = outcomes(model, task, tests, clusters)
+                        flu = snippet_loss(model, task, held)
+                    ref, ref_flu = before_tc, flu0_tc
+                else:
                     _, after = outcomes(model, task, tests, clusters)
                     flu = snippet_loss(model, task, held)
-                e.revert(transcoder=transcoder)
-                ref, ref_flu = before_tc, flu0_tc
-            else:
-                _, after = outcomes(model, task, tests, clusters)
-                flu = snippet_loss(model, task, held)
-                e.revert(model)
-                ref, ref_flu = before, flu0
+                    ref, ref_flu = before, flu0
             s = kecode_scores(ref, after, target)
             out.rows.append({"method": method if tau is None else f"tcpe(tau={tau})", "GN": s.GN, "CD": s.CD,
                              "LoC": s.LoC, "DT": s.DT, "RE": s.RE, "Score": s.score,

@@ -24,6 +24,8 @@ from interp.editing.rome import EditConfig, EditRequest, FineTuneConfig, MLPSite
     fine_tune, rank_one, restrict
 from interp.editing.transcoders import Transcoder, TranscoderTrainingConfig, splice
 
+from .facts import applied
+
 # (relation, prompt, paraphrase, {subject: object})
 RELATIONS = {
     "capital": ("The capital of {} is", "The capital city of {} is", {
@@ -224,13 +226,9 @@ def compare_real(model, transcoder: Transcoder, layer: int, n_edits: int = 10, t
             if same is not None and same in seen:
                 p, ppl_after = seen[same]
             else:
-                e.apply(transcoder=transcoder) if tc_on else e.apply(model)
-                try:
-                    with (splice(model, layer, transcoder) if tc_on else _null()):
-                        p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
-                        ppl_after = perplexity(model, heldout)
-                finally:
-                    e.revert(transcoder=transcoder) if tc_on else e.revert(model)
+                with applied(e, model, transcoder), (splice(model, layer, transcoder) if tc_on else _null()):
+                    p = top1(model, [f.prompt, f.paraphrase] + [known[j].prompt for j in others])
+                    ppl_after = perplexity(model, heldout)
                 if same is not None:
                     seen[same] = (p, ppl_after)
             ref = set(known_tc) if tc_on else set(known)
