@@ -21,6 +21,13 @@ from .names import HEAD_AXIS, parse
 InterventionFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
 
 
+class LayerIndex(int):
+    """An ``int`` that can also be called (``ctx.layer`` and TransformerLens's ``hook.layer()`` both work)."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
 @dataclass
 class HookContext:
     """What an intervention knows about the activation it receives (built per hook call from the pass).
@@ -42,8 +49,11 @@ class HookContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def layer(self) -> int | None:
-        return parse(self.name)[0]
+    def layer(self) -> "LayerIndex | None":
+        """The hook's layer (``None`` outside the blocks); also callable, ``hook.layer()``, as TransformerLens's
+        hook points spell it."""
+        layer = parse(self.name)[0]
+        return None if layer is None else LayerIndex(layer)
 
     @property
     def hook(self) -> str:

@@ -170,6 +170,106 @@ class Model:
     def _weight(self, name: str) -> torch.Tensor:
         raise NotImplementedError
 
+    # TransformerLens's attribute spellings (interp.habits): model.W_U, model.blocks[l].attn.W_Q, model.OV, ...
+    W_E = property(lambda self: self.weight("W_E"), doc="Token embedding ``[d_vocab, d_model]``.")
+    W_U = property(lambda self: self.weight("W_U"), doc="Unembedding ``[d_model, d_vocab]``.")
+    b_U = property(lambda self: self.weight("b_U"), doc="Unembedding bias ``[d_vocab]``.")
+    W_Q = property(lambda self: self.weight("W_Q"), doc="``[layer, head, d_model, d_head]``.")
+    W_K = property(lambda self: _habits().per_query_head(self, "W_K"),
+                   doc="``[layer, head, d_model, d_head]`` (grouped key heads repeated per query head, as TL).")
+    W_V = property(lambda self: _habits().per_query_head(self, "W_V"),
+                   doc="``[layer, head, d_model, d_head]`` (grouped value heads repeated per query head, as TL).")
+    W_O = property(lambda self: self.weight("W_O"), doc="``[layer, head, d_head, d_model]``.")
+    b_Q = property(lambda self: self.weight("b_Q"))
+    b_K = property(lambda self: _habits().per_query_head(self, "b_K"))
+    b_V = property(lambda self: _habits().per_query_head(self, "b_V"))
+    b_O = property(lambda self: self.weight("b_O"))
+    W_in = property(lambda self: self.weight("W_in"), doc="``[layer, d_model, d_mlp]``.")
+    W_gate = property(lambda self: self.weight("W_gate"), doc="``[layer, d_model, d_mlp]`` (gated MLPs).")
+    W_out = property(lambda self: self.weight("W_out"), doc="``[layer, d_mlp, d_model]``.")
+    b_in = property(lambda self: self.weight("b_in"))
+    b_out = property(lambda self: self.weight("b_out"))
+
+    @property
+    def blocks(self):
+        """``model.blocks[l].attn.W_Q`` / ``.mlp.W_in`` ...: the layer's weights in TransformerLens shapes."""
+        return _habits().Blocks(self)
+
+    @property
+    def ln_final(self):
+        """``model.ln_final.w`` / ``.b``: the final norm's gain and bias (zeros for RMSNorm)."""
+        return _habits().FinalNorm(self)
+
+    @property
+    def OV(self):
+        """``W_V W_O`` per head as a TransformerLens ``FactoredMatrix`` ``[layer, head, d_model, d_model]``."""
+        return _habits().factored(self, "OV")
+
+    @property
+    def QK(self):
+        """``W_Q W_Kᵀ`` per head as a TransformerLens ``FactoredMatrix`` ``[layer, head, d_model, d_model]``."""
+        return _habits().factored(self, "QK")
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """``W_U[:, token]`` for each token (``[..., d_model]``), as TransformerLens."""
+        return _habits().tokens_to_residual_directions(self, tokens)
+
+    def test_prompt(self, prompt: str, answer, prepend_space_to_answer: bool = True, top_k: int = 10,
+                    print_details: bool = True) -> list[dict[str, Any]]:
+        """TransformerLens's ``test_prompt`` (see :func:`interp.habits.test_prompt`)."""
+        return _habits().test_prompt(self, prompt, answer, prepend_space_to_answer, top_k, print_details)
+
+    # ------------------------------------------------------------------ persistent hooks (TransformerLens)
+    def add_hook(self, name: Any, hook: InterventionFn, dir: str = "fwd", is_permanent: bool = False) -> None:
+        """TransformerLens's ``add_hook``: ``hook(tensor, hook_point)`` runs on every later run of this model
+        (every thread), until :meth:`reset_hooks` (``is_permanent=True`` survives ``reset_hooks()`` too).
+        ``name`` is a hook name, a glob or a callable filter. Only forward hooks (``dir="fwd"``)."""
+        if dir != "fwd":
+            raise ValueError(f"only forward hooks are supported (dir='fwd'), got dir={dir!r}; use "
+                             "model.gradients(...) for gradients of activations")
+        if not callable(hook):
+            raise TypeError(f"hook for {name!r} is not callable: {hook!r}")
+        store = self.__dict__.setdefault("_persistent", {True: defaultdict(list), False: defaultdict(list)})
+        for n in self._resolve(name):
+            store[bool(is_permanent)][n].append(hook)
+
+    def reset_hooks(self, including_permanent: bool = False) -> None:
+        """Remove the hooks :meth:`add_hook` added (the permanent ones too with ``including_permanent``)."""
+        store = self.__dict__.get("_persistent")
+        if store:
+            store[False].clear()
+            if including_permanent:
+                store[True].clear()
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Sequence[tuple[Any, InterventionFn]] = (), bwd_hooks: Sequence = (),
+              reset_hooks_end: bool = True) -> Iterator["Model"]:
+        """TransformerLens's ``with model.hooks(fwd_hooks=[(name, fn)]):`` — the hooks apply to every run in
+        the block (this thread) and are removed on exit, also when it raises."""
+        if bwd_hooks:
+            raise ValueError("backward hooks are not supported; use model.gradients(...)")
+        hooks: HookSet = defaultdict(list)
+        for pattern, fn in fwd_hooks:
+            if not callable(fn):
+                raise TypeError(f"hook for {pattern!r} is not callable: {fn!r}")
+            for name in self._resolve(pattern):
+                hooks[name].append(fn)
+        pop = self._push(dict(hooks))
+        try:
+            yield self
+        finally:
+            pop()
+
+    def _persistent_hooks(self) -> HookSet:
+        store = self.__dict__.get("_persistent")
+        if not store:
+            return {}
+        out: HookSet = defaultdict(list)
+        for permanent in (True, False):
+            for k, v in store[permanent].items():
+                out[k].extend(v)
+        return out
+
     def add_to_weight(self, name: str, layer: int, delta: torch.Tensor) -> None:
         """Add ``delta`` (TransformerLens shape of ``weight(name)[layer]``) to that weight IN PLACE: the one
         way analyzers write weights (``W_in``, ``W_gate``, ``W_out``, ``W_O`` and their biases). Revert by
@@ -283,16 +383,21 @@ class Model:
         return [self.tokenizer.decode([int(i)]) for i in ids]
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
-        """Decode ``[pos]`` ids to a string, or ``[batch, pos]`` ids to a list of strings."""
+        """Decode one id (a 0-d tensor or int) or ``[pos]`` ids to a string, ``[batch, pos]`` ids to a list of strings."""
         t = torch.as_tensor(tokens)
+        if t.dim() == 0:
+            return self.tokenizer.decode([int(t)])
         if t.dim() == 1:
             return self.tokenizer.decode(t.tolist())
         return [self.tokenizer.decode(row.tolist()) for row in t]
 
     def run_with_hooks(self, inputs: Inputs, fwd_hooks: Sequence[tuple[Any, InterventionFn]] = (),
-                       attention_mask: torch.Tensor | None = None, stop_at_layer: int | None = None):
+                       attention_mask: torch.Tensor | None = None, stop_at_layer: int | None = None,
+                       return_type: str | None = "logits", reset_hooks_end: bool = True):
         """TransformerLens's ``run_with_hooks``: ``fwd_hooks`` is a list of ``(name_or_filter, fn)`` where
-        ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's name, as in TL)."""
+        ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's name and ``hook.layer()`` its
+        layer, as in TL). The hooks apply to this run only (``reset_hooks_end`` is accepted for TL's
+        signature; persistent hooks are :meth:`add_hook`'s). ``return_type`` as in :meth:`__call__`."""
         hooks: HookSet = defaultdict(list)
         for pattern, fn in fwd_hooks:
             if not callable(fn):
@@ -301,7 +406,7 @@ class Model:
                 hooks[name].append(fn)
         if stop_at_layer is not None:
             return self._stopped(inputs, dict(hooks), stop_at_layer, attention_mask)
-        return self._run(inputs, dict(hooks), attention_mask=attention_mask)
+        return self._shaped(inputs, dict(hooks), attention_mask, return_type)
 
     def _stopped(self, inputs, hooks: HookSet, stop_at_layer: int, attention_mask=None) -> torch.Tensor:
         """Run blocks ``0..stop_at_layer-1`` and return the residual stream there ``[batch, pos, d_model]``
@@ -507,7 +612,7 @@ class Model:
                                "forward pass (or use a separate model instance)")
         batch = inputs if prepared else self.prepare(inputs, attention_mask)
         merged: HookSet = defaultdict(list)
-        for hs in self._active:
+        for hs in (self._persistent_hooks(), *self._active):
             for k, v in hs.items():
                 merged[k].extend(v)
         for k, v in (hooks or {}).items():
@@ -562,26 +667,50 @@ class Model:
         return tensor, changed
 
     def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
-                 stop_at_layer: int | None = None) -> torch.Tensor:
+                 stop_at_layer: int | None = None, return_type: str | None = "logits") -> Any:
         """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``).
 
         With ``stop_at_layer=l``, runs blocks ``0..l-1`` only and returns the residual stream there
-        (``blocks.{l-1}.hook_resid_post``, ``[batch, pos, d_model]``), as TransformerLens does."""
+        (``blocks.{l-1}.hook_resid_post``, ``[batch, pos, d_model]``), as TransformerLens does.
+        ``return_type`` as in TransformerLens: ``"logits"`` (default), ``"loss"`` (mean next-token
+        cross-entropy over real tokens, :func:`interp.habits.lm_loss`), ``"both"`` (``(logits, loss)``) or ``None``."""
         if stop_at_layer is not None:
             return self._stopped(inputs, {}, stop_at_layer, attention_mask)
-        return self._run(inputs, attention_mask=attention_mask)
+        return self._shaped(inputs, None, attention_mask, return_type)
+
+    def _shaped(self, inputs: Inputs, hooks: HookSet | None, attention_mask, return_type):
+        """One run with ``hooks``, its output shaped by ``return_type`` (checked before the run)."""
+        from .habits import RETURN_TYPES, shape_output
+
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type must be one of 'logits', 'loss', 'both' or None, got {return_type!r}")
+        batch = self.prepare(inputs, attention_mask)
+        out = self._run(batch, hooks, prepared=True)
+        return out if return_type == "logits" else shape_output(out, batch, return_type)
 
     forward = __call__
 
     def run_with_cache(self, inputs: Inputs, names: str | Sequence[str] | None = None,
                        stop_at_layer: int | None = None, device: str | torch.device | None = None,
-                       dtype: torch.dtype | None = None, attention_mask: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor | None, Cache]:
+                       dtype: torch.dtype | None = None, attention_mask: torch.Tensor | None = None,
+                       names_filter: Any = None, return_type: str | None = "logits",
+                       remove_batch_dim: bool = False) -> tuple[Any, Cache]:
         """Run once and return ``(output, cache)``; ``cache[name]`` is detached.
 
         ``stop_at_layer=l`` runs blocks ``0..l-1`` only (output is ``None``); ``device``/``dtype`` choose
         where the cache is kept. Every requested hook must fire, or :class:`HookNotFiredError` is raised.
+        TransformerLens's spellings: ``names_filter`` (a name, list, glob or callable) is ``names``;
+        ``return_type`` as in :meth:`__call__`; ``remove_batch_dim=True`` drops the batch axis of a one-example
+        run from every cached tensor.
         """
+        from .habits import RETURN_TYPES, shape_output
+
+        if names_filter is not None:
+            if names is not None:
+                raise ValueError("give names or names_filter (TransformerLens's name for it), not both")
+            names = names_filter
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type must be one of 'logits', 'loss', 'both' or None, got {return_type!r}")
         wanted = self._resolve(names)
         if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
                                           or not 0 < stop_at_layer <= self.cfg.n_layers):
@@ -593,9 +722,15 @@ class Model:
                 raise HookNotFiredError(f"hooks {late[:3]}... run after stop_at_layer={stop_at_layer}")
             wanted = [n for n in wanted if n not in late]
         cache = Cache(model=self)
-        out = self._run(inputs, self._capture_hooks(wanted, cache, device, dtype), stop_at_layer,
-                        attention_mask=attention_mask)
+        batch = self.prepare(inputs, attention_mask)
+        if remove_batch_dim and batch.get("input_ids", batch.get("pixel_values")).shape[0] != 1:
+            raise ValueError("remove_batch_dim=True needs a run of one example")
+        out = self._run(batch, self._capture_hooks(wanted, cache, device, dtype), stop_at_layer, prepared=True)
         _check_fired(wanted, cache)
+        if remove_batch_dim:
+            cache = Cache({k: [t[0] for t in cache.passes(k)] for k in cache}, model=self)
+        if stop_at_layer is None and return_type != "logits":
+            out = shape_output(out, batch, return_type)
         return out, cache
 
     def _capture_hooks(self, names: list[str], cache: Cache, device, dtype) -> HookSet:
@@ -711,10 +846,11 @@ class Model:
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, inputs: Inputs, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+    def generate(self, inputs: Inputs, max_new_tokens: int = 32, do_sample: bool | None = None,
+                 temperature: float | None = None, top_k: int | None = None, seed: int | None = None,
                  stop_at_eos: bool = True, return_text: bool = True, padding_side: str = "left"):
-        """Continue each prompt by ``max_new_tokens`` tokens (greedy unless ``do_sample``).
+        """Continue each prompt by ``max_new_tokens`` tokens: greedy by default; sampled with ``do_sample=True``
+        or, as in TransformerLens, whenever a positive ``temperature`` is given (``temperature=0`` is greedy).
 
         Interventions and captures of open contexts apply at every pass (see :meth:`_generate_ids` for
         what a pass is). Prompts are left-padded by default; with ``padding_side="right"`` (or a
@@ -726,6 +862,10 @@ class Model:
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if do_sample is None:
+            do_sample = temperature is not None and not (isinstance(temperature, (int, float)) and temperature == 0)
+        if temperature is None:
+            temperature = 1.0
         if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature must be a positive number when sampling, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -823,6 +963,12 @@ def _graph_params(model: "Model"):
     also when the user froze the model. Gradients are taken with ``torch.autograd.grad`` on activations
     only, so no parameter ``.grad`` is written."""
     return requires_grad([p for p in model.parameters() if p.is_floating_point()])
+
+
+def _habits():
+    from . import habits
+
+    return habits
 
 
 def sample_next(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,

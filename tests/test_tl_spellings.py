@@ -1,0 +1,157 @@
+"""TransformerLens spellings on every backend (issue #34): weights as attributes, OV/QK factored matrices,
+return_type, run_with_cache(names_filter, remove_batch_dim), persistent hooks, hook.layer(), generate
+temperature, to_string of one id, tokens_to_residual_directions, test_prompt. Checked against the
+TransformerLens bridge the transformer_lens backend wraps (its own attributes and methods) and by hand."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import interp
+from interp.habits import lm_loss
+from interp.testing import tiny_model
+
+BACKENDS = ("torch", "nnsight", "transformer_lens")
+TEXT = "When Mary and John went to the store"
+
+
+@functools.lru_cache(maxsize=None)
+def model_on(backend: str, arch: str = "llama") -> interp.Model:
+    hf, tok = tiny_model(arch, seed=5, n_layers=3, perturb_norms=True)
+    return interp.wrap(hf, tok, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_as_attributes(backend):
+    m = model_on(backend)
+    assert torch.equal(m.W_U, m.weight("W_U")) and torch.equal(m.W_E, m.weight("W_E"))
+    assert torch.equal(m.blocks[1].attn.W_Q, m.weight("W_Q")[1])
+    assert torch.equal(m.blocks[-1].mlp.W_out, m.weight("W_out")[2])
+    assert torch.equal(m.blocks[2].attn.b_O, m.weight("b_O")[2])
+    # grouped key/value heads (2 for 4 query heads) repeated per query head, as TransformerLens's W_K
+    assert m.weight("W_K").shape[1] == 2 and m.W_K.shape[1] == 4 and m.blocks[0].attn.W_K.shape[0] == 4
+    assert torch.equal(m.W_K[:, 0], m.W_K[:, 1]) and torch.equal(m.W_K[:, 1], m.weight("W_K")[:, 0])
+    w, b, _ = m.ln_final_parts()
+    assert torch.equal(m.ln_final.w, w) and not torch.allclose(m.ln_final.w, torch.ones_like(w))
+    assert len(m.blocks) == 3 and len(m.blocks[0:2]) == 2
+    with pytest.raises(IndexError, match="3 layers"):
+        m.blocks[3]
+    with pytest.raises(AttributeError, match="W_X"):
+        m.blocks[0].attn.W_X
+
+
+def test_attributes_equal_the_bridge():
+    m = model_on("transformer_lens")
+    bridge = m.tl
+    for name in ("W_U", "W_E", "W_Q", "W_O", "W_in", "W_out"):
+        assert torch.allclose(getattr(m, name), getattr(bridge, name).detach(), atol=1e-6), name
+    assert torch.allclose(m.blocks[1].attn.W_Q, bridge.blocks[1].attn.W_Q.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ov_qk_factored(backend):
+    m = model_on(backend)
+    OV, QK = m.OV, m.QK
+    assert OV.AB.shape == (3, 4, m.cfg.d_model, m.cfg.d_model)
+    assert torch.allclose(OV.AB[1, 2], m.W_V[1, 2] @ m.W_O[1, 2], atol=1e-5)
+    assert torch.allclose(QK.AB[0, 3], m.W_Q[0, 3] @ m.W_K[0, 3].T, atol=1e-5)
+    # the nonzero eigenvalues of a rank-d_head product are those of the small BA matrix
+    ev = OV[1, 2].eigenvalues
+    small = torch.linalg.eigvals(m.W_O[1, 2] @ m.W_V[1, 2])
+    assert torch.allclose(ev.abs().sort().values, small.abs().sort().values, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_return_type_and_loss(backend):
+    m = model_on(backend)
+    ids = m.to_tokens([TEXT, "The cat"])
+    mask = m.tokenize([TEXT, "The cat"], padding_side="right")["attention_mask"]
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    logits = m(inputs)
+    loss = m(inputs, return_type="loss")
+    # by hand: mean -log p(next) over pairs of real tokens
+    logp = torch.log_softmax(logits.float(), -1)
+    terms = [-logp[b, t, ids[b, t + 1]] for b in range(2) for t in range(ids.shape[1] - 1) if mask[b, t + 1] and mask[b, t]]
+    assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-5)
+    both = m(inputs, return_type="both")
+    assert torch.equal(both[0], logits) and torch.equal(both[1], loss)
+    assert m(inputs, return_type=None) is None
+    with pytest.raises(ValueError, match="return_type"):
+        m(inputs, return_type="logit")
+    out, cache = m.run_with_cache(TEXT, names_filter=lambda n: n.endswith("hook_resid_post"), return_type="loss")
+    assert out.dim() == 0 and sorted(cache) == [f"blocks.{l}.hook_resid_post" for l in range(3)]
+    r = m.run_with_hooks(TEXT, fwd_hooks=[("blocks.0.hook_resid_post", lambda t, hook: t)], return_type="both")
+    assert torch.allclose(r[1], out, atol=1e-6)
+    _, single = m.run_with_cache(TEXT, names="blocks.0.hook_resid_post", remove_batch_dim=True)
+    assert single["blocks.0.hook_resid_post"].dim() == 2
+    with pytest.raises(ValueError, match="one example"):
+        m.run_with_cache([TEXT, "x"], remove_batch_dim=True)
+
+
+def test_loss_equals_the_bridges_own():
+    m = model_on("transformer_lens")
+    ids = m.to_tokens(TEXT)
+    ours = m(ids, return_type="loss")
+    theirs = m.tl(ids, return_type="loss")
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert torch.allclose(lm_loss(m(ids), ids), theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_persistent_hooks_and_hook_layer(backend):
+    m = model_on(backend)
+    plain = m(TEXT)
+    seen = []
+
+    def zero(t, hook):
+        seen.append(hook.layer())
+        return t * 0
+
+    m.add_hook("blocks.1.attn.hook_z", zero)
+    m.add_hook("blocks.2.hook_resid_pre", lambda t, hook: seen.append(("perm", hook.layer)), is_permanent=True)
+    try:
+        hooked = m(TEXT)
+        assert (hooked - plain).abs().max() > 1e-3 and 1 in seen and ("perm", 2) in seen
+        m.reset_hooks()
+        seen.clear()
+        assert torch.allclose(m(TEXT), plain, atol=1e-6) and seen == [("perm", 2)]  # the permanent one stays
+    finally:
+        m.reset_hooks(including_permanent=True)
+    seen.clear()
+    m(TEXT)
+    assert seen == []
+    with m.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero)]):
+        assert torch.allclose(m(TEXT), hooked, atol=1e-5)
+    assert torch.allclose(m(TEXT), plain, atol=1e-6)
+    with pytest.raises(RuntimeError):
+        with m.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero)]):
+            raise RuntimeError("inside")
+    assert torch.allclose(m(TEXT), plain, atol=1e-6)  # removed on an exception too
+    with pytest.raises(ValueError, match="dir='fwd'"):
+        m.add_hook("blocks.0.hook_resid_pre", zero, dir="bwd")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generate_temperature_samples(backend):
+    m = model_on(backend)
+    greedy = m.generate(TEXT, max_new_tokens=6)
+    assert m.generate(TEXT, max_new_tokens=6, temperature=0) == greedy
+    runs = {tuple(m.generate([TEXT], max_new_tokens=6, temperature=2.0, seed=s)) for s in range(6)}
+    assert len(runs) > 1  # a temperature samples, as in TransformerLens
+    assert m.generate(TEXT, max_new_tokens=6, temperature=2.0, seed=3) == m.generate(TEXT, max_new_tokens=6,
+                                                                                     temperature=2.0, seed=3)
+
+
+def test_small_spellings():
+    m = model_on("torch")
+    ids = m.to_tokens(TEXT)[0]
+    assert m.to_string(ids[3]) == m.to_string(ids[3:4]) and isinstance(m.to_string(ids[3]), str)
+    d = m.tokens_to_residual_directions(ids[:2])
+    assert d.shape == (2, m.cfg.d_model) and torch.equal(d[1], m.W_U[:, ids[1]])
+    rows = m.test_prompt("ab", "c", print_details=False)
+    prompt = m.to_tokens("ab")[0]
+    tok = m.tokenizer(" c", add_special_tokens=False)["input_ids"][0]
+    row = m(torch.cat([prompt, torch.tensor([tok])])[None])[0, len(prompt) - 1]
+    assert rows[0]["rank"] == int((row > row[tok]).sum()) and abs(rows[0]["logit"] - float(row[tok])) < 1e-5
