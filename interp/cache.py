@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -27,6 +27,25 @@ def _long_name(short: str, layer: int | None = None, kind: str | None = None) ->
     if hook in ("hook_scale", "hook_normalized"):
         return f"blocks.{layer}.{kind or 'ln1'}.{hook}"
     return f"blocks.{layer}.{hook}"
+
+
+def _pos(t: torch.Tensor, pos_slice: Any, dim: int = -2) -> torch.Tensor:
+    """TransformerLens's ``pos_slice`` on the position axis ``dim`` of ``t`` (``[..., pos, d]``): ``None`` keeps
+    all, an int selects one position and drops the axis, a tuple ``(start, stop[, step])`` or a ``slice``
+    slices, a list or tensor of ints indexes."""
+    if pos_slice is None:
+        return t
+    if isinstance(pos_slice, bool):
+        raise TypeError(f"pos_slice must be an int, tuple, slice, list or tensor, got {pos_slice!r}")
+    if isinstance(pos_slice, int):
+        return t.select(dim, pos_slice)
+    if isinstance(pos_slice, tuple):
+        pos_slice = slice(*pos_slice)
+    if isinstance(pos_slice, slice):
+        idx = [slice(None)] * t.dim()
+        idx[dim] = pos_slice
+        return t[tuple(idx)]
+    return t.index_select(dim % t.dim(), torch.as_tensor(pos_slice, dtype=torch.long, device=t.device))
 
 
 def _size(nbytes: int) -> str:
@@ -61,6 +80,8 @@ class Cache(Mapping[str, torch.Tensor]):
     # -- mapping protocol
     def __getitem__(self, name) -> torch.Tensor:
         if isinstance(name, tuple):  # TransformerLens shorthand: cache["resid_post", 3], cache["scale", 2, "ln1"]
+            if len(name) > 1 and isinstance(name[1], int) and name[1] < 0:  # cache["resid_post", -1]: the last layer
+                name = (name[0], name[1] + self._layer_count(), *name[2:])
             name = _long_name(*name)
         elif name not in self._data and name in _SHORT:  # cache["scale"], cache["embed"]
             name = _long_name(name)
@@ -139,68 +160,124 @@ class Cache(Mapping[str, torch.Tensor]):
     def _n_layers(self) -> int:
         return self._need_model().cfg.n_layers
 
-    def accumulated_resid(self, layer: int | None = None, apply_ln: bool = False,
-                          return_labels: bool = False):
-        """The residual stream before each layer ``0..layer-1`` and after the last one: ``[k, batch, pos, d]``
-        (``layer=None``: every layer plus the final residual). With ``apply_ln`` the final norm, with the
-        scale of this run (``ln_final.hook_scale``) and its weight and bias, is applied to each entry:
-        the logit lens."""
+    def _layer_count(self) -> int:
+        """The model's layer count, or (a cache built by hand) one more than the largest layer it holds."""
+        if self.model is not None:
+            return self.model.cfg.n_layers
+        layers = [parse(k)[0] for k in self._data if parse(k)[0] is not None]
+        return max(layers) + 1 if layers else 0
+
+    def _layer_arg(self, layer: int | None) -> int:
+        """TransformerLens's ``layer`` argument: ``None`` or ``-1`` is every layer (``n_layers``)."""
         n = self._n_layers()
-        layer = n if layer is None else layer
-        if not 0 <= layer <= n:
-            raise ValueError(f"layer must be in 0..{n}, got {layer}")
-        names = [f"blocks.{l}.hook_resid_pre" for l in range(layer)]
-        labels = [f"{l}_pre" for l in range(layer)]
-        if layer == n:
-            names.append(f"blocks.{n - 1}.hook_resid_post")
-            labels.append("final_post")
+        layer = n if layer is None or layer == -1 else layer
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n:
+            raise ValueError(f"layer must be in 0..{n} (or -1 / None for all), got {layer!r}")
+        return layer
+
+    def remove_batch_dim(self) -> "Cache":
+        """TransformerLens's ``remove_batch_dim``: a cache of a one-example run without its batch axis."""
+        if any(p.shape[0] != 1 for parts in self._data.values() for p in parts):
+            raise ValueError("remove_batch_dim needs a cache of a one-example run (batch 1)")
+        return Cache({k: [p[0] for p in v] for k, v in self._data.items()}, model=self.model)
+
+    def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice: Any = None, return_labels: bool = False):
+        """The residual stream as it accumulates, TransformerLens's way: ``blocks.{l}.hook_resid_pre`` for
+        ``l = 0..layer`` (``layer = None`` or ``-1``: every layer, then the final residual, label
+        ``final_post``), with ``hook_resid_mid`` after each pre when ``incl_mid``: ``[k, batch, pos, d]``.
+        ``pos_slice`` selects positions (an int drops the axis, as in TL; a tuple is a slice). With
+        ``apply_ln`` the final norm, with this run's scale (``ln_final.hook_scale``), weight and bias, is
+        applied to each entry: the logit lens."""
+        n = self._n_layers()
+        layer = self._layer_arg(layer)
+        names, labels = [], []
+        for l in range(layer + 1):
+            if l == n:
+                names.append(f"blocks.{n - 1}.hook_resid_post")
+                labels.append("final_post")
+                continue
+            names.append(f"blocks.{l}.hook_resid_pre")
+            labels.append(f"{l}_pre")
+            if incl_mid and l < layer:
+                names.append(f"blocks.{l}.hook_resid_mid")
+                labels.append(f"{l}_mid")
         stack = torch.stack([self[nm] for nm in names])
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, include_bias=True)
+        stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def decompose_resid(self, layer: int | None = None, return_labels: bool = False):
-        """The residual stream before ``layer`` (default: the final one) as its additive parts: the
-        embedding as it enters block 0 (``blocks.0.hook_resid_pre``: token embedding plus any learned
-        position embedding or embedding scale), then each layer's ``hook_attn_out`` and ``hook_mlp_out``:
-        ``[k, batch, pos, d]``; the parts sum to the residual (pre-norm, sequential models)."""
-        n = self._n_layers()
-        layer = n if layer is None else layer
-        names, labels = ["blocks.0.hook_resid_pre"], ["embed"]
+    def decompose_resid(self, layer: int | None = None, mode: str = "all", incl_embeds: bool = True,
+                        apply_ln: bool = False, pos_slice: Any = None, return_labels: bool = False):
+        """The residual stream before ``layer`` (default ``None`` / ``-1``: the final one) as its additive parts:
+        the embedding as it enters block 0 (``blocks.0.hook_resid_pre``: token embedding plus any learned
+        position embedding or embedding scale; left out with ``incl_embeds=False``), then each layer's
+        ``hook_attn_out`` and ``hook_mlp_out`` (``mode="attn"`` / ``"mlp"``: only those): ``[k, batch, pos, d]``;
+        the parts sum to the residual (pre-norm, sequential models). ``apply_ln`` passes them through the
+        final norm as :meth:`apply_ln_to_stack` does; ``pos_slice`` as in :meth:`accumulated_resid`."""
+        if mode not in ("all", "attn", "mlp"):
+            raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
+        layer = self._layer_arg(layer)
+        names, labels = (["blocks.0.hook_resid_pre"], ["embed"]) if incl_embeds else ([], [])
         for l in range(layer):
-            names += [f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out"]
-            labels += [f"{l}_attn_out", f"{l}_mlp_out"]
+            if mode != "mlp":
+                names.append(f"blocks.{l}.hook_attn_out")
+                labels.append(f"{l}_attn_out")
+            if mode != "attn":
+                names.append(f"blocks.{l}.hook_mlp_out")
+                labels.append(f"{l}_mlp_out")
         stack = torch.stack([self[nm] for nm in names])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack)
+        stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def stack_head_results(self, layer: int | None = None, return_labels: bool = False):
+    def stack_head_results(self, layer: int | None = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: Any = None, apply_ln: bool = False):
         """Each head's direct contribution to the residual stream, ``z_h @ W_O[l, h]``, for layers
-        ``0..layer-1``: ``[layer * head, batch, pos, d]`` (labels ``L{l}H{h}``). The output bias ``b_O`` is
-        not included (it belongs to no head)."""
+        ``0..layer-1`` (``-1`` / ``None``: every layer): ``[layer * head, batch, pos, d]`` (labels ``L{l}H{h}``).
+        The output bias ``b_O`` is not included (it belongs to no head); ``incl_remainder`` adds the rest of
+        ``blocks.{layer-1}.hook_resid_post`` as a last component (label ``remainder``). ``apply_ln`` and
+        ``pos_slice`` as in :meth:`decompose_resid`."""
         model = self._need_model()
-        n = self._n_layers() if layer is None else layer
+        n = self._layer_arg(layer)
         W_O = model.weight("W_O")  # [L, H, d_head, d]
         parts, labels = [], []
         for l in range(n):
             z = self[f"blocks.{l}.attn.hook_z"]  # [b, p, H, d_head]
             parts.append(torch.einsum("bphe,hed->hbpd", z.float(), W_O[l].float()).to(z.dtype))
             labels += [f"L{l}H{h}" for h in range(z.shape[2])]
-        stack = torch.cat(parts)
+        stack = torch.cat(parts) if parts else torch.zeros(0, *self["blocks.0.hook_resid_pre"].shape)
+        if incl_remainder:
+            total = self[f"blocks.{n - 1}.hook_resid_post"] if n else self["blocks.0.hook_resid_pre"]
+            stack = torch.cat([stack, (total - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack)
+        stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def apply_ln_to_stack(self, stack: torch.Tensor, include_bias: bool = False) -> torch.Tensor:
+    def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, include_bias: bool = False,
+                          pos_slice: Any = None) -> torch.Tensor:
         """Apply the final norm as this run applied it to components ``stack [..., batch, pos, d]`` of the
         final residual: centre each component (LayerNorm), divide by the run's ``ln_final.hook_scale``
         and multiply by the norm's weight. The norm is then linear in the components, so the
         components' logit attributions sum to the true logit (plus the bias term, a constant:
         ``include_bias=True`` adds it to every component, as :meth:`accumulated_resid` needs; leave it
-        off for a decomposition and account for it once, see :meth:`ln_bias_term`)."""
+        off for a decomposition and account for it once, see :meth:`ln_bias_term`). ``layer``: as in
+        TransformerLens, ``None`` / ``-1`` / ``n_layers`` is the final norm (the only one supported here: a
+        block's own norms raise). ``pos_slice``: the stack holds only these positions (the scale is sliced
+        the same way)."""
         model = self._need_model()
+        if layer is not None and layer != -1 and layer != self._n_layers():
+            raise ValueError(f"apply_ln_to_stack applies the final norm (layer None, -1 or {self._n_layers()}); "
+                             f"a block's own norms (layer {layer}) are not supported")
         w, b, kind = model.ln_final_parts()
         x = stack.float()
         if kind == "layer":
             x = x - x.mean(-1, keepdim=True)
-        x = x / self["ln_final.hook_scale"].float()
+        x = x / _pos(self["ln_final.hook_scale"].float(), pos_slice, dim=-2)
         if w is not None:
             x = x * w.float().to(x.device)
         if include_bias and b is not None:

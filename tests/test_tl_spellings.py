@@ -155,3 +155,38 @@ def test_small_spellings():
     tok = m.tokenizer(" c", add_special_tokens=False)["input_ids"][0]
     row = m(torch.cat([prompt, torch.tensor([tok])])[None])[0, len(prompt) - 1]
     assert rows[0]["rank"] == int((row > row[tok]).sum()) and abs(rows[0]["logit"] - float(row[tok])) < 1e-5
+
+
+def test_cache_helpers_take_transformer_lens_arguments():
+    """The cache helpers with TL's arguments, against TransformerLens's own ActivationCache on the bridge."""
+    m = model_on("transformer_lens")
+    ids = m.to_tokens([TEXT, "The cat sat on the mat ok"])
+    _, cache = m.run_with_cache(ids)
+    _, tl_cache = m.tl.run_with_cache(ids)
+    acc, labels = cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1, return_labels=True)
+    tl_acc, tl_labels = tl_cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1, return_labels=True)
+    assert labels == tl_labels and acc.shape == tl_acc.shape == (3 * 2 + 1, 2, m.cfg.d_model)
+    assert torch.allclose(acc, tl_acc, atol=1e-5)
+    part, part_labels = cache.accumulated_resid(layer=1, return_labels=True)
+    assert part_labels == tl_cache.accumulated_resid(layer=1, return_labels=True)[1] == ["0_pre", "1_pre"]
+    dec, dec_labels = cache.decompose_resid(layer=-1, pos_slice=(1, 3), return_labels=True)
+    tl_dec, tl_dec_labels = tl_cache.decompose_resid(layer=-1, pos_slice=(1, 3), return_labels=True)
+    assert dec_labels == tl_dec_labels and torch.allclose(dec, tl_dec, atol=1e-5)
+    heads, head_labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
+    tl_heads, tl_head_labels = tl_cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
+    assert head_labels == tl_head_labels and torch.allclose(heads, tl_heads, atol=1e-4)
+    rem, rem_labels = cache.stack_head_results(layer=2, incl_remainder=True, return_labels=True)
+    assert rem_labels[-1] == "remainder" and torch.allclose(rem.sum(0), cache["resid_post", 1], atol=1e-5)
+    # negative layer keys, remove_batch_dim
+    assert torch.equal(cache["resid_post", -1], cache["blocks.2.hook_resid_post"])
+    _, one = m.run_with_cache(TEXT)
+    assert one.remove_batch_dim()["blocks.0.hook_resid_pre"].shape == one["blocks.0.hook_resid_pre"].shape[1:]
+    with pytest.raises(ValueError, match="one-example"):
+        cache.remove_batch_dim()
+    # the logit lens with a position slice: the last entry through the final norm is the logits there
+    lens = cache.accumulated_resid(apply_ln=True, pos_slice=-1) @ m.W_U + m.b_U
+    assert torch.allclose(lens[-1], m(ids)[:, -1], atol=1e-4)
+    sliced = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), pos_slice=-1)
+    assert torch.allclose(sliced, cache.apply_ln_to_stack(cache.decompose_resid())[:, :, -1], atol=1e-6)
+    with pytest.raises(ValueError, match="final norm"):
+        cache.apply_ln_to_stack(dec, layer=1)
