@@ -1,4 +1,5 @@
-"""GAVEL on a real model (the reproduction's experiment code; the method is :mod:`interp.probes.gavel`): CE detectors from template texts, three misuse scenarios, held-out evaluation
+"""GAVEL on a real model (the reproduction's experiment code; the method is :mod:`interp.probes.gavel`): CE
+detectors from template texts, three misuse scenarios, held-out evaluation
 against the monolithic classifier and keywords, and the compositional test (a rule written afterwards
 from existing CEs, never used in training or calibration).
 

@@ -1,5 +1,5 @@
-"""TCPE reproduction, validation 1 — the digest's CPU recipe (§5): a 2-layer model trained on 200 synthetic facts, and the side-by-side
-evaluation of knowledge edits on it (TCPE, ROME on the transcoder, ROME on the MLP, constrained fine-tuning).
+"""TCPE reproduction, validation 1 — the digest's CPU recipe (§5): a 2-layer model trained on 200 synthetic
+facts, and the side-by-side evaluation of knowledge edits on it (TCPE, ROME on the transcoder, ROME on the MLP, constrained fine-tuning).
 
 Facts: 50 subjects ``s0..s49`` × 4 relations ``r0..r3`` → objects ``o0..o29`` (drawn uniformly, seed 0).
 Each relation has a paraphrase token ``p0..p3`` trained on the same facts (paraphrase generalisation).
