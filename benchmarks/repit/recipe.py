@@ -104,7 +104,8 @@ class RepItRecipe(Recipe):
         "smollm2": RepItReproConfig(model="zoo:smollm2-135m-refusal", seeds=(0,),
                                     target_sets=(("bio", "chem", "nuclear"),)),
     }
-    cost = {"quick": "about 25 s", "full": "about 35 CPU-minutes (six toy models of ~45 s and 12 validations)",
+    cost = {"quick": "about 17 CPU-seconds", "full": "about 5 CPU-minutes (six toy models and 12 validations; 12 min wall "
+                                                 "on the loaded 2-core machine)",
             "smollm2": "about 80 CPU-minutes on one busy thread (16 min idle), plus building the refusal model"}
     code = ("interp.benchmarks.repit", "interp.steering.repit", "interp.steering.refusal", "interp.steering.base",
             "interp.steering.activations")
