@@ -20,7 +20,7 @@ from typing import Any, Callable
 from .recipe import available_recipes, get_recipe
 from .record import ReproductionRecord, committed_record
 
-_BLOCK = re.compile(r"(?P<open><!-- (?P<kind>record|record-table|papers)(?::\s*(?P<arg>[^>]*?))?\s*-->\n)"
+_BLOCK = re.compile(r"(?P<open><!-- (?P<kind>record|record-table|papers)(?::\s*(?P<arg>[^\n]*?))?\s*-->\n)"
                     r"(?P<body>.*?)(?P<close><!-- /(?P=kind) -->)", re.S)
 
 

@@ -323,3 +323,19 @@ def test_claim_helpers():
               fixed="2026-01-01")
     assert c.criterion_text() == "m < 1 and n >= 2"
     assert textwrap.dedent(c.criterion_text()) == c.criterion_text()
+
+
+def test_doc_markers_are_rendered_from_records(toy, tmp_path, monkeypatch):
+    from interp.reproduce.docs import RecordMissing, render
+
+    monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
+    text = ("intro\n<!-- record: toy-test-recipe/full -->\nstale\n<!-- /record -->\n"
+            "<!-- record-table: toy-test-recipe/full: per seed -->\nstale\n<!-- /record-table -->\nend\n")
+    with pytest.raises(RecordMissing, match="no committed record toy-test-recipe/full"):
+        render(text)
+    run_recipe(toy.name, "full").record.save(tmp_path / "records" / "full")
+    out = render(text)
+    assert "stale" not in out and out.startswith("intro\n<!-- record: toy-test-recipe/full -->\n| claim |")
+    assert "| x is big | x = 10 (Table 1) | x >= 5 (fixed 2026-11-01) | x = 11 | **reproduced** |" in out
+    assert "| seed | value |" in out and "| 2 | 12 |" in out and out.endswith("<!-- /record-table -->\nend\n")
+    assert render(out) == out  # idempotent
