@@ -82,9 +82,7 @@ class BayesianTPNNRecipe(Recipe):
         "full": BayesianTPNNRunConfig(),
     }
     cost = {"quick": "about 20 s",
-            "full": "about 60 CPU-minutes (pure numpy MCMC; the documented pieces took 749 + 663 + 684 s for the main "
-                    "run and the two other ablation seeds, 602 s for breast cancer, and the hierarchical seeds ~40 s "
-                    "each, on the loaded machine)"}
+            "full": "about 10 minutes on the loaded 2-core machine (3 CPU-minutes; every unit single-threaded)"}
     code = ("interp.benchmarks.bayesian_tpnn", "interp.models.bayesian_tpnn")
 
     def units(self, config: BayesianTPNNRunConfig) -> list:
