@@ -1,7 +1,8 @@
 """Secondary area: re-implementations of the non-interpretability ICLR 2026 papers.
 
-One module (or small subpackage) per paper, each with a config dataclass holding the paper's defaults,
-the method itself and an ``experiment`` function returning a typed result with a plotly figure.
-Shared training utilities live in :mod:`models.common`. This package may use :mod:`interp` but never
-an analyzer package.
+One module (or small subpackage) per paper: the method, with config dataclasses holding the official
+defaults and typed results. Each paper's reproduction (experiment drivers, run configs, claims and records)
+is its recipe in ``benchmarks/<paper>/`` (``interp reproduce <paper>``), which imports the method, never the
+reverse. Shared training utilities live in :mod:`interp.models.common`. This package may use :mod:`interp`
+but never an analyzer package.
 """

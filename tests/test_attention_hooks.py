@@ -289,7 +289,6 @@ def test_esm_padding_and_writes(side):
 def test_protein_mlm_zoo_entry_loads_on_hf_backends():
     """``interp.load("zoo:protein-mlm-toy-8")`` (built here if the cache is cold: ~30 s) on torch and nnsight:
     the last block's residual through the final norm is HF's last hidden state, and both backends agree."""
-    import interp.models.reverse_distillation  # noqa: F401 - registers the protein zoo entries
     seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "MKV"]
     res = {}
     for backend in ("torch", "nnsight"):
