@@ -60,7 +60,7 @@ class CopyPasteRecipe(Recipe):
         "full": CopyPasteRunConfig(),
     }
     cost = {"quick": "about 40 s (loads zoo:smollm2-135m)",
-            "full": "about 45 CPU-minutes (toy 2-5 min; the SmolLM2 run ~40 min, mostly the 16 LoRA-DPO steps)"}
+            "full": "about 11 minutes on the loaded 2-core machine (8 CPU-minutes; one thread)"}
     code = ("interp.benchmarks.copypaste", "interp.models.copypaste", "interp.models.common")
 
     def units(self, config: CopyPasteRunConfig) -> list:
