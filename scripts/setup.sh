@@ -3,10 +3,12 @@
 # Pinned CPU torch goes first: a bare `torch` requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Optional real image set (Debian dataset-fashion-mnist, 30 MB of data files, no dependencies): installed only
-# from the local apt cache (--no-download), only as root, never failing the setup; code falls back to digits.
+# Real image set (Debian dataset-fashion-mnist, 30 MB of data files, no dependencies), used by the MisD and
+# Raptor recipes: installed as root from Debian's archive (the local apt cache first); never fails the setup,
+# and code that needs it says so when it is missing.
 if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get install -y -q --no-download dataset-fashion-mnist >/dev/null 2>&1 || true
+  apt-get install -y -q --no-download dataset-fashion-mnist >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || true
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
