@@ -248,17 +248,20 @@ class Model:
         the block (this thread) and are removed on exit, also when it raises."""
         if bwd_hooks:
             raise ValueError("backward hooks are not supported; use model.gradients(...)")
-        hooks: HookSet = defaultdict(list)
-        for pattern, fn in fwd_hooks:
-            if not callable(fn):
-                raise TypeError(f"hook for {pattern!r} is not callable: {fn!r}")
-            for name in self._resolve(pattern):
-                hooks[name].append(fn)
-        pop = self._push(dict(hooks))
-        try:
+        with self.intervene(self._hookset(fwd_hooks, "hook")):
             yield self
-        finally:
-            pop()
+
+    def _hookset(self, pairs: Iterable[tuple[Any, Any]], what: str = "hook") -> HookSet:
+        """``{hook name: [fn, ...]}`` from ``(name, glob or filter; fn or list of fns)`` pairs, checked."""
+        hooks: HookSet = defaultdict(list)
+        for pattern, fns in pairs:
+            fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+            for fn in fns:
+                if not callable(fn):
+                    raise TypeError(f"{what} for {pattern!r} is not callable: {fn!r}")
+            for name in self._resolve(pattern):
+                hooks[name].extend(fns)
+        return dict(hooks)
 
     def _persistent_hooks(self) -> HookSet:
         store = self.__dict__.get("_persistent")
@@ -398,15 +401,10 @@ class Model:
         ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's name and ``hook.layer()`` its
         layer, as in TL). The hooks apply to this run only (``reset_hooks_end`` is accepted for TL's
         signature; persistent hooks are :meth:`add_hook`'s). ``return_type`` as in :meth:`__call__`."""
-        hooks: HookSet = defaultdict(list)
-        for pattern, fn in fwd_hooks:
-            if not callable(fn):
-                raise TypeError(f"hook for {pattern!r} is not callable: {fn!r}")
-            for name in self._resolve(pattern):
-                hooks[name].append(fn)
+        hooks = self._hookset(fwd_hooks)
         if stop_at_layer is not None:
-            return self._stopped(inputs, dict(hooks), stop_at_layer, attention_mask)
-        return self._shaped(inputs, dict(hooks), attention_mask, return_type)
+            return self._stopped(inputs, hooks, stop_at_layer, attention_mask)
+        return self._shaped(inputs, hooks, attention_mask, return_type)
 
     def _stopped(self, inputs, hooks: HookSet, stop_at_layer: int, attention_mask=None) -> torch.Tensor:
         """Run blocks ``0..stop_at_layer-1`` and return the residual stream there ``[batch, pos, d_model]``
@@ -764,15 +762,7 @@ class Model:
         """``with model.intervene({name_or_pattern: intervention, ...}):`` — applies to every forward and
         to :meth:`generate` inside the block; a pattern applies the intervention at every matching hook. The
         context belongs to the thread that opened it: runs in other threads do not see it."""
-        hooks: HookSet = defaultdict(list)
-        for pattern, fns in interventions.items():
-            fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
-            for fn in fns:
-                if not callable(fn):
-                    raise TypeError(f"intervention for {pattern!r} is not callable: {fn!r}")
-            for name in self._resolve(pattern):
-                hooks[name].extend(fns)
-        pop = self._push(dict(hooks))
+        pop = self._push(self._hookset(interventions.items(), "intervention"))
         try:
             yield self
         finally:
