@@ -84,6 +84,14 @@ def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return value
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """A one-line description of a field for display (tensors by shape and dtype)."""
+    if _is_tensor_like(value):
+        return f"{type(value).__name__} {tuple(value.shape)} {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _legacy_result_files(folder: Path) -> list[str] | None:
     """The files of a result saved before output manifests existed (so that it is replaced, not refused)."""
     try:
@@ -109,6 +117,27 @@ class Result:
 
     def figure(self):  # pragma: no cover - each subclass defines its figure
         raise TypeError(f"{type(self).__name__} defines no figure")
+
+    #: rows of the table shown in a notebook (the rest is in ``to_frame()``)
+    display_rows: ClassVar[int] = 20
+
+    def _repr_html_(self) -> str:
+        """In Jupyter: the result's type and its summary table (the first :attr:`display_rows` rows of
+        ``to_frame()``; ``.figure()`` draws it)."""
+        import html
+
+        head = f"<b>{html.escape(type(self).__name__)}</b>"
+        try:
+            df = self.to_frame()
+        except (TypeError, NotImplementedError, AttributeError, KeyError, ValueError):
+            df = None
+        if df is None:
+            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) else {}
+            rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_short(v))}</td></tr>" for k, v in fields.items())
+            return f"<div>{head}<table>{rows}</table></div>"
+        more = f"<p>{len(df)} rows; showing {self.display_rows} (<code>.to_frame()</code> has all)</p>" \
+            if len(df) > self.display_rows else ""
+        return f"<div>{head} <code>.figure()</code> draws it{df.head(self.display_rows).to_html(max_cols=20)}{more}</div>"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field (tensors and arrays as nested lists)."""

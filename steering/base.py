@@ -326,6 +326,18 @@ class SteeringVector:
                       tensors={k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")},
                       metadata=meta["metadata"])
 
+    def _repr_html_(self) -> str:
+        """In Jupyter: method, operation, hooks, size, norm, scale and positions as a table."""
+        import html
+
+        rows = {"method": self.method, "operation": self.operation, "hooks": ", ".join(self.hooks),
+                "d_model": self.d_model, "direction norm": f"{float(torch.as_tensor(self.direction).float().norm()):.4g}",
+                "scale": f"{self.scale:g}", "positions": self.positions,
+                **{f"metadata.{k}": v for k, v in list(self.metadata.items())[:8]}}
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td style='text-align:left'>"
+                       f"{html.escape(str(v))[:200]}</td></tr>" for k, v in rows.items())
+        return f"<div><b>SteeringVector</b><table>{body}</table></div>"
+
     def __repr__(self) -> str:
         where = self.hooks[0] + (f" (+{len(self.hooks) - 1})" if len(self.hooks) > 1 else "")
         return (f"SteeringVector(method={self.method!r}, operation={self.operation!r}, hooks={where}, "

@@ -57,3 +57,21 @@ def test_cache_displays_as_a_table(model):
     assert str(tuple(resid.shape)) in page
     total = sum(cache[k].numel() * cache[k].element_size() for k in cache)
     assert f"{total / 1024:.1f} KiB" in page
+
+
+def test_results_vectors_and_rules_display_in_jupyter():
+    from interp.patching import PatchingResult
+    from interp.probes.gavel.rules import load_rules
+    from interp.steering.base import SteeringVector
+
+    res = PatchingResult(component="resid_pre", axes=["layer", "pos"], values=torch.arange(60.0).reshape(30, 2),
+                         clean=1.0, corrupted=0.0)
+    page = res._repr_html_()
+    assert "PatchingResult" in page and "60 rows; showing 20" in page and page.count("<tr") == 21
+    vec = SteeringVector(method="diff_in_means", operation="add", hooks=("blocks.1.hook_resid_post",),
+                         direction=torch.tensor([3.0, 4.0]), scale=2.0)
+    vpage = vec._repr_html_()
+    assert "diff_in_means" in vpage and "blocks.1.hook_resid_post" in vpage and ">5</td>" in vpage
+    rules = load_rules({"rules": [{"name": "fraud", "condition": "all of {tax, go}", "action": "flag"}]})
+    rpage = rules._repr_html_()
+    assert "fraud" in rpage and "all of {tax, go}" in rpage and "go, tax" in rpage

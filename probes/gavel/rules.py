@@ -509,6 +509,17 @@ class RuleSet:
     def __iter__(self):
         return iter(self.rules)
 
+    def to_frame(self):
+        """One row per rule: name, condition, action, the CEs it reads and its description."""
+        import pandas as pd
+
+        return pd.DataFrame([{"rule": r.name, "condition": r.text or str(r.condition), "action": r.action,
+                              "ces": ", ".join(sorted(r.ces)), "description": r.description} for r in self.rules])
+
+    def _repr_html_(self) -> str:
+        """In Jupyter: the rules as a table."""
+        return f"<div><b>RuleSet</b> ({len(self.rules)} rules){self.to_frame().to_html(index=False)}</div>"
+
     def __len__(self) -> int:
         return len(self.rules)
 
