@@ -7,6 +7,7 @@ A recipe's ``claims.yaml`` (next to its ``recipe.py``)::
     tolerances:                      # for `interp reproduce --check`, per measured field (default: exact to 1e-6 rel.)
       default: {rel: 1.0e-6, abs: 1.0e-9}
       target_refusal: {abs: 0.02}
+      step_time_ratio: {ignore: true}  # wall-clock: not compared
     claims:
       - id: isolation                # a short token, unique in the file
         claim: "RepIt removes refusal on the target while non-targets keep it"
@@ -88,8 +89,12 @@ class Claim:
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How close ``--check`` wants a metric to its committed value; ``ignore`` leaves it out of the
+    comparison (wall-clock measurements), and with it the verdicts of claims that read only such metrics."""
+
     rel: float = 1e-6
     abs: float = 1e-9
+    ignore: bool = False
 
     def close(self, a: float, b: float) -> bool:
         if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
@@ -141,8 +146,12 @@ def _number(v: Any, where: str) -> float:
 
 
 def _tolerance(v: Any, where: str) -> Tolerance:
+    if isinstance(v, Mapping) and set(v) == {"ignore"}:
+        if v["ignore"] is not True:
+            raise ClaimsError(f"{where}: 'ignore' takes true (leave the metric out of --check), got {v['ignore']!r}")
+        return Tolerance(ignore=True)
     if not isinstance(v, Mapping) or not set(v) <= {"rel", "abs"} or not v:
-        raise ClaimsError(f"{where}: a tolerance is {{rel: x, abs: y}} (either or both), got {v!r}")
+        raise ClaimsError(f"{where}: a tolerance is {{rel: x, abs: y}} (either or both) or {{ignore: true}}, got {v!r}")
     return Tolerance(rel=_number(v.get("rel", 0.0), f"{where}.rel"), abs=_number(v.get("abs", 0.0), f"{where}.abs"))
 
 
@@ -205,17 +214,36 @@ def parse_claims(data: Any, source: str = "<claims>") -> Claims:
     return Claims(paper=paper, digest=dig, claims=tuple(claims), tolerances=tols, source=source)
 
 
+def _unique_key_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """YAML's safe loader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+    return Loader
+
+
 def load_claims(path: str | Path) -> Claims:
     """Read and validate a claims YAML file (safe loader; no code is run)."""
     import yaml
 
+    _UniqueKeyLoader = _unique_key_loader()
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ClaimsError(f"{path}: cannot read the claims file ({exc.strerror or exc})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no code is run
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

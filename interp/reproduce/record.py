@@ -115,7 +115,9 @@ def compare(record: ReproductionRecord, committed: ReproductionRecord, claims: C
     """Differences between a run and the committed record of the same preset (empty: they agree).
 
     The configs must be the same (same digest); every committed measurement must be within the claims file's
-    tolerance for that metric (``tolerances.default`` otherwise); every verdict must be the same.
+    tolerance for that metric (``tolerances.default`` otherwise); every verdict must be the same. Metrics whose
+    tolerance is ``{ignore: true}`` (wall-clock times) are left out, and so are the verdicts of claims that read
+    only such metrics.
     """
     diffs: list[str] = []
     if record.config_key != committed.config_key:
@@ -126,6 +128,8 @@ def compare(record: ReproductionRecord, committed: ReproductionRecord, claims: C
     if record.error is not None:
         diffs.append(f"the run raised: {record.error.splitlines()[-1] if record.error else ''}")
     for k, ref in committed.measured.items():
+        if claims.tolerance(k).ignore:
+            continue
         if k not in record.measured:
             diffs.append(f"{k}: not measured by this run")
             continue
@@ -134,8 +138,9 @@ def compare(record: ReproductionRecord, committed: ReproductionRecord, claims: C
         if k not in committed.measured:
             diffs.append(f"{k}: measured by this run, absent from the committed record")
     ref_v = {v["id"]: v["verdict"] for v in committed.verdicts}
+    timing = {c.id for c in claims.claims if all(claims.tolerance(k.metric).ignore for k in c.criteria)}
     for v in record.verdicts:
-        if ref_v.get(v["id"]) != v["verdict"]:
+        if v["id"] not in timing and ref_v.get(v["id"]) != v["verdict"]:
             diffs.append(f"claim {v['id']}: verdict {v['verdict']!r} vs committed {ref_v.get(v['id'])!r}")
     return diffs
 

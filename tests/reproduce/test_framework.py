@@ -339,3 +339,22 @@ def test_doc_markers_are_rendered_from_records(toy, tmp_path, monkeypatch):
     assert "| x is big | x = 10 (Table 1) | x >= 5 (fixed 2026-11-01) | x = 11 | **reproduced** |" in out
     assert "| seed | value |" in out and "| 2 | 12 |" in out and out.endswith("<!-- /record-table -->\nend\n")
     assert render(out) == out  # idempotent
+
+
+def test_check_ignores_wall_clock_metrics(toy, tmp_path):
+    data = json.loads(json.dumps(CLAIMS))
+    data["tolerances"]["per_seed"] = {"ignore": True}
+    claims = parse_claims(data, "toy.yaml")
+    first = run_recipe(toy.name, "full").record
+    slower = ReproductionRecord(**{**vars(first), "measured": {"x": 11.0, "per_seed": [5.0, 5.0, 5.0]},
+                                   "verdicts": [dict(v, verdict="reproduced") for v in first.verdicts]})
+    assert compare(slower, first, claims) == []  # the timing metric and the claim that reads only it
+    with pytest.raises(ClaimsError, match="ignore"):
+        parse_claims({**data, "tolerances": {"x": {"ignore": "yes"}}}, "toy.yaml")
+
+
+def test_claims_yaml_key_given_twice_is_an_error(tmp_path):
+    f = tmp_path / "claims.yaml"
+    f.write_text("paper: x\ndigest: y\ntolerances:\n  a: {rel: 1}\n  a: {abs: 2}\nclaims: []\n")
+    with pytest.raises(ClaimsError, match=r"line 5.*given twice|given twice.*line 5|line 5"):
+        load_claims(f)
