@@ -171,7 +171,9 @@ def patch_values(model, corrupted, clean_cache, metric: Metric, component: str =
     ``[layer, pos]``, ``[layer, head]`` or ``[layer, pos, head]``."""
     inputs = _as_inputs(model, corrupted)
     n_layers = model.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else [l % n_layers for l in layers]
+    if layers is not None and any(not -n_layers <= int(l) < n_layers for l in layers):
+        raise ValueError(f"layers must be in -{n_layers}..{n_layers - 1}, got {list(layers)}")
+    layers = list(range(n_layers)) if layers is None else [int(l) % n_layers for l in layers]
     T = inputs["input_ids"].shape[1]
     hook, axes, writes = _components(component, by_position, model.cfg.n_heads, T)
     rows = []
@@ -229,6 +231,11 @@ def path_patch(model, clean, corrupted, metric: Metric, receivers: Sequence[str]
     corrupted_logits, corrupt_cache = model.run_with_cache(corrupted_in, names=z_names)
     if senders is None:
         senders = [(l, h) for l in range(n_layers) for h in range(H)]
+    bad = [s for s in senders if not (isinstance(s, (tuple, list)) and len(s) == 2
+                                      and 0 <= int(s[0]) < n_layers and 0 <= int(s[1]) < H)]
+    if bad:
+        raise ValueError(f"senders are (layer, head) pairs with 0 <= layer < {n_layers} and 0 <= head < {H}; "
+                         f"got {bad[:3]}")
     reachable = [(l, h) for l, h in senders if any(_reaches(l, r, n_layers) for r in recv)]
     b = corrupted_in["input_ids"].shape[0]
     per = max(1, batch_size // b)

@@ -116,6 +116,8 @@ def test_typed_result_and_errors(tmp_path):
         patch(model, clean, corrupted, metric_of(logits), "resid")
     with pytest.raises(ValueError, match="same shape"):
         patch(model, clean, corrupted[:, :-1], metric_of(logits))
+    with pytest.raises(ValueError, match="layers must be in"):
+        patch(model, clean, corrupted, metric_of(logits), layers=[3])
     with pytest.raises(ValueError, match="scalar"):
         patch(model, clean, corrupted, lambda lg: lg[:, -1, 0])
 
@@ -143,5 +145,7 @@ def test_path_patching():
     # a sender at or after the receiver's layer cannot reach it: nan
     early = path_patch(model, clean, corrupted, metric, receivers=["blocks.1.attn.hook_q"], senders=[(2, 0), (0, 0)])
     assert torch.isnan(early.values[2, 0]) and not torch.isnan(early.values[0, 0])
+    with pytest.raises(ValueError, match="senders are"):
+        path_patch(model, clean, corrupted, metric, receivers=[receiver], senders=[(3, 0)])
     # every sender at once is the default
     assert path_patch(model, clean, corrupted, metric, receivers={"blocks.2.attn.hook_v": [1]}).values.shape == (3, 4)

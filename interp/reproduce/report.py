@@ -29,13 +29,9 @@ table.claims td{vertical-align:top;text-align:left}
 """
 
 
-def _legacy(folder: Path) -> list[str] | None:
-    return None
-
-
 def prepare_output(out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Check that ``out`` can receive a report (see :func:`interp.io.check_output`)."""
-    return check_output(out, REPORT_FILES, overwrite=overwrite, writer=WRITER, legacy=_legacy)
+    return check_output(out, REPORT_FILES, overwrite=overwrite, writer=WRITER)
 
 
 def _verdict(v: str) -> str:
@@ -132,7 +128,7 @@ def write_report(out: str | os.PathLike, runs: Sequence[Any], overwrite: bool = 
                "papers": [{"paper": r.record.paper, "preset": r.record.preset, "seconds": r.record.seconds,
                            "error": r.record.error is not None, "differences": r.differences,
                            "verdicts": {v["id"]: v["verdict"] for v in r.record.verdicts}} for r in runs]}
-    with output_dir(out, overwrite=overwrite, writer=WRITER, legacy=_legacy) as tmp:
+    with output_dir(out, overwrite=overwrite, writer=WRITER) as tmp:
         for r in runs:
             r.record.save(tmp / r.record.paper)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")

@@ -8,12 +8,15 @@ uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+#: what a training checkpoint consists of (``train_state.json`` is written last)
+_CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "train_state.json")
 
 
 def word_level_tokenizer(vocab: Mapping[str, int] | Sequence[str], *, bos: str | None = "<bos>",
@@ -92,7 +95,7 @@ def train_lm(model: Any, batches: Iterable[Any], cfg: LMTrainConfig, *, params: 
     optimizer and schedule state and the losses so far are saved atomically every ``every`` steps; a run
     started again with the same folder resumes from the last checkpoint (the batch iterator is advanced past
     the batches already used, so the data order, and hence the result, is that of an uninterrupted run).
-    The folder is the caller's (a stage folder, typically); it is removed when training completes.
+    When training completes the checkpoint files are removed (anything else in the folder stays).
     """
     import torch
 
@@ -128,10 +131,11 @@ def train_lm(model: Any, batches: Iterable[Any], cfg: LMTrainConfig, *, params: 
         if ckpt is not None and (step + 1) % every == 0 and step + 1 < cfg.steps:
             _save_checkpoint(ckpt, model, opt, sched, step + 1, losses)
     model.eval()
-    if ckpt is not None:
-        import shutil
-
-        shutil.rmtree(ckpt, ignore_errors=True)
+    if ckpt is not None:  # remove only what the checkpoints wrote, then the folder if that leaves it empty
+        for name in _CHECKPOINT_FILES:
+            (ckpt / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            ckpt.rmdir()
     return losses
 
 

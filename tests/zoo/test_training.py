@@ -101,3 +101,10 @@ def test_train_lm_reports_short_data_and_bad_checkpoints(tmp_path):
         train_lm(_tiny_lm(), _batches(), CFG, checkpoint=tmp_path / "bad")
     with pytest.raises(ValueError):
         LMTrainConfig(steps=0)
+
+
+def test_train_lm_keeps_the_users_files_in_the_checkpoint_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    train_lm(_tiny_lm(), _batches(), CFG, checkpoint=tmp_path, every=5)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "train_state.json").exists() and not (tmp_path / "model.safetensors").exists()
