@@ -12,8 +12,11 @@ Here the same computation lives *inside one* ``transformers`` GPT-2 model, so ev
 sequence axis, then a concatenation: no wasted compute). Attention itself has no parameters, so the queries of
 positions ``>= m`` (from B) read keys/values of positions ``< m`` (from A's projections of A's residual stream)
 — exactly "reading the first network's KV cache". Each copy keeps GPT-2's tie between its own token embedding
-and its own LM head. The position embedding ``wpe`` stays one table (each row is used by one network only, so
-splitting it changes nothing).
+and its own LM head. The position embedding ``wpe`` is split too, as in the official code: there the second
+network is called on ``x[:, m:]`` with a cache of length ``m``, so its position ids are ``m, m+1, ...`` and it adds
+rows ``m..`` of *its own* ``wpe`` (network A's rows ``< m`` of A's table). ``PositionSplit(wpe_A, wpe_B, m)`` on
+the ``[1, seq]`` position ids does exactly that. (Until issue #33 one table, A's, served both networks, so
+``untie_gpt2(second=B)`` silently dropped B's position embeddings.)
 
 Limits: positions are the sequence index, so inputs must be whole sequences from position 0 (no incremental
 decoding with a KV cache, no left padding).
@@ -75,7 +78,8 @@ def untie_gpt2(hf, m: int, second: "nn.Module | None" = None, seed: int | None =
     """Turn a ``transformers`` ``GPT2LMHeadModel`` into its m-untied variant *in place* and return it.
 
     Network A is ``hf``'s current weights. Network B is ``second``'s weights if given (another
-    ``GPT2LMHeadModel`` of the same config; its ``wpe`` is ignored), otherwise a fresh, independent
+    ``GPT2LMHeadModel`` of the same config, *all* of them: positions ``>= m`` add rows ``m..`` of B's ``wpe``, as the
+    official second network, which runs with position ids ``m..`` after A's cache), otherwise a fresh, independent
     initialisation of the same config (seeded by ``seed`` if given), as the official code's second
     ``GPT2LMHeadModel``. The model's parameter count roughly doubles; names become e.g.
     ``transformer.h.0.attn.c_attn.a.weight`` / ``....b.weight``.
@@ -93,7 +97,10 @@ def untie_gpt2(hf, m: int, second: "nn.Module | None" = None, seed: int | None =
         second = T.GPT2LMHeadModel(hf.config).to(dtype=hf.dtype)
     elif not isinstance(second, T.GPT2LMHeadModel) or second.config.n_embd != hf.config.n_embd \
             or second.config.n_layer != hf.config.n_layer or second.config.vocab_size != hf.config.vocab_size:
-        raise ValueError("second must be a GPT2LMHeadModel of the same shape")
+        raise ValueError("second must be a GPT2LMHeadModel of the same shape (n_embd, n_layer, vocab_size)")
+    if second.config.n_positions < hf.config.n_positions:
+        raise ValueError(f"second has {second.config.n_positions} positions, the model {hf.config.n_positions}: "
+                         "network B needs a position table at least as long")
     second = copy.deepcopy(second)
     for i, (blk_a, blk_b) in enumerate(zip(hf.transformer.h, second.transformer.h)):
         for path in _BLOCK_MODULES:
@@ -103,6 +110,7 @@ def untie_gpt2(hf, m: int, second: "nn.Module | None" = None, seed: int | None =
     if wte_b.weight is wte_a.weight:
         raise ValueError("second shares its embedding tensor with the model")
     hf.transformer.wte = PositionSplit(wte_a, wte_b, m)
+    hf.transformer.wpe = PositionSplit(hf.transformer.wpe, second.transformer.wpe, m)   # position ids [1, seq]
     hf.lm_head = PositionSplit(_TiedHead(wte_a), _TiedHead(wte_b), m)
     hf.config.untied_split = m
     return hf

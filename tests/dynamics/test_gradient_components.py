@@ -145,7 +145,7 @@ def test_q_proxy(gpt2):
 
 def _untied_pair(n_layers=3, m=4, seed=0):
     """An m-untied model and the official construction it must equal: network A on x[:, :m], network B on
-    x[:, m:] reading A's KV cache (two GPT-2s, B's position table set to A's: one table serves both)."""
+    x[:, m:] reading A's KV cache (two GPT-2s, each with its own position table: B's rows m.. serve positions >= m)."""
     import copy
 
     import transformers as T
@@ -162,7 +162,6 @@ def _untied_pair(n_layers=3, m=4, seed=0):
             for n, p in net.named_parameters():
                 if "ln_" in n:
                     p.add_(0.3 * torch.randn_like(p))
-    B.transformer.wpe.weight.data.copy_(A.transformer.wpe.weight.data)
     for net in (A, B):
         net.set_attn_implementation("eager")
     return untie_gpt2(copy.deepcopy(A), m, second=B), A, B
@@ -181,15 +180,48 @@ def test_untied_equals_two_networks_with_kv_cache():
     # gradients: the same parameters receive the same gradients (through the cache into A too)
     lossfn = lambda lg: torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, 7), ids[:, 1:].reshape(-1))  # noqa: E731
     ga = torch.autograd.grad(lossfn(ref), [A.transformer.h[0].attn.c_attn.weight, B.transformer.h[2].mlp.c_fc.weight,
-                                           A.transformer.wte.weight, B.transformer.wte.weight])
+                                           A.transformer.wte.weight, B.transformer.wte.weight,
+                                           A.transformer.wpe.weight, B.transformer.wpe.weight])
     gu = torch.autograd.grad(lossfn(out), [U.transformer.h[0].attn.c_attn.a.weight, U.transformer.h[2].mlp.c_fc.b.weight,
-                                           U.transformer.wte.a.weight, U.transformer.wte.b.weight])
+                                           U.transformer.wte.a.weight, U.transformer.wte.b.weight,
+                                           U.transformer.wpe.a.weight, U.transformer.wpe.b.weight])
     for x, y in zip(ga, gu):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-12)
         assert x.abs().max() > 0
     second = second_network_params(U)
-    assert len(second) == sum(1 for n, _ in B.named_parameters() if "wpe" not in n)
+    assert len(second) == sum(1 for _ in B.parameters())
     assert all(".b." in n for n in second)
+
+
+def test_untied_uses_the_second_networks_position_table():
+    """Issue #33: positions >= m add rows m.. of network B's own ``wpe`` (the official second network runs with
+    position ids m.. after A's cache), positions < m rows of A's. Before the fix one table (A's) served both, so
+    B's position embeddings were dropped: shifting B's rows changed nothing. By hand: shifting B's row m + 1 by
+    ``delta`` must change the embedding output at position m + 1 by exactly ``delta`` and nothing else; shifting
+    A's row m + 1 (unused by the untied model) must change nothing."""
+    m = 4
+    U, _, _ = _untied_pair(n_layers=1, m=m)
+    ids = _ids(7, (2, 9), seed=6)
+    kept = {}
+    model = interp.wrap(U, backend="torch")
+    with model.intervene({"blocks.0.hook_resid_pre": lambda t, ctx: kept.setdefault("r", t.detach().clone())}):
+        model.forward_with_grad(ids)
+    base = kept.pop("r")
+    delta = torch.linspace(-1, 1, 16, dtype=torch.float64)
+    with torch.no_grad():
+        U.transformer.wpe.b.weight[m + 1] += delta
+    with model.intervene({"blocks.0.hook_resid_pre": lambda t, ctx: kept.setdefault("r", t.detach().clone())}):
+        model.forward_with_grad(ids)
+    moved = kept.pop("r") - base
+    torch.testing.assert_close(moved[:, m + 1], delta.expand(2, -1), rtol=0, atol=1e-12)
+    moved[:, m + 1] = 0
+    assert moved.abs().max() == 0
+    with torch.no_grad():
+        U.transformer.wpe.a.weight[m + 1] += delta
+    with model.intervene({"blocks.0.hook_resid_pre": lambda t, ctx: kept.setdefault("r", t.detach().clone())}):
+        model.forward_with_grad(ids)
+    torch.testing.assert_close(kept.pop("r") - base, torch.zeros_like(base).index_fill_(1, torch.tensor([m + 1]), 1)
+                               * delta, rtol=0, atol=1e-12)
 
 
 def test_untied_decomposition_second_network():
