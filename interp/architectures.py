@@ -266,6 +266,7 @@ class ArchSpec:
     parallel: bool = False  # GPT-NeoX/Pythia parallel attention+MLP: there is no resid_mid
     vocab: int | None = None
     rotary: bool = False  # rotary position embeddings: attn.hook_rot_q / hook_rot_k exist
+    pos_embed: str | None = None  # a learned position table (GPT-2's wpe): ``W_pos``
 
     def sites(self) -> dict[str, Site]:
         """Canonical name -> Site for every hook this architecture offers, in execution order."""
@@ -442,6 +443,7 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         parallel=bool(getattr(cfg, "use_parallel_residual", False)),
         vocab=getattr(tl, "d_vocab", None),
         rotary=getattr(tl, "positional_embedding_type", None) == "rotary",
+        pos_embed=path(name(comp.get("pos_embed"))),
     )
     missing = [f for f in ("attn", "o", "mlp_out") if getattr(spec, f) is None]
     if missing or (layout != "split" and qkv is None):

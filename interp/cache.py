@@ -258,26 +258,41 @@ class Cache(Mapping[str, torch.Tensor]):
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, include_bias: bool = False,
-                          pos_slice: Any = None) -> torch.Tensor:
-        """Apply the final norm as this run applied it to components ``stack [..., batch, pos, d]`` of the
-        final residual: centre each component (LayerNorm), divide by the run's ``ln_final.hook_scale``
-        and multiply by the norm's weight. The norm is then linear in the components, so the
-        components' logit attributions sum to the true logit (plus the bias term, a constant:
-        ``include_bias=True`` adds it to every component, as :meth:`accumulated_resid` needs; leave it
-        off for a decomposition and account for it once, see :meth:`ln_bias_term`). ``layer``: as in
-        TransformerLens, ``None`` / ``-1`` / ``n_layers`` is the final norm (the only one supported here: a
-        block's own norms raise). ``pos_slice``: the stack holds only these positions (the scale is sliced
-        the same way)."""
+    def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True, *,
+                          include_bias: bool = False) -> torch.Tensor:
+        """Apply a norm as this run applied it to components ``stack [..., batch, pos, d]`` of the residual it
+        normalised: centre each component (LayerNorm), divide by the run's ``hook_scale`` of that norm and
+        multiply by the norm's weight. The norm is then linear in the components, so the components' logit
+        attributions sum to the true logit (plus the bias term, a constant: ``include_bias=True`` adds it to
+        every component, as :meth:`accumulated_resid` needs; leave it off for a decomposition and account for
+        it once, see :meth:`ln_bias_term`).
+
+        Arguments as TransformerLens's: ``layer`` ``None`` / ``-1`` / ``n_layers`` is the final norm; another
+        layer is that block's ``ln1`` (the attention input), or its ``ln2`` with ``mlp_input=True``.
+        ``pos_slice`` / ``batch_slice``: the stack holds only these
+        positions / batch rows (the scale is sliced the same way); ``has_batch_dim=False`` for a stack without
+        the batch axis (a ``remove_batch_dim`` cache's scale has none either). Unlike TransformerLens (which
+        expects ``fold_ln`` to have moved the weight into ``W_U``) the norm's own weight is applied, so the
+        result is right on an unfolded model."""
         model = self._need_model()
-        if layer is not None and layer != -1 and layer != self._n_layers():
-            raise ValueError(f"apply_ln_to_stack applies the final norm (layer None, -1 or {self._n_layers()}); "
-                             f"a block's own norms (layer {layer}) are not supported")
-        w, b, kind = model.ln_final_parts()
+        n = self._n_layers()
+        if layer is None or layer == -1 or layer == n:
+            which, scale_name = "ln_final", "ln_final.hook_scale"
+        elif isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < n:
+            which = "ln2" if mlp_input else "ln1"
+            scale_name = f"blocks.{layer}.{which}.hook_scale"
+        else:
+            raise ValueError(f"apply_ln_to_stack: layer {layer!r} out of range: None, -1 or {n} (the final norm) "
+                             f"or a block 0..{n - 1}")
+        w, b, kind = model.norm_parts(which, None if which == "ln_final" else layer)
         x = stack.float()
         if kind == "layer":
             x = x - x.mean(-1, keepdim=True)
-        x = x / _pos(self["ln_final.hook_scale"].float(), pos_slice, dim=-2)
+        scale = self[scale_name].float()
+        if batch_slice is not None and has_batch_dim and scale.dim() >= 3:  # [batch, pos, 1]
+            scale = _pos(scale, batch_slice, dim=0)
+        x = x / _pos(scale, pos_slice, dim=-2).to(x.device)
         if w is not None:
             x = x * w.float().to(x.device)
         if include_bias and b is not None:

@@ -4,7 +4,8 @@ What a TransformerLens user writes first, working as written:
 
 * weights as attributes, in TransformerLens shapes: ``model.W_U``, ``model.W_E``, ``model.b_U``,
   ``model.blocks[l].attn.W_Q`` (``W_K``, ``W_V``, ``W_O``, ``b_Q`` ...), ``model.blocks[l].mlp.W_in``
-  (``W_out``, ``W_gate``, ``b_in``, ``b_out``), ``model.ln_final.w`` / ``.b``; stacked over layers as
+  (``W_out``, ``W_gate``, ``b_in``, ``b_out``), ``model.blocks[l].ln1.w`` / ``.ln2.w`` / ``.b``,
+  ``model.ln_final.w`` / ``.b``, ``model.W_pos`` (learned position tables); stacked over layers as
   ``model.W_Q`` etc. (grouped key/value heads are repeated to one per query head, as TransformerLens's
   ``W_K``/``W_V`` properties do);
 * ``model.OV`` and ``model.QK`` as TransformerLens ``FactoredMatrix`` objects ``[layer, head, d_model, d_model]``
@@ -54,10 +55,12 @@ class _Block:
     def __init__(self, model, layer: int) -> None:
         self.attn = _Component(model, layer, ATTN_WEIGHTS, "attn")
         self.mlp = _Component(model, layer, MLP_WEIGHTS, "mlp")
+        self.ln1, self.ln2 = Norm(model, "ln1", layer), Norm(model, "ln2", layer)
         self.layer = layer
 
     def __repr__(self) -> str:
-        return f"<block {self.layer}: .attn ({', '.join(ATTN_WEIGHTS)}), .mlp ({', '.join(MLP_WEIGHTS)})>"
+        return (f"<block {self.layer}: .attn ({', '.join(ATTN_WEIGHTS)}), .mlp ({', '.join(MLP_WEIGHTS)}), "
+                ".ln1 / .ln2 (w, b)>")
 
 
 class Blocks(Sequence):
@@ -78,21 +81,26 @@ class Blocks(Sequence):
         return _Block(self._model, layer % n)
 
 
-class FinalNorm:
-    """``model.ln_final``: ``.w`` (gain, ``[d_model]``) and ``.b`` (bias; zeros for RMSNorm)."""
+class Norm:
+    """``model.ln_final`` / ``model.blocks[l].ln1`` / ``.ln2``: ``.w`` (gain, ``[d_model]``; ones where absent)
+    and ``.b`` (bias; zeros for RMSNorm), as :meth:`Model.norm_parts` reads them."""
 
-    def __init__(self, model) -> None:
-        self._model = model
+    def __init__(self, model, which: str, layer: int | None = None) -> None:
+        self._model, self._which, self._layer = model, which, layer
 
     @property
     def w(self) -> torch.Tensor:
-        w, _, _ = self._model.ln_final_parts()
+        w, _, _ = self._model.norm_parts(self._which, self._layer)
         return w if w is not None else torch.ones(self._model.cfg.d_model)
 
     @property
     def b(self) -> torch.Tensor:
-        _, b, _ = self._model.ln_final_parts()
+        _, b, _ = self._model.norm_parts(self._which, self._layer)
         return b if b is not None else torch.zeros(self._model.cfg.d_model)
+
+    def __repr__(self) -> str:
+        where = self._which if self._layer is None else f"blocks[{self._layer}].{self._which}"
+        return f"<{where}: .w, .b>"
 
 
 def factored(model, which: str):
@@ -171,5 +179,5 @@ def test_prompt(model, prompt: str, answer: str | Sequence[str], prepend_space_t
     return rows
 
 
-__all__ = ["ATTN_WEIGHTS", "Blocks", "FinalNorm", "GLOBAL_WEIGHTS", "MLP_WEIGHTS", "RETURN_TYPES", "factored",
+__all__ = ["ATTN_WEIGHTS", "Blocks", "GLOBAL_WEIGHTS", "MLP_WEIGHTS", "Norm", "RETURN_TYPES", "factored",
            "lm_loss", "per_query_head", "shape_output", "test_prompt", "tokens_to_residual_directions"]

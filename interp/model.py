@@ -165,6 +165,17 @@ class Model:
             import difflib
             close = difflib.get_close_matches(name, WEIGHT_NAMES, n=3)
             raise KeyError(f"unknown weight {name!r}; closest: {', '.join(close) or ', '.join(WEIGHT_NAMES)}")
+        if "." in name:  # a norm's gain or bias: ln1.w [layer, d_model], ln_final.b [d_model], ...
+            which, part = name.split(".")
+            layers = [None] if which == "ln_final" else range(self.cfg.n_layers)
+            d = self.cfg.d_model
+            rows = []
+            for layer in layers:
+                w, b, _ = self.norm_parts(which, layer)
+                t = w if part == "w" else b
+                rows.append(t.detach().float().clone() if t is not None
+                            else (torch.ones(d) if part == "w" else torch.zeros(d)))
+            return rows[0] if which == "ln_final" else torch.stack(rows)
         return self._weight(name)
 
     def _weight(self, name: str) -> torch.Tensor:
@@ -172,6 +183,7 @@ class Model:
 
     # TransformerLens's attribute spellings (interp.habits): model.W_U, model.blocks[l].attn.W_Q, model.OV, ...
     W_E = property(lambda self: self.weight("W_E"), doc="Token embedding ``[d_vocab, d_model]``.")
+    W_pos = property(lambda self: self.weight("W_pos"), doc="Learned position table ``[n_ctx, d_model]``.")
     W_U = property(lambda self: self.weight("W_U"), doc="Unembedding ``[d_model, d_vocab]``.")
     b_U = property(lambda self: self.weight("b_U"), doc="Unembedding bias ``[d_vocab]``.")
     W_Q = property(lambda self: self.weight("W_Q"), doc="``[layer, head, d_model, d_head]``.")
@@ -198,7 +210,7 @@ class Model:
     @property
     def ln_final(self):
         """``model.ln_final.w`` / ``.b``: the final norm's gain and bias (zeros for RMSNorm)."""
-        return _habits().FinalNorm(self)
+        return _habits().Norm(self, "ln_final")
 
     @property
     def OV(self):
@@ -307,6 +319,24 @@ class Model:
     def _final_norm(self) -> tuple[torch.Tensor | None, torch.Tensor | None, str, float]:
         """``(weight, bias, kind, eps)`` of the final norm (backends implement this)."""
         raise NotImplementedError
+
+    def _block_norm(self, layer: int, which: str) -> tuple[torch.Tensor | None, torch.Tensor | None, str, float]:
+        """``(weight, bias, kind, eps)`` of block ``layer``'s norm ``which`` (``"ln1"``/``"ln2"``; backends)."""
+        raise NotImplementedError
+
+    def norm_parts(self, which: str = "ln_final", layer: int | None = None
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
+        """``(weight, bias, kind)`` of a norm: ``"ln_final"``, or block ``layer``'s ``"ln1"`` (before attention)
+        / ``"ln2"`` (before the MLP); ``kind`` ``"layer"`` or ``"rms"``; ``weight`` includes an ``(1 + w)``
+        offset where the architecture has one; ``None`` where absent. Negative layers count from the end."""
+        if which == "ln_final":
+            return self.ln_final_parts()
+        if which not in ("ln1", "ln2"):
+            raise ValueError(f"unknown norm {which!r}; choose 'ln1', 'ln2' or 'ln_final'")
+        n = self.cfg.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+            raise IndexError(f"{which}: layer {layer!r} out of range: the model has {n} layers")
+        return self._block_norm(layer % n, which)[:3]
 
     def ln_final_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
         """``(weight, bias, kind)`` of the final norm (``kind`` ``"layer"`` or ``"rms"``); ``weight`` already

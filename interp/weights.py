@@ -4,6 +4,8 @@
 name       shape                                      meaning
 =========  =========================================  ===================================================
 W_E        ``[d_vocab, d_model]``                     token embedding
+W_pos      ``[n_ctx, d_model]``                       learned position table (GPT-2, BERT; rotary models have
+                                                      none: a ``KeyError`` says so)
 W_U, b_U   ``[d_model, d_vocab]``, ``[d_vocab]``      unembedding (``logits = x @ W_U + b_U``)
 W_Q, b_Q   ``[layer, head, d_model, d_head]``, ...    query projection per head
 W_K, W_V   ``[layer, kv_head, d_model, d_head]``      key/value projections (``kv_head = n_kv_heads``
@@ -12,6 +14,9 @@ W_O, b_O   ``[layer, head, d_head, d_model]``, ...    output projection per head
 W_in       ``[layer, d_model, d_mlp]``                MLP input (the linear branch of a gated MLP)
 W_gate     ``[layer, d_model, d_mlp]``                gate branch of a gated MLP (Llama, Gemma)
 W_out      ``[layer, d_mlp, d_model]``                MLP output
+ln1.w      ``[layer, d_model]`` (``ln1.b``, ``ln2.w``,  gain and bias of each block's norms (ones / zeros where
+           ``ln2.b`` alike)                           absent; Gemma's ``1 + w`` included)
+ln_final.w ``[d_model]`` (``ln_final.b`` alike)       the final norm's gain and bias
 =========  =========================================  ===================================================
 
 Missing biases are zeros of the right shape (as TransformerLens does). The tensors are detached
@@ -23,8 +28,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-WEIGHT_NAMES = ("W_E", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
-                "W_in", "b_in", "W_gate", "W_out", "b_out")
+#: norm gains and biases (read through :meth:`Model.norm_parts`, the same on every backend)
+NORM_WEIGHT_NAMES = ("ln1.w", "ln1.b", "ln2.w", "ln2.b", "ln_final.w", "ln_final.b")
+WEIGHT_NAMES = ("W_E", "W_pos", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
+                "W_in", "b_in", "W_gate", "W_out", "b_out", *NORM_WEIGHT_NAMES)
 
 
 def _is_conv1d(mod: nn.Module) -> bool:
@@ -53,6 +60,10 @@ def hf_weight(model, name: str) -> torch.Tensor:
         emb = hf.get_submodule(spec.embed)
         emb = emb if isinstance(emb, nn.Embedding) else hf.get_input_embeddings()
         return emb.weight.detach().clone()
+    if name == "W_pos":
+        if spec.pos_embed is None:
+            raise KeyError("W_pos: this model has no learned position table (rotary or no position embedding)")
+        return hf.get_submodule(spec.pos_embed).weight.detach().clone()
     if name in ("W_U", "b_U"):
         head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
         if head is None:
@@ -100,4 +111,4 @@ def hf_weight(model, name: str) -> torch.Tensor:
     return torch.stack([t.detach() for t in out]).clone()
 
 
-__all__ = ["WEIGHT_NAMES", "hf_weight"]
+__all__ = ["NORM_WEIGHT_NAMES", "WEIGHT_NAMES", "hf_weight"]

@@ -188,5 +188,49 @@ def test_cache_helpers_take_transformer_lens_arguments():
     assert torch.allclose(lens[-1], m(ids)[:, -1], atol=1e-4)
     sliced = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), pos_slice=-1)
     assert torch.allclose(sliced, cache.apply_ln_to_stack(cache.decompose_resid())[:, :, -1], atol=1e-6)
-    with pytest.raises(ValueError, match="final norm"):
-        cache.apply_ln_to_stack(dec, layer=1)
+    for bad in (4, -2):  # -1 and 3 (n_layers) are the final norm (TL); other negatives are ambiguous
+        with pytest.raises(ValueError, match="out of range"):
+            cache.apply_ln_to_stack(dec, layer=bad)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_norms_position_table_and_apply_ln_to_stack_per_block(arch, backend):
+    """``blocks[l].ln1.w`` / ``ln2.b``, ``weight("ln1.w")``, ``W_pos``, and ``apply_ln_to_stack(layer=l,
+    mlp_input=...)`` (TransformerLens's block-norm variant, with the norm's own weight): checked against the
+    Hugging Face norm modules applied to the cached residual (non-identity gains and biases)."""
+    hf, tok = tiny_model(arch, seed=5, n_layers=3, perturb_norms=True)
+    blocks = hf.model.layers if arch == "llama" else hf.transformer.h
+    ln1 = [b.input_layernorm if arch == "llama" else b.ln_1 for b in blocks]
+    ln2 = [b.post_attention_layernorm if arch == "llama" else b.ln_2 for b in blocks]
+    m = interp.wrap(hf, tok, backend=backend)
+    assert torch.equal(m.blocks[1].ln1.w, ln1[1].weight.detach()) and torch.equal(m.blocks[-1].ln2.w, ln2[2].weight.detach())
+    assert torch.equal(m.weight("ln2.w"), torch.stack([n.weight.detach() for n in ln2]))
+    if arch == "gpt2":
+        assert torch.equal(m.weight("ln1.b")[2], ln1[2].bias.detach())
+        assert torch.equal(m.W_pos, hf.transformer.wpe.weight.detach())
+        assert torch.equal(m.weight("ln_final.b"), hf.transformer.ln_f.bias.detach())
+    else:  # RMSNorm: no bias (zeros, as TransformerLens), no position table (rotary)
+        assert torch.equal(m.blocks[0].ln1.b, torch.zeros(m.cfg.d_model))
+        with pytest.raises(KeyError, match="no learned position table"):
+            m.W_pos
+    with pytest.raises(KeyError, match="closest"):
+        m.weight("ln3.w")
+    _, cache = m.run_with_cache(["When Mary and John went to the store", "Hi there"])
+    with torch.no_grad():
+        ref1 = ln1[1](cache["resid_pre", 1])
+        ref2 = ln2[2](cache["resid_mid", 2])
+    got1 = cache.apply_ln_to_stack(cache["resid_pre", 1][None], layer=1, include_bias=True)[0]
+    got2 = cache.apply_ln_to_stack(cache["resid_mid", 2][None], layer=2, mlp_input=True,
+                                   include_bias=True)[0]
+    assert torch.allclose(got1, ref1, atol=2e-6) and torch.allclose(got2, ref2, atol=2e-6)
+    # pos_slice / batch_slice: the stack holds only those positions / rows, the scale is sliced alike
+    last = cache.apply_ln_to_stack(cache["resid_mid", 2][:, -1][None], layer=2, mlp_input=True, pos_slice=-1,
+                                   include_bias=True)[0]
+    row = cache.apply_ln_to_stack(cache["resid_mid", 2][1][None], layer=2, mlp_input=True, batch_slice=1,
+                                  include_bias=True)[0]
+    assert torch.allclose(last, ref2[:, -1], atol=2e-6) and torch.allclose(row, ref2[1], atol=2e-6)
+    # a decomposition through a block norm sums to that norm's output (less its bias, added once)
+    parts = cache.decompose_resid(layer=1)
+    bias = m.blocks[1].ln1.b
+    assert torch.allclose(cache.apply_ln_to_stack(parts, layer=1).sum(0) + bias, ref1, atol=1e-5)

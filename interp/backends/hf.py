@@ -160,6 +160,12 @@ class HFModel(Model):
             raise KeyError(f"this {self.spec.family} model has no final norm of the residual stream")
         return norm_parts(self.hf_model.get_submodule(self.spec.ln_final), self.spec.norm_offset)
 
+    def _block_norm(self, layer: int, which: str):
+        path = self.spec.ln1 if which == "ln1" else self.spec.ln2
+        if not path:
+            raise KeyError(f"this {self.spec.family} model has no {which} norm in its blocks")
+        return norm_parts(self.hf_model.get_submodule(f"{self.spec.blocks}.{layer}.{path}"), self.spec.norm_offset)
+
 
     def _max_positions(self) -> int | None:
         return hf_max_positions(self.hf_model)

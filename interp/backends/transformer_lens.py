@@ -151,6 +151,11 @@ class TLModel(Model):
             w = None
         if isinstance(w, torch.Tensor):
             return w.detach().clone()
+        if name == "W_pos":  # a bridge has no W_pos attribute: the table of its position-embedding component
+            table = getattr(getattr(self.tl, "pos_embed", None), "weight", None)
+            if isinstance(table, torch.Tensor):
+                return table.detach().clone()
+            raise KeyError("W_pos: this model has no learned position table (rotary or no position embedding)")
         if name.startswith("b_"):  # TransformerLens gives zeros where the architecture has no bias
             ref = {"b_Q": "W_Q", "b_K": "W_K", "b_V": "W_V", "b_O": "W_O", "b_in": "W_in", "b_out": "W_out",
                    "b_U": "W_U"}[name]
@@ -161,10 +166,19 @@ class TLModel(Model):
         raise KeyError(f"{name}: this model has no such weight")
 
     def _final_norm(self):
-        from ..architectures import norm_parts
         mod = getattr(self.tl, "ln_final", None)
         if mod is None:
             raise KeyError("this model has no final norm of the residual stream")
+        return self._norm_of(mod)
+
+    def _block_norm(self, layer: int, which: str):
+        mod = getattr(self.tl.blocks[layer], which, None)
+        if mod is None:
+            raise KeyError(f"this model has no {which} norm in its blocks")
+        return self._norm_of(mod)
+
+    def _norm_of(self, mod):
+        from ..architectures import norm_parts
         orig = getattr(mod, "original_component", None)
         if orig is not None:  # a bridge: the HF norm module it wraps (Gemma's multiplies by 1 + w)
             return norm_parts(orig, 1.0 if "gemma" in self.cfg.family.lower() else 0.0)
