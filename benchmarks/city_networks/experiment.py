@@ -71,10 +71,13 @@ class ValidationConfig:
     """Settings of both validations (defaults: the CPU budget of the shared 2-core machine).
 
     ``sweeps``: graph role (``"main"`` the grid or the road graph, ``"control"`` the small world) -> list of
-    :class:`SweepSpec`. ``influence_depth``: depth of the GCN whose influence is measured (seed 0);
-    ``max_hops``: measurement radius (``None``: ``influence_depth + 1``, which gives the exact full-graph
-    Jacobian of an ``L``-layer model; the paper uses 16 with ``L = 16``); ``influence_samples`` seeds per
-    graph (``control_influence_samples`` on the small world, whose subgraphs cover most of the graph).
+    :class:`SweepSpec`. ``influence_depth``: depth ``L`` of the GCN whose influence is measured (seed 0);
+    ``max_hops``: measurement radius (``None``, the default: ``L`` hops, **official**: the code measures its
+    16-layer models over 16 hops; ``L + 1`` is ours, the earlier default here: it gives the exact full-graph
+    Jacobian, since every node within ``L`` hops then keeps all its neighbours, and a somewhat different R:
+    ``ValidationConfig(max_hops=L + 1)``); ``influence_samples`` seeds per graph (``control_influence_samples``
+    on the small world, whose subgraphs cover most of the graph). ``train.architecture`` picks the baselines'
+    architecture (official PyG models by default, see :class:`~interp.models.city_networks.TrainConfig`).
     """
 
     grid_side: int = 70
@@ -111,7 +114,8 @@ class ValidationConfig:
 
     @property
     def hops(self) -> int:
-        return self.influence_depth + 1 if self.max_hops is None else self.max_hops
+        """The influence radius: ``max_hops``, or the official ``influence_depth`` when it is ``None``."""
+        return self.influence_depth if self.max_hops is None else self.max_hops
 
 
 def decay_rate(curve: torch.Tensor, depth: int) -> float:

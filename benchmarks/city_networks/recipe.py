@@ -87,13 +87,20 @@ class CityNetworksRecipe(Recipe):
                   "Helsinki and controls: test accuracy (%) per model and depth": road.to_frame().to_dict("records"),
                   "receptive field R and influence decay per graph":
                       [*syn.influence_frame().to_dict("records"), *road.influence_frame().to_dict("records")],
+                  "graphs (tie_ambiguous: labels that depend on how the sort breaks ties; ours is stable, the "
+                  "official torch.sort is not)":
+                      [{c: st[c] for c in ("name", "nodes", "edges", "k", "classes", "tie_ambiguous")}
+                       for res in (syn, road) for st in res.graphs.values()],
                   "paper: best accuracy (%) at L = 16": [{"model": m, **v} for m, v in PAPER_ACCURACY_L16.items()],
                   "paper: R of a 16-layer GCN": [PAPER_R_GCN]}
         return Outcome(
             measured=measured, tables=tables,
             figures=[("grid city vs small world", syn.figure()), ("Helsinki and controls", road.figure())],
-            notes=f"Grid: GCN depth gain L = 2 -> {L}, influence of a {L}-layer GCN; Helsinki: influence of a "
-                  f"{config.road.influence_depth}-layer GCN, GNN kinds {', '.join(kinds)}. At most "
+            notes=f"Grid: GCN depth gain L = 2 -> {L}, influence of a {L}-layer GCN over {config.synthetic.hops} "
+                  f"hops; Helsinki: influence of a {config.road.influence_depth}-layer GCN over {config.road.hops} "
+                  f"hops, GNN kinds {', '.join(kinds)}. Baselines: architecture "
+                  f"'{config.synthetic.train.architecture}' ('pyg': the official PyG GCN / GraphSAGE / GAT / MLP with "
+                  f"ReLU; 'projected': ours, Linear + SiLU projections). At most "
                   f"{config.synthetic.train.max_epochs} epochs with early stopping (the paper trains 30,000).")
 
 

@@ -1,11 +1,23 @@
-"""Baselines of the City-Networks paper: MLP and GCN / GraphSAGE / GAT with input and output projections.
+"""Baselines of the City-Networks paper: MLP, GCN, GraphSAGE and GAT, and their full-batch training.
 
-Architecture (official ``benchmark/gnn.py``, the structure the digest describes for all baselines)::
+Two architectures (``architecture=``):
 
-    x -> Linear(F, h) -> act -> dropout -> [conv_l(h, h) -> act -> dropout] x L -> Linear(h, C)
+* ``"pyg"`` (**official**, the default): the official run script's ``benchmark/configs.py::parse_method``
+  builds PyTorch Geometric's stock models ``torch_geometric.nn.GCN`` / ``GraphSAGE`` / ``GAT`` (one head) /
+  ``MLP`` with ``num_layers = L``, ReLU and dropout::
 
-``conv_l`` is a ``torch_geometric`` ``GCNConv`` / ``SAGEConv`` / ``GATConv`` (one head), or ``Linear`` for the
-MLP (same depth, no graph). ``act`` is SiLU (``"identity"`` gives the linear GCN of the closed-form check).
+      x -> [conv_l -> ReLU -> dropout] x (L - 1) -> conv_L          (conv_1: F -> h, conv_L: h -> C)
+
+  ``conv`` is ``GCNConv`` / ``SAGEConv`` (mean) / ``GATConv`` (one head; PyG also passes the dropout to its
+  attention) and for the MLP ``Linear`` with PyG ``MLP``'s default batch norm before the ReLU. No input or
+  output ``Linear`` projection: an ``L``-layer GNN sees exactly ``L`` hops.
+* ``"projected"`` (**ours**, the earlier default of this package): input and output ``Linear`` projections
+  around ``L`` hidden layers, SiLU::
+
+      x -> Linear(F, h) -> act -> dropout -> [conv_l(h, h) -> act -> dropout] x L -> Linear(h, C)
+
+  Officially only ``ChebNet`` (``benchmark/gnn.py``) and SGFormer are built this way; the paper's GCN /
+  GraphSAGE / GAT / MLP are not. Kept as an option (``TrainConfig(architecture="projected")``).
 
 Training is full-batch (the official runs use a NeighborLoader with all neighbours and one 200k-node batch,
 i.e. the full graph), AdamW with cross-entropy on the training nodes, validation accuracy every epoch,
@@ -29,40 +41,62 @@ from interp.results import Result
 from ..common import limit_threads, set_seed
 from .data import CityGraph
 
-__all__ = ["MODEL_KINDS", "CityGNN", "TrainConfig", "TrainRun", "standardize", "train_model", "DepthSweepResult",
-           "depth_sweep"]
+__all__ = ["MODEL_KINDS", "ARCHITECTURES", "CityGNN", "TrainConfig", "TrainRun", "standardize", "train_model",
+           "DepthSweepResult", "depth_sweep"]
 
 MODEL_KINDS = ("mlp", "gcn", "sage", "gat")
+#: ``"pyg"``: the official PyG stock models (default); ``"projected"``: ours, Linear + SiLU projections
+ARCHITECTURES = ("pyg", "projected")
 ACTIVATIONS = {"silu": nn.SiLU, "identity": nn.Identity, "relu": nn.ReLU}
+#: the activation each architecture uses when none is given
+DEFAULT_ACTIVATION = {"pyg": "relu", "projected": "silu"}
 
 
 class CityGNN(nn.Module):
-    """Input projection, ``num_layers`` message-passing (or linear) layers, output projection.
+    """One baseline of the paper: ``kind`` at depth ``num_layers`` in one of two :data:`ARCHITECTURES`.
 
     Args:
         kind: ``"mlp"``, ``"gcn"``, ``"sage"`` or ``"gat"``.
         in_dim, hidden, out_dim: feature, hidden and class dimensions.
-        num_layers: ``L >= 1`` hidden layers.
-        dropout: after every activation (official: 0.2).
-        activation: ``"silu"`` (official), ``"relu"`` or ``"identity"``.
+        num_layers: ``L >= 1``. ``"pyg"``: ``L`` layers in all (the first maps ``in_dim -> hidden``, the last
+            ``hidden -> out_dim``); ``"projected"``: ``L`` hidden ``hidden -> hidden`` layers between the two
+            projections. Either way an ``L``-layer GNN sees ``L`` hops.
+        dropout: after every activation (official run script: 0.2).
+        activation: ``"relu"``, ``"silu"`` or ``"identity"``; ``None``: ReLU for ``"pyg"`` (official, PyG's
+            default), SiLU for ``"projected"`` (ours, the official ``ChebNet``'s).
         bias: biases in every layer (``False`` with ``"identity"`` gives ``H = Â^L X W``).
+        architecture: ``"pyg"`` (official, default): PyG's ``GCN`` / ``GraphSAGE`` / ``GAT`` / ``MLP`` as the
+            official run script builds them; ``"projected"`` (ours): input and output ``Linear`` projections.
     Forward: ``x`` ``[N, in_dim]``, ``edge_index`` ``[2, E]`` -> logits ``[N, out_dim]``.
+
+    ``net`` is the PyG model (``"pyg"``; ``input_proj`` / ``output_proj`` are then ``None``), and ``layers`` the
+    ``L`` (``"projected"``) or all (``"pyg"``) message-passing / linear layers in order.
     """
 
     def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float = 0.2,
-                 activation: str = "silu", bias: bool = True):
+                 activation: str | None = None, bias: bool = True, architecture: str = "pyg"):
         super().__init__()
-        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+        from torch_geometric.nn import GAT, GCN, MLP, GATConv, GCNConv, GraphSAGE, SAGEConv
 
         if kind not in MODEL_KINDS:
             raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
         if num_layers < 1 or hidden < 1 or in_dim < 1 or out_dim < 1:
             raise ValueError("num_layers, hidden, in_dim and out_dim must be >= 1")
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        activation = DEFAULT_ACTIVATION[architecture] if activation is None else activation
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
         self.kind, self.num_layers, self.dropout = kind, num_layers, dropout
+        self.architecture, self.activation_name = architecture, activation
+        if architecture == "pyg":
+            model = {"mlp": MLP, "gcn": GCN, "sage": GraphSAGE, "gat": GAT}[kind]
+            self.net = model(in_channels=in_dim, hidden_channels=hidden, out_channels=out_dim, num_layers=num_layers,
+                             dropout=dropout, act=None if activation == "identity" else activation, bias=bias)
+            self.input_proj = self.output_proj = None
+            return
         self.input_proj = nn.Linear(in_dim, hidden, bias=bias)
         make = {"mlp": lambda: nn.Linear(hidden, hidden, bias=bias),
                 "gcn": lambda: GCNConv(hidden, hidden, bias=bias),
@@ -72,7 +106,16 @@ class CityGNN(nn.Module):
         self.output_proj = nn.Linear(hidden, out_dim, bias=bias)
         self.activation = ACTIVATIONS[activation]()
 
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The message-passing (or, for the MLP, linear) layers in order: ``L`` of them in both architectures."""
+        if self.architecture == "pyg":
+            return self.net.lins if self.kind == "mlp" else self.net.convs
+        return self.convs
+
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        if self.architecture == "pyg":
+            return self.net(x) if self.kind == "mlp" else self.net(x, edge_index)
         h = F.dropout(self.activation(self.input_proj(x)), self.dropout, self.training)
         for conv in self.convs:
             h = conv(h) if self.kind == "mlp" else conv(h, edge_index)
@@ -84,7 +127,12 @@ class CityGNN(nn.Module):
 class TrainConfig:
     """Full-batch training (defaults: digest's CPU recipe lr 5e-3 / 500 epochs; the code's hidden 64,
     dropout 0.2, weight decay 1e-5, AdamW). Validation every ``eval_every`` epochs; stop after ``patience``
-    epochs without a better validation accuracy."""
+    epochs without a better validation accuracy.
+
+    ``architecture``: ``"pyg"`` (official, default: PyG's stock ``GCN`` / ``GraphSAGE`` / ``GAT`` / ``MLP``, ReLU,
+    no projections) or ``"projected"`` (ours: ``Linear`` + SiLU input and output projections); ``activation``:
+    ``None`` for the architecture's own (ReLU / SiLU), else ``"relu"``, ``"silu"`` or ``"identity"``. See
+    :class:`CityGNN`."""
 
     hidden: int = 64
     dropout: float = 0.2
@@ -95,8 +143,14 @@ class TrainConfig:
     eval_every: int = 1
     standardize: bool = True
     num_threads: int | None = 1
+    architecture: str = "pyg"
+    activation: str | None = None
 
     def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be None or one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
         if self.hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         if not 0 <= self.dropout < 1:
@@ -138,7 +192,8 @@ def train_model(graph: CityGraph, kind: str, num_layers: int, seed: int = 0,
         set_seed(seed)
         x = standardize(graph.x) if cfg.standardize else graph.x
         ei, y = graph.edge_index, graph.y
-        model = CityGNN(kind, x.shape[1], cfg.hidden, graph.num_classes, num_layers, cfg.dropout)
+        model = CityGNN(kind, x.shape[1], cfg.hidden, graph.num_classes, num_layers, cfg.dropout,
+                        activation=cfg.activation, architecture=cfg.architecture)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         tr, va, te = graph.train_idx, graph.val_idx, graph.test_idx
         best = (-1.0, 0, None, 0.0, 0.0)   # val, epoch, state, train, test

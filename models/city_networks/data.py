@@ -21,7 +21,8 @@ Choices where a generic networkx graph lacks what OSMnx provides (documented in 
   averaged) with missing values imputed by the mean of the edge's ``highway`` type and then the global mean,
   as OSMnx ``add_edge_speeds`` does; the column is dropped when neither attribute exists anywhere;
 * a categorical column (``landuse``, ``oneway``, ...) is one-hot encoded only when at least one node/edge has it;
-* the label sort is stable (``torch.sort`` in the code is not), so ties are broken by node order.
+* the label sort is stable (``torch.sort`` in the code is not), so ties are broken by node order; only nodes
+  whose value ties across a chunk boundary can be labelled differently (:func:`tie_ambiguous`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ __all__ = [
     "EDGE_TOP_K",
     "NODE_TOP_K",
     "coalesce_undirected",
+    "tie_ambiguous",
     "local_eccentricity",
     "local_eccentricity_csr",
     "partition_labels",
@@ -202,8 +204,13 @@ def local_eccentricity(G, k: int, weight: str = "length", batch_size: int = 64) 
 def partition_labels(values: np.ndarray | torch.Tensor, n_classes: int = 10) -> torch.Tensor:
     """Official ``create_partition_labels``: sort ascending, chunks of ``n // n_classes + 1``, labels ``0..``.
 
-    The last class is smaller when ``n_classes`` does not divide ``n + n_classes`` evenly; ties keep node
-    order (stable sort). Returns ``[n]`` int64.
+    The last class is smaller when ``n_classes`` does not divide ``n + n_classes`` evenly. Returns ``[n]`` int64.
+
+    Ties (ours, deliberate): the sort is **stable**, so equal values keep node order and the labels are
+    deterministic. The official ``torch.sort(target)`` is not stable: when equal values straddle a chunk
+    boundary, which of them land in the lower class depends on the sort's implementation (device, size), so
+    the official labels of those nodes can differ from ours (only those: every other node gets the same label
+    either way). :func:`tie_ambiguous` counts them.
     """
     values = torch.as_tensor(np.asarray(values, dtype=np.float64))
     if values.dim() != 1:
@@ -218,6 +225,26 @@ def partition_labels(values: np.ndarray | torch.Tensor, n_classes: int = 10) -> 
     labels = torch.empty(n, dtype=torch.long)
     labels[order] = torch.arange(n) // chunk
     return labels
+
+
+def tie_ambiguous(values: np.ndarray | torch.Tensor, n_classes: int = 10) -> torch.Tensor:
+    """Nodes whose :func:`partition_labels` label depends on how ties are broken ``[n]`` bool.
+
+    A node is ambiguous when another node has exactly the same value and the sorted positions of that value
+    span two or more chunks: a stable sort (ours) and an unstable one (the official ``torch.sort``) may then
+    label it differently. Every other node gets the same label under any tie-breaking.
+    """
+    values = torch.as_tensor(np.asarray(values, dtype=np.float64))
+    labels = partition_labels(values, n_classes)          # validates the input
+    order = torch.sort(values, stable=True).indices
+    _, group = torch.unique_consecutive(values[order], return_inverse=True)
+    lab = labels[order]
+    n_groups = int(group.max()) + 1
+    lo = torch.full((n_groups,), n_classes, dtype=torch.long).scatter_reduce(0, group, lab, "amin")
+    hi = torch.full((n_groups,), -1, dtype=torch.long).scatter_reduce(0, group, lab, "amax")
+    out = torch.empty(values.numel(), dtype=torch.bool)
+    out[order] = (lo != hi)[group]
+    return out
 
 
 def random_split(n: int, train: float = 0.1, val: float = 0.1, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -378,11 +405,15 @@ class CityGraph:
         return int(self.y.max().item()) + 1
 
     def stats(self) -> dict[str, float]:
-        """Nodes, undirected edges, features, classes, mean degree and the class sizes."""
+        """Nodes, undirected edges, features, classes, mean degree, the class sizes and ``tie_ambiguous``: how
+        many labels depend on the tie-breaking of the sort (:func:`tie_ambiguous`; ``None`` without the
+        ``n_classes`` setting in ``meta``)."""
         deg = torch.bincount(self.edge_index[0], minlength=self.num_nodes).double()
+        n_classes = self.meta.get("n_classes")
+        ties = None if n_classes is None else int(tie_ambiguous(self.eccentricity, n_classes).sum())
         return {"name": self.name, "nodes": self.num_nodes, "edges": self.num_edges, "features": int(self.x.shape[1]),
                 "classes": self.num_classes, "mean_degree": float(deg.mean()), "max_degree": int(deg.max()),
-                "k": self.meta.get("k"), "class_sizes": torch.bincount(self.y).tolist()}
+                "k": self.meta.get("k"), "class_sizes": torch.bincount(self.y).tolist(), "tie_ambiguous": ties}
 
     def to_pyg(self):
         """The same data as a :class:`torch_geometric.data.Data` with boolean ``train/val/test_mask`` (the

@@ -9,7 +9,8 @@ For a trained model ``y = f(X, A)`` and a seed node ``v`` (official ``influence/
     R       = mean_v [ sum_h h T_h(v) / sum_h T_h(v) ]         (on the unnormalised T)
 
 The Jacobian is taken on the subgraph induced by the ``H``-hop neighbourhood of ``v`` (the model runs on that
-subgraph, as in the code). Here many seeds are measured at once: their induced subgraphs are glued into one
+subgraph, as in the code); the official radius is the model's depth, ``H = L`` (16 hops for the paper's
+16-layer models). Here many seeds are measured at once: their induced subgraphs are glued into one
 block-diagonal graph, one forward pass runs on it and one backward pass per output class gives the gradients
 of every root's class-``i`` output (blocks never exchange messages, so each root's gradient lives in its own
 block). That is exact for any model whose output at a node depends only on its connected component
@@ -192,7 +193,12 @@ def measure_influence(model: torch.nn.Module, x: torch.Tensor, edge_index: torch
                       label: str = "") -> InfluenceResult:
     """Sample ``num_samples`` seed nodes (all if ``None`` or larger than ``N``) and measure the influence
     (paper defaults: ``max_hops = 16``, 10,000 seeds). Seeds are drawn with ``torch.randperm`` under
-    ``seed``; ``x`` must be the features the model was trained on."""
+    ``seed``; ``x`` must be the features the model was trained on.
+
+    The official measurement (``influence_main.py``) uses a radius equal to the model's depth: ``max_hops = 16``
+    for the 16-layer models; pass ``max_hops = L`` for an ``L``-layer model to match it. (A radius of ``L + 1``
+    would give the exact full-graph Jacobian, since nodes at hop ``L`` then keep all their neighbours, and a
+    slightly different ``R``; it is not the paper's.)"""
     n = x.shape[0]
     g = torch.Generator().manual_seed(seed)
     seeds = torch.randperm(n, generator=g)[: n if num_samples is None else min(num_samples, n)]
@@ -217,15 +223,22 @@ def linear_gcn_influence(model: torch.nn.Module, edge_index: torch.Tensor, num_n
                          max_hops: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Closed-form ``I(v, u) = |(Â^L)_{vu}| · sum|W|`` for a bias-free linear :class:`CityGNN` of kind ``"gcn"``.
 
-    ``Â`` is built on the induced ``max_hops`` subgraph of ``seed`` (where the measurement runs the model)
-    and ``W = W_in W_1 ... W_L W_out`` is the product of every weight matrix.
+    ``Â`` is built on the induced ``max_hops`` subgraph of ``seed`` (where the measurement runs the model),
+    ``L`` is the number of ``GCNConv`` layers and ``W`` the product of every weight matrix in order
+    (``W_1 ... W_L`` for the official ``"pyg"`` architecture, ``W_in W_1 ... W_L W_out`` for ``"projected"``).
     Returns (global node ids ``[P]``, influences ``[P]``).
     """
+    if getattr(model, "kind", None) != "gcn" or getattr(model, "activation_name", None) != "identity":
+        raise ValueError("linear_gcn_influence needs a CityGNN of kind 'gcn' with activation='identity'")
+    mats = [model.input_proj] if model.input_proj is not None else []
+    mats += [conv.lin for conv in model.layers]
+    mats += [model.output_proj] if model.output_proj is not None else []
+    if any(getattr(m, "bias", None) is not None for m in [*mats, *model.layers]):
+        raise ValueError("linear_gcn_influence needs a bias-free model (bias=False)")
     batch = induced_subgraphs(edge_index, num_nodes, torch.tensor([seed]), max_hops)
     A_hat = gcn_norm_dense(batch.edge_index, batch.nodes.numel())
-    P = torch.linalg.matrix_power(A_hat, len(model.convs))
-    W = model.input_proj.weight.double().T
-    for conv in model.convs:
-        W = W @ conv.lin.weight.double().T
-    W = W @ model.output_proj.weight.double().T
+    P = torch.linalg.matrix_power(A_hat, len(model.layers))
+    W = mats[0].weight.double().T
+    for m in mats[1:]:
+        W = W @ m.weight.double().T
     return batch.nodes, P[batch.roots[0]].abs() * W.abs().sum()

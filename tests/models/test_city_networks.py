@@ -13,7 +13,7 @@ from interp.models.city_networks import (CityGNN, InfluenceResult, TrainConfig, 
                                          coalesce_undirected, depth_sweep, grid_city, induced_subgraphs,
                                          influence_curve, linear_gcn_influence, local_eccentricity, measure_influence,
                                          pair_influence, partition_labels, random_split, receptive_field,
-                                         standardize, total_influence, train_model)
+                                         standardize, tie_ambiguous, total_influence, train_model)
 from interp.models.city_networks.influence import gcn_norm_dense
 
 
@@ -92,6 +92,25 @@ def test_partition_labels_follow_create_partition_labels():
     assert torch.bincount(big).tolist() == [101] * 9 + [94]
     with pytest.raises(ValueError, match="n_classes"):
         partition_labels(np.arange(5.0), 10)
+
+
+def test_tie_breaking_only_moves_ties_across_a_chunk_boundary():
+    """Ours sorts stably (ties by node order); the official ``torch.sort`` is not stable. Values 2.0 at nodes 2, 3, 4
+    fill sorted positions 2-4 with chunks of 9 // 3 + 1 = 4: chunk 0 ends after position 3, so two of the three go to
+    class 0 and one to class 1, and which ones depends on the tie-breaking."""
+    vals = np.array([0.0, 1.0, 2.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    labels = partition_labels(vals, 3)
+    assert labels.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2]          # stable: node 4, the last of the tie, moves up
+    amb = tie_ambiguous(vals, 3)
+    assert amb.tolist() == [False, False, True, True, True, False, False, False, False]
+    # another tie-breaking (reverse node order among equal values) changes only ambiguous labels
+    perm = np.arange(9)[::-1].copy()
+    other = torch.empty(9, dtype=torch.long)
+    other[torch.as_tensor(perm)] = partition_labels(vals[perm], 3)
+    assert other.tolist() == [0, 0, 1, 0, 0, 1, 1, 1, 2]
+    assert torch.equal(labels[~amb], other[~amb]) and not torch.equal(labels[amb], other[amb])
+    # ties inside one chunk are not ambiguous
+    assert not tie_ambiguous(np.array([5.0, 1.0, 3.0, 3.0, 9.0, 0.0, 2.0, 7.0, 4.0, 8.0, 6.0, 3.0]), 5).any()
 
 
 def test_random_split_is_the_code_split():
@@ -199,22 +218,58 @@ def test_batched_influence_equals_pyg_total_influence(small_grid):
 def test_linear_gcn_closed_form(small_grid):
     torch.manual_seed(0)
     x = torch.randn(small_grid.num_nodes, 5) * 3
-    for L, hops in ((3, 5), (4, 4)):
-        model = CityGNN("gcn", 5, 6, 10, L, dropout=0.0, activation="identity", bias=False)
-        for seed in (0, 77):
-            nodes, closed = linear_gcn_influence(model, small_grid.edge_index, small_grid.num_nodes, seed, hops)
-            batch = induced_subgraphs(small_grid.edge_index, small_grid.num_nodes, torch.tensor([seed]), hops)
-            got = pair_influence(model, x, batch).double()
-            assert torch.equal(batch.nodes, nodes)
-            torch.testing.assert_close(got, closed, rtol=1e-5, atol=1e-6)
+    for arch in ("pyg", "projected"):
+        for L, hops in ((3, 5), (4, 4)):
+            model = CityGNN("gcn", 5, 6, 10, L, dropout=0.0, activation="identity", bias=False, architecture=arch)
+            for seed in (0, 77):
+                nodes, closed = linear_gcn_influence(model, small_grid.edge_index, small_grid.num_nodes, seed, hops)
+                batch = induced_subgraphs(small_grid.edge_index, small_grid.num_nodes, torch.tensor([seed]), hops)
+                got = pair_influence(model, x, batch).double()
+                assert torch.equal(batch.nodes, nodes)
+                torch.testing.assert_close(got, closed, rtol=1e-5, atol=1e-6)
     # with L < max_hops the subgraph is exact: the closed form on the full graph's Â agrees
-    model = CityGNN("gcn", 5, 6, 10, 2, dropout=0.0, activation="identity", bias=False)
+    model = CityGNN("gcn", 5, 6, 10, 2, dropout=0.0, activation="identity", bias=False, architecture="projected")
     nodes, closed = linear_gcn_influence(model, small_grid.edge_index, small_grid.num_nodes, 10, 4)
     A = gcn_norm_dense(small_grid.edge_index, small_grid.num_nodes)
     W = model.input_proj.weight.double().T @ model.convs[0].lin.weight.double().T @ \
         model.convs[1].lin.weight.double().T @ model.output_proj.weight.double().T
     full = torch.linalg.matrix_power(A, 2)[10].abs() * W.abs().sum()
     torch.testing.assert_close(closed, full[nodes])
+    with pytest.raises(ValueError, match="identity"):
+        linear_gcn_influence(CityGNN("gcn", 5, 6, 10, 2), small_grid.edge_index, small_grid.num_nodes, 0, 2)
+    with pytest.raises(ValueError, match="bias"):
+        linear_gcn_influence(CityGNN("gcn", 5, 6, 10, 2, activation="identity"), small_grid.edge_index,
+                             small_grid.num_nodes, 0, 2)
+
+
+def test_influence_radius_is_L_hops_by_hand():
+    """Official radius: an L-layer model is measured over L hops (``influence_main.py``: 16 hops for the 16-layer
+    models). On the path 0-1-2-3-4 a bias-free linear 2-layer GCN seen from node 0 over 2 hops runs on the
+    induced path 0-1-2, where Â = D^-1/2 (A + I) D^-1/2 with degrees (2, 3, 2):
+    (Â²)_0· = (1/4 + 1/6, 1/(2√6) + 1/(3√6), 1/6) = (5/12, 5/(6√6), 1/6), and I(0, u) = |(Â²)_0u| Σ|W|, so
+    T_h / T_0 = (1, 2/√6, 2/5) and R = (5/(6√6) + 2/6) / (5/12 + 5/(6√6) + 1/6).
+    The earlier default radius L + 1 = 3 hops adds node 3, node 2's degree becomes 3 and (Â²)_02 = 1/(3√6):
+    T_2 / T_0 = 4/(5√6) and another R, so this test fails with the old ``ValidationConfig.hops``."""
+    P = nx.path_graph(5)
+    ei = torch.tensor([[a for a, b in P.edges] + [b for a, b in P.edges],
+                       [b for a, b in P.edges] + [a for a, b in P.edges]])
+    torch.manual_seed(0)
+    x = torch.randn(5, 3)
+    model = CityGNN("gcn", 3, 4, 2, 2, dropout=0.0, activation="identity", bias=False)
+    cfg = ValidationConfig(influence_depth=2)
+    assert cfg.hops == 2 and ValidationConfig(influence_depth=16).hops == 16
+    T = total_influence(model, x, ei, torch.tensor([0]), cfg.hops, desc=None)
+    r6 = math.sqrt(6)
+    hand_R = (5 / (6 * r6) + 2 / 6) / (5 / 12 + 5 / (6 * r6) + 1 / 6)
+    torch.testing.assert_close(T[0] / T[0, 0], torch.tensor([1.0, 2 / r6, 2 / 5], dtype=torch.float64))
+    assert receptive_field(T) == pytest.approx(hand_R, rel=1e-6)
+    # ours as an option: L + 1 hops (exact full-graph Jacobian), a different R
+    T1 = total_influence(model, x, ei, torch.tensor([0]), ValidationConfig(influence_depth=2, max_hops=3).hops,
+                         desc=None)
+    torch.testing.assert_close(T1[0] / T1[0, 0], torch.tensor([1.0, 2 / r6, 4 / (5 * r6), 0.0], dtype=torch.float64))
+    hand_R1 = (5 / (6 * r6) + 2 / (3 * r6)) / (5 / 12 + 5 / (6 * r6) + 1 / (3 * r6))
+    assert receptive_field(T1) == pytest.approx(hand_R1, rel=1e-6)
+    assert abs(hand_R1 - hand_R) > 0.04
 
 
 def test_curve_and_receptive_field_by_hand():
@@ -236,16 +291,68 @@ def test_mlp_influence_is_only_the_node_itself(small_grid):
 def test_model_and_config_errors():
     with pytest.raises(ValueError, match="kind"):
         CityGNN("cheb", 3, 4, 2, 2)
+    with pytest.raises(ValueError, match="architecture"):
+        CityGNN("gcn", 3, 4, 2, 2, architecture="cheb")
+    with pytest.raises(ValueError, match="activation"):
+        CityGNN("gcn", 3, 4, 2, 2, activation="tanh")
     with pytest.raises(ValueError, match="dropout"):
         TrainConfig(dropout=1.0)
     with pytest.raises(ValueError, match="patience"):
         TrainConfig(patience=0)
+    with pytest.raises(ValueError, match="architecture"):
+        TrainConfig(architecture="projection")
+    with pytest.raises(ValueError, match="activation"):
+        TrainConfig(activation="gelu")
     with pytest.raises(ValueError, match="kinds"):
         SweepSpec(("transformer",))
     with pytest.raises(ValueError, match="sweeps"):
         ValidationConfig(sweeps={"cora": []})
     with pytest.raises(ValueError, match="grid_side"):
         ValidationConfig(grid_side=2)
+
+
+def test_default_baselines_are_the_plain_pyg_models(small_grid):
+    """Official (``benchmark/configs.py::parse_method``): PyG's stock GCN / GraphSAGE / GAT / MLP with
+    ``num_layers = L``, ReLU, no input or output Linear projections. Ours (Linear + SiLU projections) is
+    ``TrainConfig(architecture="projected")``. The old default (projections, SiLU) fails every check here."""
+    import torch_geometric.nn as pyg
+
+    x, ei = standardize(small_grid.x), small_grid.edge_index
+    F_in = x.shape[1]
+    stock = {"gcn": (pyg.GCN, pyg.GCNConv), "sage": (pyg.GraphSAGE, pyg.SAGEConv), "gat": (pyg.GAT, pyg.GATConv),
+             "mlp": (pyg.MLP, pyg.dense.Linear)}
+    for kind, (Model, Layer) in stock.items():
+        torch.manual_seed(0)
+        m = CityGNN(kind, F_in, 8, 10, 3)
+        assert m.architecture == "pyg" and isinstance(m.net, Model)
+        assert m.input_proj is None and m.output_proj is None
+        assert len(m.layers) == 3 and all(type(layer) is Layer for layer in m.layers)
+        assert (m.layers[0].in_channels, m.layers[-1].out_channels) == (F_in, 10)
+        assert isinstance(m.net.act, torch.nn.ReLU)
+        assert not any(isinstance(mod, (torch.nn.Linear, torch.nn.SiLU)) for mod in m.modules())
+        # the very model the official run script builds: same weights, same logits
+        ref = Model(in_channels=F_in, hidden_channels=8, out_channels=10, num_layers=3, dropout=0.2)
+        ref.load_state_dict(m.net.state_dict())
+        m.eval(), ref.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(m(x, ei), ref(x) if kind == "mlp" else ref(x, ei))
+    # a 2-layer GCN by hand: Â ReLU(Â X W1 + b1) W2 + b2
+    m = CityGNN("gcn", F_in, 8, 10, 2).eval()
+    A = gcn_norm_dense(ei, small_grid.num_nodes).float()
+    c1, c2 = m.layers
+    hand = A @ torch.relu(A @ x @ c1.lin.weight.T + c1.bias) @ c2.lin.weight.T + c2.bias
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, ei), hand, rtol=1e-4, atol=1e-5)
+    # ours, one config option away: Linear + SiLU projections around L hidden convs
+    run = train_model(small_grid, "gcn", 2, config=TrainConfig(hidden=8, max_epochs=1, architecture="projected"))
+    ours = run.model
+    assert ours.architecture == "projected" and isinstance(ours.activation, torch.nn.SiLU)
+    assert isinstance(ours.input_proj, torch.nn.Linear) and isinstance(ours.output_proj, torch.nn.Linear)
+    assert len(ours.layers) == 2 and all(type(c) is pyg.GCNConv for c in ours.layers)
+    default = train_model(small_grid, "gcn", 2, config=TrainConfig(hidden=8, max_epochs=1)).model
+    assert default.architecture == "pyg" and isinstance(default.net, pyg.GCN)
+    assert ValidationConfig(train={"architecture": "projected"}).train.architecture == "projected"
+    assert ValidationConfig().train.architecture == "pyg"
 
 
 def test_training_restores_best_validation_model(small_grid, tmp_path):
@@ -275,6 +382,8 @@ def test_tiny_synthetic_validation_runs_end_to_end(tmp_path):
     assert set(r.checks) == {"grid_gcn_L8_minus_L2_ge_5_points", "grid_mlp_le_20_percent", "R_grid_gt_small_world",
                              "slower_decay_on_grid"}
     assert r.graphs["main"]["nodes"] == r.graphs["control"]["nodes"]
+    # the official radius: the 8-layer GCN is measured over 8 hops (hops 0..8)
+    assert all(torch.as_tensor(d["T"]).shape[1] == cfg.influence_depth + 1 for d in r.influence.values())
     assert r.influence_frame().shape[0] == 2 and r.figure() is not None
     r.save(tmp_path / "res")
     assert CityValidationResult.load(tmp_path / "res").numbers == pytest.approx(r.numbers)
