@@ -18,7 +18,7 @@ from .base import (
     spread,
     unregister,
 )
-from .activations import collect, mean_difference
+from .activations import collect, last_token, mean_difference
 from .diff_in_means import DiffInMeans, DiffInMeansConfig
 from .ablation import ABLATION_HOOKS, DirectionalAblation, DirectionalAblationConfig, ablation_vector, orthogonalize_weights
 from . import refusal
@@ -27,7 +27,7 @@ from .repit import RepIt, RepItConfig, isolate, localize
 
 __all__ = [
     "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
-    "available", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "mean_difference",
+    "available", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
     "ablation_vector", "orthogonalize_weights", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
 ]

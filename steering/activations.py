@@ -68,6 +68,15 @@ def collect(model, prompts: Any, names: Sequence[str], positions: Sequence[int] 
     return torch.cat(out, dim=0)
 
 
+def last_token(model, prompts: Any, hook: str, batch_size: int = 16) -> torch.Tensor:
+    """Activations of one hook at each prompt's last token: ``[n_prompts, d]`` (float32, CPU).
+
+    ``collect(model, prompts, [hook], (-1,), batch_size)[:, 0, 0]``: strings are tokenized with left padding and
+    without added special tokens, so position ``-1`` is each prompt's own last token.
+    """
+    return collect(model, prompts, [hook], (-1,), batch_size)[:, 0, 0]
+
+
 def mean_difference(positive_acts: torch.Tensor, negative_acts: torch.Tensor) -> torch.Tensor:
     """Difference in means over the prompt axis: ``mean(positive) - mean(negative)``, shapes ``[n, ...]`` -> ``[...]``."""
     if positive_acts.shape[1:] != negative_acts.shape[1:]:

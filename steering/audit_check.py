@@ -1,6 +1,20 @@
-"""Steering as an ``interp audit`` check (RepIt: Siu et al., ICLR 2026, by default).
+"""Steering as an ``interp audit`` check: any registered steering method on refusal or on a contrastive behaviour.
 
-``interp audit MODEL --checks steering`` adds a steering section when the model has a refusal data set:
+Two evaluations:
+
+* **refusal** (RepIt: Siu et al., ICLR 2026, by default; what follows);
+* **behaviour** (any method, built-in or plug-in): the method is fitted on a contrastive behaviour set (a
+  built-in one, ``--set steering.behaviour=sentiment``, or a user's JSON file, ``--set steering.data=FILE``) and
+  :func:`interp.steering.behaviour.evaluate_behaviour` reports the behaviour rate (marker judge) and a linear
+  probe's score before and after steering, the KL on neutral text (the audit's text set) and the perplexity of
+  the steered greedy continuation under the unsteered model.
+
+``--set steering.<option>=VALUE`` sets a field of this check's config or, for any other name, a field of the
+selected method's config (``steering.method`` chooses it); a name in both (``layer``, ``position``,
+``batch_size``) sets both. An unknown method or option is a ``ValueError`` from :meth:`SteeringCheckConfig.
+from_overrides`, raised before any model loads.
+
+Refusal evaluation: ``interp audit MODEL --checks steering`` adds a steering section when the model has a refusal data set:
 it fits a steering method from the registry (default ``repit``, targets bio/chem/nuclear) on the ``train``
 split of :mod:`interp.data`, selects on ``val`` and reports on held-out ``test`` prompts the method,
 the layer, and the refusal table per category (string-match judge on greedy generations) without and with
@@ -14,13 +28,14 @@ forces the run, ``"no"`` always skips).
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from interp.audit import AuditData, Check, Rendered
+from interp.audit import AuditData, Check, Rendered, parse_overrides
 from interp.results import Result
 
-from .base import SteeringData, get
+from .base import SteeringData, SteeringMethod, get
+from .behaviour import evaluate_behaviour
 from .refusal import (evaluate_refusal, judge_generations, kl_divergence, refusal_data, refusal_scores,
                       refusal_token_ids)
 from .repit import RepIt, RepItConfig
@@ -48,6 +63,91 @@ class SteeringCheckConfig:
     nontarget_retain: float = 0.9
     intervention: str = "affine"  #: RepIt deployment: "affine" (paper, one layer) or "ablation" (every layer)
     batch_size: int = 16
+    #: "auto": refusal for repit, and for other methods when the model has refusal behaviour (else
+    #: "sentiment"); "refusal"; or a built-in behaviour (interp.data.behaviour_names())
+    behaviour: str = "auto"
+    data: str | None = None  #: a JSON contrastive set (interp.data.load_behaviour); overrides behaviour
+    probe_layer: int | None = None  #: behaviour probe layer (default: the vector's layer)
+    neutral_texts: int = 16  #: audit texts the neutral-text KL runs on
+    method_options: dict = field(default_factory=dict)  #: fields of the method's own config
+
+    # method-config fields that the check's own fields of the same name also set
+    SHARED: ClassVar[tuple[str, ...]] = ("layer", "position", "batch_size")
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, str]) -> "SteeringCheckConfig":
+        """Build from ``--set steering.X=V`` strings: X a field of this config or of the method's config.
+
+        Raises ``ValueError`` (before any model loads) for an unknown method, an option neither config has, a
+        value that does not parse, an unknown behaviour, an unreadable data file or repit on a non-refusal set.
+        """
+        own = {f.name for f in fields(cls)} - {"method_options"}
+        cfg = cls(**parse_overrides(cls, {k: v for k, v in overrides.items() if k in own}, "check 'steering'",
+                                    "steering"))
+        rest = {k: v for k, v in overrides.items() if k not in own}
+        method_cls = cfg.method_class()
+        if rest:
+            opts = method_fields(method_cls)
+            bad = sorted(set(rest) - set(opts))
+            if bad:
+                raise ValueError(f"check 'steering' has no option {bad[0]!r}: it is neither a field of the check "
+                                 f"({', '.join(sorted(own))}) nor of method {cfg.method!r}'s config "
+                                 f"({', '.join(opts) or 'it takes no options'})")
+            cfg.method_options = parse_overrides(method_cls.config_class, rest, f"method {cfg.method!r}", "steering")
+        cfg.validate()
+        return cfg
+
+    def method_class(self) -> type[SteeringMethod]:
+        """The registered class of :attr:`method` (``ValueError`` naming the available methods otherwise)."""
+        try:
+            return get(self.method)
+        except KeyError as exc:  # unknown name, or a plug-in that fails to import (PluginError)
+            raise ValueError(f"steering.method: {exc.args[0] if exc.args else exc}") from None
+
+    def method_kwargs(self) -> dict[str, Any]:
+        """The method's config overrides: the shared fields this config sets (not ``None``) that the method's
+        config has, then :attr:`method_options`."""
+        opts = method_fields(self.method_class())
+        out = {k: getattr(self, k) for k in self.SHARED if k in opts and getattr(self, k) is not None}
+        return {**out, **self.method_options}
+
+    def evaluation(self) -> str:
+        """``"refusal"``, ``"data"`` (the JSON file), a built-in behaviour name, or ``"auto"`` (decided on the model)."""
+        if self.data is not None:
+            return "data"
+        if self.behaviour == "auto" and self.method == "repit":
+            return "refusal"
+        return self.behaviour
+
+    def validate(self) -> None:
+        """Check everything that needs no model (``ValueError`` with what was expected)."""
+        from interp import data as zd
+
+        if self.applicable not in ("auto", "yes", "no"):
+            raise ValueError(f"steering.applicable must be 'auto', 'yes' or 'no', got {self.applicable!r}")
+        method_cls = self.method_class()
+        opts = method_fields(method_cls)
+        bad = sorted(set(self.method_options) - set(opts))
+        if bad:
+            raise ValueError(f"method {self.method!r} has no option {bad[0]!r}; options: {', '.join(opts) or '(none)'}")
+        if self.behaviour not in ("auto", "refusal", *zd.behaviour_names()):
+            raise ValueError(f"steering.behaviour must be 'auto', 'refusal' or a built-in behaviour "
+                             f"({', '.join(zd.behaviour_names())}), got {self.behaviour!r}")
+        if self.data is not None:
+            if self.behaviour not in ("auto",):
+                raise ValueError("give steering.data (a contrastive JSON file) or steering.behaviour, not both")
+            zd.load_behaviour(self.data)
+        if self.method == "repit" and self.evaluation() != "refusal":
+            raise ValueError("method 'repit' is evaluated on the refusal data set only (it needs harm categories); "
+                             "drop steering.behaviour / steering.data or choose another method")
+        if self.neutral_texts < 1:
+            raise ValueError(f"steering.neutral_texts must be at least 1, got {self.neutral_texts}")
+
+
+def method_fields(method_cls: type) -> list[str]:
+    """Names of a steering method's config fields (empty when it takes no configuration)."""
+    cfg = getattr(method_cls, "config_class", None)
+    return [f.name for f in fields(cfg)] if cfg is not None else []
 
 
 @dataclass
@@ -67,6 +167,11 @@ class SteeringCheckResult(Result):
     dims_90: int | None = None
     summary_numbers: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
+    #: "refusal", or the behaviour's name (then ``rows`` are {"metric", "condition", "value"})
+    behaviour: str = "refusal"
+    evaluation: dict = field(default_factory=dict)  #: evaluate_behaviour's output (behaviour runs)
+    method_options: dict = field(default_factory=dict)  #: the options the method was built with
+    note: str = ""  #: why the evaluation is not the one asked for (auto: refusal did not apply)
     kind: ClassVar[str] = "steering_check"
 
     def to_frame(self):
@@ -80,10 +185,24 @@ class SteeringCheckResult(Result):
         df = self.to_frame()
         if df.empty:
             return None
+        if self.behaviour != "refusal":
+            shown = df[df["metric"].isin(list(BEHAVIOUR_BARS))].copy()
+            shown["metric"] = shown["metric"].map(BEHAVIOUR_BARS)
+            fig = px.bar(shown, x="metric", y="value", color="condition", barmode="group",
+                         title=f"{self.method} on behaviour {self.behaviour!r}: before / after steering")
+            fig.update_yaxes(range=[0, 1.05])
+            return fig
         fig = px.bar(df, x="category", y="refusal_rate", color="condition", barmode="group",
                      title=f"Held-out refusal rate per category ({self.method}, layer {self.layer})")
         fig.update_yaxes(range=[0, 1.05])
         return fig
+
+
+#: metrics of a behaviour run drawn in the figure (all in [0, 1]) and their labels
+BEHAVIOUR_BARS = {"behaviour_rate": "behaviour rate (marker judge)", "probe_rate": "probe: share P > 0.5",
+                  "probe_score": "probe: mean P(positive)"}
+#: every per-condition metric of a behaviour run, in table order
+BEHAVIOUR_METRICS = ("behaviour_rate", "behaviour_score", "probe_score", "probe_rate", "continuation_ppl")
 
 
 def _has_chat_template(model) -> bool:
@@ -94,24 +213,51 @@ def _has_chat_template(model) -> bool:
 class SteeringCheck(Check):
     name: ClassVar[str] = "steering"
     title: ClassVar[str] = "Steering (RepIt concept-isolated refusal vectors)"
-    description: ClassVar[str] = ("Fits a steering method on the zoo refusal data set and reports held-out refusal "
-                                  "rates per category without and with the intervention.")
+    description: ClassVar[str] = ("Fits a steering method (any registered one) and reports, without and with the "
+                                  "intervention, held-out refusal rates per category (refusal data set) or a "
+                                  "contrastive behaviour's rate, probe score, neutral-text KL and coherence.")
     Config: ClassVar[type] = SteeringCheckConfig
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.title = self._title()
+
+    def _title(self, behaviour: str | None = None) -> str:
+        """The section title names the method (and the behaviour once known)."""
+        c = self.config
+        if c.method == "repit":
+            return type(self).title
+        kind = behaviour or {"auto": None, "data": c.data}.get(c.evaluation(), c.evaluation())
+        return f"Steering: method {c.method}" + (f" on {kind}" if kind else "")
 
     # ------------------------------------------------------------------ run
     def run(self, model, data: AuditData) -> SteeringCheckResult:
         c: SteeringCheckConfig = self.config
-        if c.applicable not in ("auto", "yes", "no"):
-            raise ValueError(f"steering.applicable must be 'auto', 'yes' or 'no', got {c.applicable!r}")
-        get(c.method)  # unknown method: clear error before any work
+        c.validate()  # unknown method / options / behaviour: clear error before any work
         if c.applicable == "no":
-            return SteeringCheckResult(False, "disabled (steering.applicable=no)")
+            return SteeringCheckResult(False, "disabled (steering.applicable=no)", method=c.method)
+        kind = c.evaluation()
+        if kind not in ("auto", "refusal"):
+            return self._run_behaviour(model, data, kind)
+        ok, reason, base_rate = self._refusal_applies(model)
+        if not ok and kind == "auto":  # a method that needs no categories is judged on a built-in behaviour
+            return self._run_behaviour(model, data, "sentiment",
+                                       note=f"not evaluated on refusal ({reason}); built-in behaviour 'sentiment' "
+                                            "instead")
+        self.title = self._title("refusal")
+        if not ok:
+            return SteeringCheckResult(False, reason, baseline_probe=base_rate, method=c.method)
+        return self._run_refusal(model, base_rate)
+
+    def _refusal_applies(self, model) -> tuple[bool, str, float | None]:
+        """``(applies, why not, baseline probe refusal rate)`` for the refusal evaluation (see the module docstring)."""
+        c: SteeringCheckConfig = self.config
         if not _has_chat_template(model):
-            return SteeringCheckResult(False, "the model has no chat template, so the refusal data set does not apply")
+            return False, "the model has no chat template, so the refusal data set does not apply", None
         try:
             from interp import data as zd
         except ImportError as exc:
-            return SteeringCheckResult(False, f"the refusal data set is unavailable: {exc}")
+            return False, f"the refusal data set is unavailable: {exc}", None
         base_rate = None
         if c.applicable == "auto":
             n_cat = len(zd.HARMFUL_CATEGORIES)
@@ -119,9 +265,45 @@ class SteeringCheck(Check):
             tokens = refusal_token_ids(model.tokenizer)
             base_rate = float((refusal_scores(model, probe.positive, tokens, None, c.batch_size) > 0).float().mean())
         if base_rate is not None and base_rate < c.min_baseline_refusal:
-            return SteeringCheckResult(False, f"the model refuses only {base_rate:.0%} of the harmful probe prompts "
-                                              f"(< {c.min_baseline_refusal:.0%}): it has no refusal behaviour to "
-                                              "steer", baseline_probe=base_rate)
+            return False, (f"the model refuses only {base_rate:.0%} of the harmful probe prompts "
+                           f"(< {c.min_baseline_refusal:.0%}): it has no refusal behaviour to steer"), base_rate
+        return True, "", base_rate
+
+    def _run_behaviour(self, model, data: AuditData, kind: str, note: str = "") -> SteeringCheckResult:
+        """Fit the method on a contrastive behaviour and evaluate it (:func:`~interp.steering.behaviour.evaluate_behaviour`)."""
+        from interp import data as zd
+
+        c: SteeringCheckConfig = self.config
+        beh = zd.load_behaviour(c.data) if kind == "data" else zd.get_behaviour(kind)
+        self.title = self._title(beh.name)
+        if model.tokenizer is None:
+            return SteeringCheckResult(False, "the model has no tokenizer, so a text behaviour does not apply",
+                                       method=c.method, behaviour=beh.name)
+        pos, neg = beh.split("train")
+        kwargs = c.method_kwargs()
+        method = c.method_class()(**kwargs)
+        vec = method.fit(model, SteeringData(pos, neg))
+        ev = evaluate_behaviour(model, vec, beh, data.texts[:c.neutral_texts], c.probe_layer, c.max_new_tokens,
+                                c.batch_size)
+        rows = [{"metric": m, "condition": cond, "value": ev["conditions"][key][m]}
+                for m in BEHAVIOUR_METRICS for cond, key in (("none", "none"), (c.method, "steered"))
+                if ev["conditions"][key][m] is not None]
+        summary: dict[str, Any] = {"method": c.method, "behaviour": beh.name, "layer": vec.layer}
+        for m in ("behaviour_rate", "probe_score", "continuation_ppl"):
+            for cond, key in (("none", "none"), ("steered", "steered")):
+                if ev["conditions"][key][m] is not None:
+                    summary[f"{m} {cond}"] = ev["conditions"][key][m]
+        summary["kl_neutral"] = ev["kl_neutral"]
+        summary["probe_test_accuracy"] = ev["probe_test_accuracy"]
+        position = vec.metadata.get("position")
+        return SteeringCheckResult(True, "", c.method, vec.layer, position if isinstance(position, int) else None,
+                                   None, [], rows, {c.method: ev["kl_neutral"]}, None, None, summary,
+                                   ev["examples"], behaviour=beh.name, evaluation=ev, method_options=kwargs,
+                                   note=note)
+
+    def _run_refusal(self, model, base_rate: float | None) -> SteeringCheckResult:
+        """The refusal evaluation (RepIt's per-category table, or any method's refusal rates)."""
+        c: SteeringCheckConfig = self.config
         tok = model.tokenizer
         train = refusal_data(tok, "train", max_per_category=c.train_per_category, max_harmless=c.train_harmless)
         val = refusal_data(tok, "val", max_per_category=c.val_per_category, max_harmless=c.train_harmless)
@@ -131,10 +313,11 @@ class SteeringCheck(Check):
             if layers is None and (c.layer is None or c.position is None):
                 top = model.cfg.n_layers - int(0.2 * model.cfg.n_layers)
                 layers = tuple(range(0, top, 3)) if top > 6 else None
-            method = RepIt(RepItConfig(targets=tuple(c.targets), layer=c.layer, position=c.position,
-                                       candidate_layers=layers, rho=c.rho, nontarget_retain=c.nontarget_retain,
-                                       intervention=c.intervention,
-                                       max_select_prompts=max(8, c.val_per_category * 4), batch_size=c.batch_size))
+            method = RepIt(replace(RepItConfig(targets=tuple(c.targets), layer=c.layer, position=c.position,
+                                               candidate_layers=layers, rho=c.rho, nontarget_retain=c.nontarget_retain,
+                                               intervention=c.intervention,
+                                               max_select_prompts=max(8, c.val_per_category * 4),
+                                               batch_size=c.batch_size), **c.method_options))
             vec = method.fit(model, train, val)
             vectors = {"none": None, "natural": method.vectors_["natural"], "repit": vec}
             ev = evaluate_refusal(model, vectors, test, test.negative, list(c.targets), None, None, c.max_new_tokens,
@@ -144,12 +327,7 @@ class SteeringCheck(Check):
             dims = None if loc is None else int(loc.k_for_share)
             rho, targets, position = float(vec.metadata["rho"]), list(c.targets), int(vec.metadata["position"])
         else:
-            cls = get(c.method)
-            kwargs = {k: v for k, v in (("layer", c.layer), ("batch_size", c.batch_size)) if v is not None}
-            try:
-                method = cls(**kwargs)
-            except TypeError:
-                method = cls()
+            method = c.method_class()(**c.method_kwargs())
             vec = method.fit(model, SteeringData(train.positive, train.negative, train.categories), val)
             judged, examples = {}, []
             for cond, v in (("none", None), (c.method, vec)):
@@ -172,12 +350,15 @@ class SteeringCheck(Check):
                     n = sum(r["n"] for r in sel)
                     summary[f"{cond} {grp} refusal"] = sum(r["refusal_rate"] * r["n"] for r in sel) / n
         return SteeringCheckResult(True, "", c.method, vec.layer, position, rho, targets, rows, kl, base_rate, dims,
-                                   summary, examples)
+                                   summary, examples, method_options=dict(c.method_options if c.method == "repit"
+                                                                          else c.method_kwargs()))
 
     # ------------------------------------------------------------------ report
     def render(self, result: SteeringCheckResult) -> Rendered:
         if not result.applicable:
             return Rendered(html=f"<p>Skipped: {html.escape(result.reason)}.</p>")
+        if result.behaviour != "refusal":
+            return self._render_behaviour(result)
         bits = [f"method <b>{html.escape(result.method)}</b>", f"layer <b>{result.layer}</b>"]
         if result.position is not None:
             bits.append(f"fit position {result.position}")
@@ -195,6 +376,38 @@ class SteeringCheck(Check):
         fig = result.figure()
         return Rendered(html=text, figures=[("Refusal rate per category", fig)] if fig is not None else [],
                         tables=[("Refusal rate per category (held-out)", table)])
+
+    def _render_behaviour(self, result: SteeringCheckResult) -> Rendered:
+        import pandas as pd
+
+        ev = result.evaluation
+        esc = html.escape
+        opts = ", ".join(f"{esc(k)}={esc(repr(v))}" for k, v in result.method_options.items()) or "defaults"
+        text = [f"<p>Method <b>{esc(result.method)}</b> ({opts}), layer <b>{result.layer}</b>, fitted on the "
+                f"behaviour <b>{esc(result.behaviour)}</b> (train split of its contrastive texts); evaluated on its "
+                f"{ev['n_prompts']} neutral prompts without and with the intervention.</p>"]
+        if result.note:
+            text.append(f"<p>Note: {esc(result.note)}.</p>")
+        text.append(
+            "<ul><li><b>behaviour rate</b>: share of prompts whose marker log-odds "
+            "log&Sigma;P(positive markers) &minus; log&Sigma;P(negative markers) (teacher-forced, steered as in greedy "
+            "generation) is &gt; 0" + ("" if ev["has_markers"] else " (not measured: this set has no markers)") +
+            ";</li><li><b>probe</b>: logistic probe fitted on the unsteered last-token activations of the contrastive "
+            f"train texts at <code>{esc(ev['probe_hook'])}</code>, read on the prompts' last token (held-out "
+            f"accuracy on the test texts {ev['probe_test_accuracy']:.2f});</li>"
+            f"<li><b>KL on neutral text</b>: mean per-token KL(p<sub>plain</sub> &#8214; p<sub>steered</sub>) over "
+            f"{ev['n_neutral_texts']} audit texts ({ev['n_neutral_tokens']} tokens): <b>{ev['kl_neutral']:.4f}</b> "
+            "nats;</li><li><b>coherence</b>: perplexity of the greedy continuation under the <i>unsteered</i> model "
+            "(the unsteered continuation is the reference).</li></ul>")
+        df = result.to_frame()
+        table = df.pivot_table(index="metric", columns="condition", values="value", sort=False).reset_index()
+        examples = pd.DataFrame(result.examples)
+        fig = result.figure()
+        tables = [(f"Before / after steering ({result.behaviour})", table)]
+        if not examples.empty:
+            tables.append(("Greedy continuations", examples))
+        return Rendered(html="".join(text), figures=[("Behaviour before / after steering", fig)] if fig is not None
+                        else [], tables=tables)
 
     def summary(self, result: SteeringCheckResult) -> dict[str, Any]:
         if not result.applicable:

@@ -9,13 +9,13 @@ analyzer directly)::
 Implement a check by subclassing :class:`Check` (``name``, ``Config`` dataclass, ``run``, ``render``) and
 declaring it under ``[project.entry-points."interp.checks"]`` in your package's ``pyproject.toml``.
 """
-from .base import AuditData, Check, NoConfig, Rendered, configure
+from .base import AuditData, Check, NoConfig, Rendered, configure, parse_overrides
 from .registry import (GROUP, UnknownCheckError, available_checks, get_check, parse_checks, register_check,
                        unregister_check)
 from .report import SCHEMA, SCHEMA_VERSION, AuditReport, CheckRecord, is_report_dir, prepare_output
 from .runner import model_card, run_audit
 
-__all__ = ["AuditData", "Check", "NoConfig", "Rendered", "configure", "GROUP", "UnknownCheckError",
+__all__ = ["AuditData", "Check", "NoConfig", "Rendered", "configure", "parse_overrides", "GROUP", "UnknownCheckError",
            "available_checks", "get_check", "parse_checks", "register_check", "unregister_check", "SCHEMA",
            "SCHEMA_VERSION", "AuditReport", "CheckRecord", "is_report_dir", "prepare_output", "model_card",
            "run_audit"]

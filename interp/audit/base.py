@@ -126,21 +126,37 @@ def _coerce(value: str, annotation: Any) -> Any:
     return value
 
 
-def configure(check_cls: type, overrides: dict[str, str]) -> Any:
-    """Build ``check_cls.Config`` with string ``overrides`` (field -> value) parsed to the field types."""
-    cfg_cls = getattr(check_cls, "Config", NoConfig)
+def parse_overrides(cfg_cls: type, overrides: dict[str, str], owner: str, prefix: str) -> dict[str, Any]:
+    """Parse string ``overrides`` (field -> value) to the types of dataclass ``cfg_cls``'s fields.
+
+    ``owner`` names the options in errors (``"check 'heads'"``), ``prefix`` the ``--set`` spelling (``"heads"``). Raises
+    ``ValueError`` for a field ``cfg_cls`` does not have (listing those it has) or a value that does not parse.
+    """
     fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
     hints = typing.get_type_hints(cfg_cls)
     kwargs: dict[str, Any] = {}
     for key, raw in overrides.items():
         if key not in fields:
-            raise ValueError(f"check {check_cls.name!r} has no option {key!r}; options: "
-                             f"{', '.join(fields) or '(none)'}")
+            raise ValueError(f"{owner} has no option {key!r}; options: {', '.join(fields) or '(none)'}")
         try:
             kwargs[key] = _coerce(raw, hints.get(key, str))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"bad value {raw!r} for {check_cls.name}.{key}: {exc}") from None
-    return cfg_cls(**kwargs)
+            raise ValueError(f"bad value {raw!r} for {prefix}.{key}: {exc}") from None
+    return kwargs
 
 
-__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "configure"]
+def configure(check_cls: type, overrides: dict[str, str]) -> Any:
+    """Build ``check_cls.Config`` with string ``overrides`` (field -> value) parsed to the field types.
+
+    A ``Config`` with a classmethod ``from_overrides(overrides) -> Config`` builds itself instead (for options
+    that are not its own fields, e.g. the ``steering`` check passes the rest to the steering method's config);
+    it raises ``ValueError`` for an option it does not know. Either way this runs before any model loads.
+    """
+    cfg_cls = getattr(check_cls, "Config", NoConfig)
+    custom = getattr(cfg_cls, "from_overrides", None)
+    if callable(custom):
+        return custom(dict(overrides))
+    return cfg_cls(**parse_overrides(cfg_cls, overrides, f"check {check_cls.name!r}", check_cls.name))
+
+
+__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "configure", "parse_overrides"]
