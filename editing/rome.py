@@ -87,14 +87,38 @@ class EditRequest:
 
 @dataclass
 class EditConfig:
-    """Hyper-parameters of ROME / TCPE (module docstring: where each default comes from)."""
+    """Hyper-parameters of ROME / TCPE. The defaults are ROME's official ones (``hparams/ROME/gpt2-xl.json`` and
+    ``rome/compute_v.py`` of kmeng01/rome); :meth:`tcpe` gives TCPE's (``run_tcpe.py`` and
+    ``sweep/tcpe_precompute.sh`` of minxue29031/TCPE). Ours, kept as named options:
+
+    * ``stop_rule``: ``"rome"`` (official ROME: stop when the TOTAL loss is < ``nll_stop`` = 0.05; the last of the
+      ``v_num_grad_steps`` iterations evaluates the loss but takes no step), ``"tcpe"`` (official TCPE: no
+      threshold; with ≥ 500 steps, stop after 3 consecutive steps whose NLL fell by < 1e-3), ``"nll"`` (ours
+      before 2026-12-02: stop when the NLL alone is < ``nll_stop``; every iteration takes a step), ``"none"``.
+    * ``weight_decay_form``: ``"rome"`` (``v_weight_decay · ‖δ‖ / ‖v₀‖²``, ROME's code) or ``"squared"``
+      (``v_weight_decay · ‖δ‖² / ‖v₀‖²``: TCPE's code, and ours before).
+    * ``kl_direction``: ``"p_delta||p0"`` (``KL(p_δ ‖ p₀)``, ROME's and TCPE's ``kl_div(p0, p_δ)``) or
+      ``"p0||p_delta"`` (ours before).
+    * ``right_vector_key``: where ``r = (v* − (k W + b)) / (uᵀk)`` is solved: ``"prompt"`` (ROME: the key of the
+      plain prompt at the fact token), ``"k_star"`` (TCPE's code and the TCPE digest's formula: the template
+      mean ``k*``), ``None`` = the site's official one (``"prompt"`` on an MLP, ``"k_star"`` on a transcoder).
+    * context templates (``template_scheme``): ``"rome"`` samples, from the tokenizer's BOS token (ROME:
+      ``<|endoftext|>``), ``n`` continuations of ``length − 1`` new tokens for each ``(length, n)`` of
+      ``context_template_length_params`` (ROME: ``((5, 10), (10, 10))``, 20 templates; TCPE: ``((10, 1),)``) with
+      top-``template_top_k`` sampling, seeded by ``template_seed``; ``"seed_words"`` (ours before) samples
+      ``n_templates`` continuations of ``template_length`` tokens after the seed words ``The, Therefore, Because,
+      I, You``. Both add ``"{}"`` first.
+    * ``mom2_n_samples``: the number of TEXTS (ROME's ``mom2_n_samples`` = 100,000 Wikipedia texts of up to
+      ``n_positions`` = 1,024 tokens; TCPE's 500,000) the second moment of :func:`rome`/:func:`tcpe` is estimated
+      from when neither ``C`` nor ``texts`` is given (:func:`default_second_moment`).
+    """
 
     n_templates: int = 5
     template_length: int = 10
     template_seed: int = 0
-    v_num_grad_steps: int = 25
+    v_num_grad_steps: int = 20
     v_lr: float = 0.5
-    v_weight_decay: float = 1e-3
+    v_weight_decay: float = 0.5
     kl_factor: float = 0.0625
     clamp_norm_factor: float = 4.0
     kl_prompts: tuple[str, ...] = ("{} is a",)
@@ -102,12 +126,33 @@ class EditConfig:
     mom2_eps_rel: float = 0.0
     nll_stop: float = 5e-2
     fact_token: str = "subject_last"
+    stop_rule: str = "rome"
+    weight_decay_form: str = "rome"
+    kl_direction: str = "p_delta||p0"
+    right_vector_key: str | None = None
+    template_scheme: str = "rome"
+    context_template_length_params: tuple[tuple[int, int], ...] = ((5, 10), (10, 10))
+    template_top_k: int = 5
+    mom2_n_samples: int = 100_000
+
+    @classmethod
+    def tcpe(cls, **overrides) -> "EditConfig":
+        """TCPE's official hyper-parameters (``run_tcpe.py``, ``sweep/tcpe_precompute.sh``): 600 steps, no 0.05
+        early stop (``stop_rule="tcpe"``), ``‖δ‖²/‖v₀‖²`` decay 1e-3, ``r`` at ``k*``, one context template of 10
+        tokens, ``C`` from 500,000 samples with ``ε = 1e-8``. The sweep tries ``v_lr`` in {0.01, 0.05, 0.005} and
+        ``clamp_norm_factor`` in {18, 13, 8, 4}; the preset takes the first of each (0.01, 18)."""
+        base = dict(v_num_grad_steps=600, v_lr=0.01, clamp_norm_factor=18.0, v_weight_decay=1e-3, kl_factor=0.0625,
+                    stop_rule="tcpe", weight_decay_form="squared", kl_direction="p_delta||p0",
+                    right_vector_key="k_star", context_template_length_params=((10, 1),), mom2_eps=1e-8,
+                    mom2_n_samples=500_000)
+        return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
-        for name in ("n_templates", "template_length", "v_num_grad_steps"):
+        for name in ("n_templates", "template_length", "v_num_grad_steps", "template_top_k", "mom2_n_samples"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "n_templates" else 1):
-                raise ValueError(f"{name} must be an integer >= {0 if name == 'n_templates' else 1}, got {v!r}")
+            lo = 0 if name == "n_templates" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         for name in ("v_lr", "clamp_norm_factor"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
@@ -120,6 +165,17 @@ class EditConfig:
             raise ValueError(f"fact_token must be 'subject_last' or 'last', got {self.fact_token!r}")
         if any(not isinstance(p, str) or p.count("{}") != 1 for p in self.kl_prompts):
             raise ValueError(f"kl_prompts must be strings with one '{{}}' slot, got {self.kl_prompts!r}")
+        for name, ok in (("stop_rule", ("rome", "tcpe", "nll", "none")), ("weight_decay_form", ("rome", "squared")),
+                         ("kl_direction", ("p_delta||p0", "p0||p_delta")), ("right_vector_key", (None, "prompt", "k_star")),
+                         ("template_scheme", ("rome", "seed_words"))):
+            if getattr(self, name) not in ok:
+                raise ValueError(f"{name} must be one of {ok}, got {getattr(self, name)!r}")
+        params = tuple(tuple(p) for p in self.context_template_length_params)
+        if any(len(p) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in p) or p[0] < 2 or p[1] < 1
+               for p in params):
+            raise ValueError("context_template_length_params must be (length >= 2, count >= 1) integer pairs, got "
+                             f"{self.context_template_length_params!r}")
+        self.context_template_length_params = params
 
 
 # ====================================================================== sites
@@ -198,26 +254,64 @@ def _has_unk(model, text: str) -> bool:
     return unk is not None and unk in _ids(model, text, special=False)
 
 
-def context_templates(model, config: EditConfig | None = None) -> list[str]:
-    """``["{}"] + ["<sampled prefix>. {}", ...]``: ROME's context templates, sampled from ``model``.
+_TEMPLATES: dict[tuple, list[str]] = {}
 
-    As in ROME, each prefix is the *decoded token sequence* seed word + sampled continuation (not the two
-    strings glued together: a word-level tokenizer decodes a continuation without its leading space, and
-    ``"The" + "str a"`` would be the unknown word ``Thestr``). The period is ROME's ``"<prefix>. {}"`` unless
-    ``"<prefix>."`` would contain the tokenizer's unknown token (word-level vocabularies), then
-    ``"<prefix> . {}"``. For BPE tokenizers (GPT-2, SmolLM2) this is exactly ROME's string.
+
+def _template_key(model, cfg: EditConfig) -> tuple:
+    if cfg.template_scheme == "rome":
+        return (id(model), "rome", cfg.context_template_length_params, cfg.template_top_k, cfg.template_seed)
+    return (id(model), "seed_words", cfg.n_templates, cfg.template_length, cfg.template_seed)
+
+
+def context_templates(model, config: EditConfig | None = None) -> list[str]:
+    """``["{}"] + ["<sampled prefix>. {}", ...]``: context templates sampled from ``model`` (seeded, so the same
+    model and config give the same templates; cached in memory per model and config, as ROME caches them once
+    per process, and on disk with the second moments by :func:`default_second_moment`).
+
+    ``template_scheme="rome"`` (official; ROME's ``get_context_templates`` / TCPE's): for each ``(length, n)`` of
+    ``config.context_template_length_params``, ``n`` sequences started at the tokenizer's BOS token (GPT-2:
+    ``<|endoftext|>``; the EOS token where there is no BOS) and continued by ``length − 1`` tokens sampled from
+    the top ``template_top_k`` (ROME's ``generate_fast``: ``max_out_len`` counts the start token); the text is the
+    decoded continuation (special tokens dropped, NFKD-normalised, ``"\\n\\n"`` → ``" "``), braces doubled
+    (TCPE's escape) and ``". {}"`` appended (``" . {}"`` where ``"<prefix>."`` would contain the tokenizer's unknown
+    token, as below; never for BPE tokenizers).
+
+    ``template_scheme="seed_words"`` (ours before 2026-12-02): ``n_templates`` prefixes, the *decoded token
+    sequence* seed word + ``template_length`` sampled tokens (a word-level tokenizer decodes a continuation
+    without its leading space, so the strings are not glued), with ``" . {}"`` instead of ``". {}"`` where
+    ``"<prefix>."`` would contain the tokenizer's unknown token (word-level vocabularies).
     """
+    import unicodedata
     cfg = config or EditConfig()
+    key = _template_key(model, cfg)
+    if key in _TEMPLATES:
+        return list(_TEMPLATES[key])
     out = ["{}"]
-    if cfg.n_templates:
+    eos = model.tokenizer.eos_token_id
+    if cfg.template_scheme == "rome":
+        start = model.tokenizer.bos_token_id if model.tokenizer.bos_token_id is not None else eos
+        if start is None:
+            raise ValueError("template_scheme='rome' starts each template at the tokenizer's BOS (or EOS) token, and "
+                             "this tokenizer has neither; use EditConfig(template_scheme='seed_words')")
+        special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
+        for j, (length, n) in enumerate(cfg.context_template_length_params):
+            gen = model.generate(torch.full((n, 1), start, dtype=torch.long), max_new_tokens=length - 1,
+                                 do_sample=True, top_k=cfg.template_top_k, seed=cfg.template_seed + j,
+                                 stop_at_eos=False, return_text=False)
+            for g in gen.tolist():
+                ids = [t for t in g if t >= 0 and t not in special]
+                txt = unicodedata.normalize("NFKD", model.tokenizer.decode(ids, skip_special_tokens=True))
+                txt = txt.replace("\n\n", " ").replace("{", "{{").replace("}", "}}")
+                out.append(txt + (" . {}" if _has_unk(model, txt + ".") and not _has_unk(model, txt + " .") else ". {}"))
+    elif cfg.n_templates:
         seeds = [SEED_WORDS[i % len(SEED_WORDS)] for i in range(cfg.n_templates)]
         gen = model.generate(seeds, max_new_tokens=cfg.template_length, do_sample=True, seed=cfg.template_seed,
                              return_text=False)
-        eos = model.tokenizer.eos_token_id
         for w, g in zip(seeds, gen.tolist()):
             ids = _ids(model, w, special=False) + [t for t in g if t >= 0 and t != eos]
             txt = model.tokenizer.decode(ids, skip_special_tokens=True).replace("{", " ").replace("}", " ").strip()
             out.append(txt + (" . {}" if _has_unk(model, txt + ".") and not _has_unk(model, txt + " .") else ". {}"))
+    _TEMPLATES[key] = list(out)
     return out
 
 
@@ -247,22 +341,41 @@ def _site_digest(site: _Site) -> str:
     return h.hexdigest()
 
 
-def second_moment(site: _Site, texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
-                  max_length: int | None = 128, cache_file: str | None = None) -> torch.Tensor:
-    """``C = E[k kᵀ] [d_key, d_key]`` over the real tokens of ``texts`` (at most ``n_tokens``); cached in
-    memory per (model, key hook, transcoder, texts, n_tokens).
+def _context_length(model) -> int | None:
+    """The model's context length (ROME truncates the second moment's texts to ``n_positions``), or ``None``."""
+    hc = getattr(getattr(model, "hf_model", None), "config", None)
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        v = getattr(hc, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def second_moment(site: _Site, texts: Sequence[str], n_tokens: int | None = None, batch_size: int = 16,
+                  max_length: int | None = None, cache_file: str | None = None,
+                  n_samples: int | None = 100_000) -> torch.Tensor:
+    """``C = E[k kᵀ] [d_key, d_key]`` over every real token of the first ``n_samples`` of ``texts``, each
+    truncated to ``max_length`` tokens; cached in memory per (model, key hook, transcoder, texts, counts).
+
+    Counting (official, ROME's ``layer_stats``): ``n_samples`` TEXTS (ROME's ``mom2_n_samples`` = 100,000
+    Wikipedia texts; TCPE's 500,000 samples of its code data set), each truncated to the model's context length
+    (``max_length=None``: ``n_positions``, 1,024 for GPT-2); ROME draws its texts at random with a fixed seed,
+    we take the first ``n_samples``. ``n_tokens`` (ours before 2026-12-02, then 20,000 with ``max_length=128``)
+    additionally stops after that many tokens. Cost: one forward pass (up to the site's layer) over every
+    counted token.
 
     ``cache_file``: a ``.safetensors`` file (written atomically) holding ``C`` with, in its metadata, digests of the
-    texts and of the key's weights (:func:`_site_digest`) and ``n_tokens``/``max_length``; a matching file
-    is read instead of recomputing, a stale one is recomputed and replaced. (:func:`second_moments` computes
-    several sites from one forward pass.)
+    texts and of the key's weights (:func:`_site_digest`) and the counts; a matching file is read instead of
+    recomputing, a stale one is recomputed and replaced. (:func:`second_moments` computes several sites from one
+    forward pass.)
     """
-    return second_moments([site], texts, n_tokens, batch_size, max_length, [cache_file])[0]
+    return second_moments([site], texts, n_tokens, batch_size, max_length, [cache_file], n_samples)[0]
 
 
 @torch.no_grad()
-def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int = 20_000, batch_size: int = 16,
-                   max_length: int | None = 128, cache_files: Sequence[str | None] | None = None) -> list[torch.Tensor]:
+def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int | None = None, batch_size: int = 16,
+                   max_length: int | None = None, cache_files: Sequence[str | None] | None = None,
+                   n_samples: int | None = 100_000) -> list[torch.Tensor]:
     """:func:`second_moment` of several sites of one model from one forward pass per batch (same tokens, so each
     ``C`` is the single-site one up to float64 round-off; same memory and file caches). At most one site may be
     a :class:`TranscoderSite` (its splice is open for the pass); every :class:`MLPSite` must sit at or before
@@ -273,7 +386,15 @@ def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int =
     """
     import contextlib
     if not texts:
-        raise ValueError("texts is empty: C is estimated from real text")
+        raise ValueError("texts is empty: C is estimated from real text (rome()/tcpe() without C or texts use "
+                         "default_second_moment's built-in corpus)")
+    for name, v in (("n_tokens", n_tokens), ("n_samples", n_samples), ("max_length", max_length)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+    texts = list(texts)[:n_samples] if n_samples is not None else list(texts)
+    if max_length is None:
+        max_length = _context_length(sites[0].model) if sites else None
+    cap = n_tokens if n_tokens is not None else float("inf")
     sites = list(sites)
     files = list(cache_files) if cache_files is not None else [None] * len(sites)
     if len(files) != len(sites) or not sites or len({id(s.model) for s in sites}) != 1:
@@ -285,14 +406,15 @@ def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int =
     out: list = [None] * len(sites)
     metas: list = [None] * len(sites)
     for i, (site, cf) in enumerate(zip(sites, files)):
-        key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)
+        key = (id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length, n_samples)
         if key in _MOM2:
             out[i] = _MOM2[key]
             continue
         if cf is not None:
             from pathlib import Path
             from interp.io import load_tensors
-            metas[i] = {"texts": h, "site": _site_digest(site), "n_tokens": n_tokens, "max_length": max_length}
+            metas[i] = {"texts": h, "site": _site_digest(site), "n_tokens": n_tokens, "max_length": max_length,
+                        "n_samples": n_samples}
             if Path(cf).is_file():
                 t, m = load_tensors(cf, what="second moment", tensors=("C",))
                 if all(m.get(k) == v for k, v in metas[i].items()):
@@ -304,7 +426,7 @@ def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int =
     acc = {i: None for i in todo}
     names = list(dict.fromkeys(sites[i].key for i in todo))
     stop = max(sites[i].layer for i in todo) + 1
-    bar = progress(total=n_tokens, desc=f"second moment {', '.join(names)}")
+    bar = progress(total=len(texts), desc=f"second moment {', '.join(names)}")
     with contextlib.ExitStack() as stack:
         for i in todo:
             if isinstance(sites[i], TranscoderSite):
@@ -315,7 +437,8 @@ def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int =
             m = None
             for i in todo:
                 c = cache[sites[i].key]
-                k = c[batch["attention_mask"].bool().to(c.device)].double().cpu()[: n_tokens - n]
+                k = c[batch["attention_mask"].bool().to(c.device)].double().cpu()
+                k = k[: cap - n] if cap != float("inf") else k
                 if acc[i] is None:
                     acc[i] = torch.zeros(k.shape[1], k.shape[1], dtype=torch.float64)
                 cols = (k != 0).any(0).nonzero().flatten()
@@ -326,14 +449,15 @@ def second_moments(sites: Sequence[_Site], texts: Sequence[str], n_tokens: int =
                     acc[i] += k.T @ k
                 m = len(k)
             n += m
-            bar.update(m)
-            if n >= n_tokens:
+            bar.update(len(texts[b:b + batch_size]))
+            if n >= cap:
                 break
     bar.close()
     for i in todo:
         site = sites[i]
         C = (acc[i] / n).float()
-        out[i] = _MOM2[(id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length)] = C
+        out[i] = _MOM2[(id(site.model), site.key, id(getattr(site, "tc", None)), h, n_tokens, max_length,
+                        n_samples)] = C
         if files[i] is not None:
             from interp.io import save_tensors
             save_tensors(files[i], {"C": C}, {**metas[i], "n_seen": n})
@@ -360,9 +484,34 @@ def _rewrite_batch(model, req: EditRequest, templates: Sequence[str], kl_prompts
     return model.pad_token_ids(seqs), torch.tensor(idx), torch.tensor(tpos), torch.tensor(tgt)
 
 
+def kl_term(logits: torch.Tensor, logp0: torch.Tensor, direction: str = "p_delta||p0") -> torch.Tensor:
+    """The KL term of ``compute_v`` (batch mean over KL prompts): ``logits [n, vocab]`` of the edited pass and
+    ``logp0 [n, vocab]`` the unedited log-probabilities. ``"p_delta||p0"`` (official: ROME's and TCPE's
+    ``kl_div(logp0, logp_δ, log_target=True)``) is ``Σ p_δ (log p_δ − log p₀)``; ``"p0||p_delta"`` (ours before)
+    is ``Σ p₀ (log p₀ − log p_δ)``."""
+    lp = logits.float().log_softmax(-1)
+    if direction == "p_delta||p0":
+        return torch.nn.functional.kl_div(logp0, lp, log_target=True, reduction="batchmean")
+    return torch.nn.functional.kl_div(lp, logp0, log_target=True, reduction="batchmean")
+
+
+def weight_decay_term(delta: torch.Tensor, v0: torch.Tensor, coef: float, form: str = "rome") -> torch.Tensor:
+    """``coef · ‖δ‖ / ‖v₀‖²`` (``form="rome"``, ROME's code) or ``coef · ‖δ‖² / ‖v₀‖²`` (``"squared"``: TCPE's
+    code, ours before). ``delta, v0 [d]``."""
+    v0n = v0.norm().clamp_min(1e-8)
+    return coef * (delta.norm() if form == "rome" else delta.norm() ** 2) / v0n ** 2
+
+
 def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: EditConfig | None = None
               ) -> tuple[torch.Tensor, dict]:
-    """ROME's ``compute_v``: ``v* [d_model]`` and a log (``nll`` per step, ``delta_norm``, ``v0``)."""
+    """ROME's ``compute_v``: ``v* [d_model]`` and a log (``nll``/``loss`` per iteration, ``delta_norm``, ``v0``).
+
+    ``δ`` is added to the site's output at the fact token of every rewriting prompt and KL prompt; each
+    iteration computes ``loss = NLL + kl_factor · KL + weight decay`` (:func:`kl_term`, :func:`weight_decay_term`),
+    checks ``config.stop_rule`` (:class:`EditConfig`), takes one Adam step and clamps ``‖δ‖ ≤ clamp_norm_factor ·
+    ‖v₀‖``. (Unlike TCPE's code, whose KL prompt never receives ``δ`` so that its KL term is identically zero,
+    the KL prompt here does, as in ROME's.)
+    """
     cfg = config or EditConfig()
     model = site.model
     batch, idx, tpos, tgt = _rewrite_batch(model, req, templates, cfg.kl_prompts, cfg.fact_token)
@@ -383,21 +532,29 @@ def compute_v(site: _Site, req: EditRequest, templates: Sequence[str], config: E
             base = model(batch).float()
         p0 = base[rows[n_rw:], idx[n_rw:]].log_softmax(-1)
         opt = torch.optim.Adam([delta], lr=cfg.v_lr)
-        log = {"nll": []}
+        log: dict = {"nll": [], "loss": []}
+        prev_nll, stagnant = float("inf"), 0
         with model.intervene({site.out: add_delta}):
-            for _ in range(cfg.v_num_grad_steps):
+            for it in range(cfg.v_num_grad_steps):
                 logits = model.forward_with_grad(batch).float()
                 lp = logits[:n_rw].log_softmax(-1)
                 tok_lp = lp[torch.arange(n_rw)[:, None], tpos, :].gather(-1, tgt.expand(n_rw, -1)[..., None])[..., 0]
                 nll = -tok_lp.mean(1).mean()
-                kl = torch.nn.functional.kl_div(logits[rows[n_rw:], idx[n_rw:]].log_softmax(-1), p0,
-                                                log_target=True, reduction="batchmean") if len(idx) > n_rw else 0.0
+                kl = kl_term(logits[rows[n_rw:], idx[n_rw:]], p0, cfg.kl_direction) if len(idx) > n_rw else 0.0
                 v0n = state["v0"].norm().clamp_min(1e-8)
-                wd = cfg.v_weight_decay * delta.norm() ** 2 / v0n ** 2
+                wd = weight_decay_term(delta, state["v0"], cfg.v_weight_decay, cfg.weight_decay_form)
                 loss = nll + cfg.kl_factor * kl + wd
                 log["nll"].append(float(nll.detach()))
-                if float(nll.detach()) < cfg.nll_stop:
+                log["loss"].append(float(loss.detach()))
+                if cfg.stop_rule == "rome" and (float(loss.detach()) < cfg.nll_stop or it == cfg.v_num_grad_steps - 1):
                     break
+                if cfg.stop_rule == "nll" and float(nll.detach()) < cfg.nll_stop:
+                    break
+                if cfg.stop_rule == "tcpe" and cfg.v_num_grad_steps >= 500:
+                    stagnant = stagnant + 1 if prev_nll - float(nll.detach()) < 1e-3 else 0
+                    prev_nll = float(nll.detach())
+                    if stagnant >= 3:
+                        break
                 (g,) = torch.autograd.grad(loss, [delta])
                 delta.grad = g
                 opt.step()
@@ -464,7 +621,9 @@ class _Target:
 class Edit(Result):
     """One weight edit: ``W ← W + delta`` on a site (``"mlp"``: ``W_out[layer]``; ``"transcoder"``: its
     ``W_dec``). ``delta [d_key, d_model]`` (TL orientation, rows = keys/features); ``rows``: the rows it
-    changes; ``k_star``, ``v_star``, ``u``; ``residual = ‖k* W' + b − v*‖ / ‖v*‖`` after the edit.
+    changes; ``k_star``, ``v_star``, ``u``; ``residual = ‖k W' + b − v*‖ / ‖v*‖`` after the edit at the key ``k``
+    the right vector was solved at (``log["right_vector_key"]``: ``k*``, or the plain prompt's key for ROME on
+    an MLP; ``log["residual_k_star"]`` is the same at ``k*``).
 
     **State.** An edit knows the weights it was computed on: ``weights_before`` (the edited rows, in the
     weight's dtype) and ``fingerprint_before`` / ``fingerprint_after`` (SHA-256 of those rows before and of
@@ -724,10 +883,13 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
     u, driver = left_vector(C, k, eps)
     log.update(lstsq_driver=driver, n_blind=int(((k != 0) & ~(torch.diagonal(C) > 0)).sum()),
                cos_uk=float(u @ k / k.norm().clamp_min(1e-30)))
-    denom = float(u @ k)
+    key_r = cfg.right_vector_key or ("prompt" if isinstance(site, MLPSite) else "k_star")
+    # ROME evaluates r at the plain prompt's key (its get_module_input_output_at_word); TCPE's code at k*
+    k_r = k if key_r == "k_star" else compute_key(site, req, ["{}"], cfg.fact_token)
+    denom = float(u @ k_r)
     if abs(denom) < 1e-12:
-        raise RuntimeError("uᵀk* = 0: the key is orthogonal to C⁻¹k*; cannot build a rank-one update")
-    r = (v_star - (k @ W + b)) / denom
+        raise RuntimeError(f"uᵀk = 0 at the right vector's key ({key_r}): cannot build a rank-one update")
+    r = (v_star - (k_r @ W + b)) / denom
     delta = u[:, None] * r[None, :]
     if not bool(torch.isfinite(delta).all()):
         raise RuntimeError(f"non-finite rank-one update at {site.key} (uᵀk* = {denom:.3g}, |v*| = "
@@ -735,7 +897,9 @@ def rank_one(site: _Site, req: EditRequest, C: torch.Tensor, config: EditConfig 
     keep = _mask_rows(k, tau, ablate)
     delta = delta * keep[:, None].float()
     rows = keep.nonzero().flatten()
-    out = k @ (W + delta) + b
+    out = k_r @ (W + delta) + b
+    log.update(right_vector_key=key_r, residual_k_star=float((k @ (W + delta) + b - v_star).norm()
+                                                          / v_star.norm().clamp_min(1e-12)))
     return Edit(method=method, site=site.kind, layer=site.layer,
                 request={"prompt": req.prompt, "subject": req.subject, "target": req.target},
                 delta=delta, rows=rows, k_star=k, v_star=v_star, u=u,
@@ -770,27 +934,130 @@ def restrict(edit: Edit, tau: float | None, ablate: bool = False, site: _Site | 
     return out
 
 
+def default_texts(verses_per_text: int = 10) -> list[str]:
+    """The built-in corpus of :func:`default_second_moment`: the King James Bible of :func:`interp.data.kjv_text`
+    (Ruth held out), as consecutive passages of ``verses_per_text`` verses (3,100 texts, about 1.0M GPT-2
+    tokens). ROME's corpus is Wikipedia, which this toolkit cannot fetch offline; any real text of the model's
+    language can be passed instead (``texts=`` of :func:`rome` / :func:`tcpe`)."""
+    from interp.data import kjv_text
+    lines = kjv_text().splitlines()
+    return [" ".join(lines[i:i + verses_per_text]) for i in range(0, len(lines), verses_per_text)]
+
+
+def _model_identity(model) -> str:
+    hc = getattr(getattr(model, "hf_model", None), "config", None)
+    return str(getattr(hc, "_name_or_path", "") or getattr(model.cfg, "family", ""))
+
+
+def default_second_moment(site: _Site, config: EditConfig | None = None, texts: Sequence[str] | None = None,
+                          max_length: int | None = None, root=None) -> torch.Tensor:
+    """``C`` of ``site`` from ``config.mom2_n_samples`` texts of the built-in corpus (:func:`default_texts`;
+    ``texts`` replaces it), computed once per (model weights, layer, key, counts, corpus) and stored as a
+    resumable stage (:class:`interp.stages.Stages` ``"editing/mom2"`` under the interp cache folder), so
+    later calls, in any process, read it back — ROME's ``layer_stats`` cache. The context templates of
+    ``config`` are stored in the same run (stage ``"templates"``) and seeded (:func:`context_templates`).
+
+    Cost: one forward pass up to the site's layer over every counted token: the whole built-in corpus (all
+    3,100 texts, ~1.0M tokens, whenever ``mom2_n_samples ≥ 3,100``; the default is ROME's 100,000) — for
+    GPT-2 small ~1-3 CPU-minutes per site, a few seconds for a tiny test model; set
+    ``EditConfig(mom2_n_samples=...)`` lower for a quicker, noisier ``C``.
+    """
+    from interp.stages import Stages
+    cfg = config or EditConfig()
+    corpus = list(texts) if texts is not None else default_texts()
+    key = {"schema": 1, "model": _model_identity(site.model), "site": _site_digest(site), "kind": site.kind,
+           "layer": site.layer, "n_samples": cfg.mom2_n_samples, "max_length": max_length,
+           "corpus": hashlib.sha1("\x00".join(corpus).encode()).hexdigest(),
+           "templates": repr(_template_key(None, cfg)[1:])}
+    st = Stages("editing/mom2", key, root=root)
+    C = st("C", lambda: {"C": second_moment(site, corpus, n_samples=cfg.mom2_n_samples, max_length=max_length)})["C"]
+    tkey = _template_key(site.model, cfg)
+    if tkey not in _TEMPLATES:
+        _TEMPLATES[tkey] = list(st("templates", lambda: {"templates": context_templates(site.model, cfg)})["templates"])
+    return torch.as_tensor(C).float()
+
+
 def rome(model, request: EditRequest, layer: int, C: torch.Tensor | None = None, texts: Sequence[str] = (),
          config: EditConfig | None = None, templates: Sequence[str] | None = None, apply: bool = True) -> Edit:
-    """ROME on MLP ``layer`` (key: ``mlp.hook_post``; ``C`` from ``texts`` when not given). Applied unless
-    ``apply=False``."""
+    """ROME on MLP ``layer`` (key: ``mlp.hook_post``), with ROME's official hyper-parameters by default
+    (:class:`EditConfig`). ``C``: given, else from ``texts`` (the first ``config.mom2_n_samples``), else from
+    the built-in corpus, computed once per model and layer and cached (:func:`default_second_moment`).
+    Applied unless ``apply=False``."""
+    cfg = config or EditConfig()
     site = MLPSite(model, layer)
-    C = C if C is not None else second_moment(site, texts)
-    edit = rank_one(site, request, C, config, tau=None, method="rome", templates=templates)
+    if C is None:
+        C = second_moment(site, texts, n_samples=cfg.mom2_n_samples) if texts else default_second_moment(site, cfg)
+    edit = rank_one(site, request, C, cfg, tau=None, method="rome", templates=templates)
     return edit.apply(model) if apply else edit
 
 
 def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder, tau: float = 0.1,
          C: torch.Tensor | None = None, texts: Sequence[str] = (), config: EditConfig | None = None,
-         templates: Sequence[str] | None = None, ablate: bool = False, apply: bool = True) -> Edit:
+         templates: Sequence[str] | None = None, ablate: bool = False, apply: bool = True,
+         upd_decay: float = 1.0) -> Edit:
     """TCPE: the rank-one update of ``transcoder.W_dec`` restricted to features with ``k*_a ≥ tau``
-    (``tau < 0``: unmasked ROME on the transcoder; ``ablate``: only the other features). The transcoder
-    must be spliced (:func:`interp.editing.splice`) whenever the edited model is used."""
+    (``tau < 0``: unmasked ROME on the transcoder; ``ablate``: only the other features), scaled by
+    ``1 / upd_decay`` (TCPE's ``apply_tcpe_to_model``; ``run_tcpe.py``'s default 1.0). ``config`` defaults to
+    TCPE's official hyper-parameters (:meth:`EditConfig.tcpe`); ``C`` as in :func:`rome`. The transcoder must be
+    spliced (:func:`interp.editing.splice`) whenever the edited model is used. Several edits: :func:`tcpe_batch`."""
+    cfg = config or EditConfig.tcpe()
     site = TranscoderSite(model, layer, transcoder)
-    C = C if C is not None else second_moment(site, texts)
+    if C is None:
+        C = second_moment(site, texts, n_samples=cfg.mom2_n_samples) if texts else default_second_moment(site, cfg)
     method = "rome_tc" if tau is not None and tau < 0 else ("tcpe_ablate" if ablate else "tcpe")
-    edit = rank_one(site, request, C, config, tau=tau, ablate=ablate, method=method, templates=templates)
+    edit = rank_one(site, request, C, cfg, tau=tau, ablate=ablate, method=method, templates=templates)
+    if upd_decay != 1.0:
+        edit = scale_edit(edit, 1.0 / upd_decay, site)
     return edit.apply(transcoder=transcoder) if apply else edit
+
+
+def scale_edit(edit: Edit, factor: float, site: _Site) -> Edit:
+    """``edit`` with ``delta`` multiplied by ``factor`` (TCPE's ``1 / upd_decay``); ``site``: the unedited site
+    (for the residual and ``weights_before``)."""
+    if not (isinstance(factor, (int, float)) and factor > 0):
+        raise ValueError(f"the scale factor must be a number > 0, got {factor!r}")
+    delta = edit.delta * factor
+    k_v = edit.k_star @ (site.W() + delta) + site.b()
+    res = float((k_v - edit.v_star).norm() / edit.v_star.norm().clamp_min(1e-12))
+    out = Edit(method=edit.method, site=edit.site, layer=edit.layer, request=dict(edit.request), delta=delta,
+               rows=edit.rows, k_star=edit.k_star, v_star=edit.v_star, u=edit.u, residual=res, tau=edit.tau,
+               n_active=edit.n_active, d_key=edit.d_key, log={**edit.log, "scale": factor})
+    return out.record_before(site.raw_W())
+
+
+def tcpe_batch(model, requests: Sequence[EditRequest], layer: int, transcoder: Transcoder, tau: float = 0.1,
+               C: torch.Tensor | None = None, texts: Sequence[str] = (), config: EditConfig | None = None,
+               templates: Sequence[str] | None = None, ablate: bool = False, upd_decay: float | Sequence[float] = 1.1,
+               apply: bool = True) -> Edit:
+    """TCPE's multi-edit scheme (``tcpe_multineuron.apply_tcpe`` with ``sweep/run_tcpe.sh``'s ``upd_decay`` 1.1):
+    every request's masked update ``ΔW_i`` is computed on the UNEDITED transcoder, and one edit adds
+    ``Σ_i ΔW_i / upd_decay_i`` (``upd_decay``: one value or one per request). (:func:`edit_batch` instead edits
+    sequentially, each edit computed on the weights the previous ones left: ROME's ``apply_rome_to_model``.)
+    The returned :class:`Edit` has ``method="tcpe_sum"``; ``k_star``/``v_star``/``u`` are those of the first
+    request, ``log["edits"]`` lists every request's rows, residual and scale."""
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("tcpe_batch needs at least one request")
+    decays = [float(upd_decay)] * len(reqs) if isinstance(upd_decay, (int, float)) else [float(d) for d in upd_decay]
+    if len(decays) != len(reqs) or any(not d > 0 for d in decays):
+        raise ValueError(f"upd_decay must be a number > 0 or one per request ({len(reqs)}), got {upd_decay!r}")
+    cfg = config or EditConfig.tcpe()
+    site = TranscoderSite(model, layer, transcoder)
+    if C is None:
+        C = second_moment(site, texts, n_samples=cfg.mom2_n_samples) if texts else default_second_moment(site, cfg)
+    edits = [tcpe(model, r, layer, transcoder, tau=tau, C=C, config=cfg, templates=templates, ablate=ablate,
+                  apply=False) for r in reqs]
+    delta = sum(e.delta / d for e, d in zip(edits, decays))
+    rows = (delta != 0).any(1).nonzero().flatten()
+    first = edits[0]
+    log = {"edits": [{"request": e.request, "rows": e.rows.tolist(), "residual": e.residual, "upd_decay": d}
+                     for e, d in zip(edits, decays)]}
+    out = Edit(method="tcpe_sum", site="transcoder", layer=layer,
+               request={k: " | ".join(e.request[k] for e in edits) for k in ("prompt", "subject", "target")},
+               delta=delta, rows=rows, k_star=first.k_star, v_star=first.v_star, u=first.u,
+               residual=max(e.residual for e in edits), tau=tau, n_active=first.n_active, d_key=first.d_key,
+               log=log).record_before(site.raw_W())
+    return out.apply(transcoder=transcoder) if apply else out
 
 
 # ====================================================================== constrained fine-tuning baseline
@@ -855,4 +1122,6 @@ def edit_batch(fn, requests: Sequence[EditRequest], *args, **kwargs) -> list[Edi
 
 
 __all__ = ["EditRequest", "EditConfig", "Edit", "FineTuneConfig", "MLPSite", "TranscoderSite", "context_templates",
-           "compute_key", "second_moment", "second_moments", "compute_v", "left_vector", "rank_one", "restrict", "rome", "tcpe", "fine_tune", "edit_batch"]
+           "compute_key", "second_moment", "second_moments", "default_texts", "default_second_moment", "compute_v",
+           "kl_term", "weight_decay_term", "left_vector", "rank_one", "restrict", "scale_edit", "rome", "tcpe",
+           "tcpe_batch", "fine_tune", "edit_batch"]

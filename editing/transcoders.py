@@ -118,7 +118,13 @@ class Transcoder(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Transcoder":
-        """Read a transcoder in sae-lens's format (ours or one saved by ``sae_lens.Transcoder.save_model``)."""
+        """Read a transcoder in sae-lens's format (ours or one saved by ``sae_lens.Transcoder.save_model``).
+
+        ``apply_b_dec_to_input: true`` in ``cfg.json`` (input centring: the encoder reads ``x − b_dec``, as the
+        adapter of TCPE's code does with its input-centring ``b_dec``; sae-lens itself refuses the flag for
+        transcoders) is applied exactly by folding it into the encoder bias, ``b_enc ← b_enc − b_dec W_enc``
+        (computed in float64); a file where ``d_in ≠ d_out`` with the flag set is refused. (Before 2026-12-02
+        the flag was ignored, silently changing every feature activation.)"""
         path = Path(path)
         if not (path / SAE_CFG).is_file() or not (path / SAE_WEIGHTS).is_file():
             raise MissingFileError(f"{path} has no {SAE_CFG} and {SAE_WEIGHTS} (sae-lens format)")
@@ -132,6 +138,15 @@ class Transcoder(nn.Module):
                              tensors={"W_enc": ((d_in, d_sae), None), "b_enc": ((d_sae,), None),
                                       "W_dec": ((d_sae, d_out), None), "b_dec": ((d_out,), None)})
         meta = cfg.get("metadata") or {}
+        centre = cfg.get("apply_b_dec_to_input", False)
+        if not isinstance(centre, bool):
+            raise ValueError(f"{path}: apply_b_dec_to_input must be true or false, got {centre!r}")
+        if centre:
+            if d_in != d_out:
+                raise ValueError(f"{path}: apply_b_dec_to_input subtracts b_dec [d_out={d_out}] from the input "
+                                 f"[d_in={d_in}]; the sizes differ, so this file cannot mean that")
+            # input centring ReLU((x − b_dec) W_enc + b_enc) = ReLU(x W_enc + (b_enc − b_dec W_enc)): folded, exact
+            sd["b_enc"] = (sd["b_enc"].double() - sd["b_dec"].double() @ sd["W_enc"].double()).to(sd["b_enc"].dtype)
         tc = cls(d_in, d_sae, d_out, hook_name=meta.get("hook_name") or "",
                  hook_name_out=meta.get("hook_name_out") or "", model_name=meta.get("model_name") or "",
                  dtype=sd["W_enc"].dtype, seed=None)

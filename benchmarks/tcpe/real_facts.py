@@ -296,7 +296,8 @@ def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
     """The real text of the second moments: for ``n_tokens ≤ 8000`` the 75 passages ``docs[1700:1775]`` of the
     earlier runs (truncated to 128 tokens each: ~9,600 tokens); above, every passage from ``docs[1700]`` on split
     into its two halves (6 verses / 3 instructions each, ~1,300 pieces of ≤ 128 tokens, ~150k tokens), so that
-    ``n_tokens`` = 100,000 (ROME's ``mom2_n_samples``) is reached. None of it is in the transcoder's training
+    ``n_tokens`` = 100,000 TOKENS is reached (about 800 pieces; not ROME's ``mom2_n_samples``, which counts
+    100,000 TEXTS of up to 1,024 tokens: docs/editing.md). None of it is in the transcoder's training
     store (its 160k tokens come from the first ~400 passages) or in the held-out text (Ruth)."""
     if n_tokens <= 8000:
         return list(docs[1700:1775])
@@ -478,7 +479,8 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
     def setup():
         qs, l0 = subject_activation_quantiles(model, L, tc, known_facts(model, all_facts(relations))[0],
                                               qs=tuple(config.tau_quantiles))
-        templates = context_templates(model, EditConfig(n_templates=config.n_templates))  # seeded
+        # ours (cost): n_templates seed-word templates instead of ROME's 20 sampled from BOS; seeded
+        templates = context_templates(model, EditConfig(template_scheme="seed_words", n_templates=config.n_templates))
         _, keys_tc, keys_mlp = plan_keys(model, L, tc, None, templates, relations=relations)
         tau_rule, tau_rule_frac = tau_for_fraction(keys_tc, config.tau_frac)
         return {"quantiles": {str(q): v for q, v in qs.items()}, "subject_l0": l0, "templates": templates,
@@ -487,7 +489,9 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
     qs = {float(q): v for q, v in su["quantiles"].items()}
 
     def moments():
-        Cs = second_moments([TranscoderSite(model, L, tc), MLPSite(model, L)], mom_texts, n_tokens=config.n_mom2)
+        # ours (cost): n_mom2 TOKENS of passages of <= 128 tokens, not ROME's 100,000 texts (docs/editing.md)
+        Cs = second_moments([TranscoderSite(model, L, tc), MLPSite(model, L)], mom_texts, n_tokens=config.n_mom2,
+                            max_length=128, n_samples=None)
         diag = {}
         for name, C, keys in (("tc", Cs[0], su["keys_tc"]), ("mlp", Cs[1], su["keys_mlp"])):
             diag[name] = moment_diagnostics(C, keys, eps_rels=(0.0, 1e-2))
@@ -496,7 +500,7 @@ def real_validation(config: RealConfig, stages, model, relations: dict | None = 
         return {"C_tc": Cs[0], "C_mlp": Cs[1], "diagnostics": diag}
     mo = stages("real-moments", moments)
     eps = ridge_rule(mo["diagnostics"]) if config.mom2_eps_rel == "auto" else float(config.mom2_eps_rel)
-    cfg = EditConfig(n_templates=config.n_templates, mom2_eps_rel=eps)
+    cfg = EditConfig(template_scheme="seed_words", n_templates=config.n_templates, mom2_eps_rel=eps)
     taus = tuple(sorted({0.0, float(su["tau_rule"])} | {round(qs[q], 3) for q in config.tau_quantiles}))
     leak = stages("real-leak", lambda: mask_leak(mo["C_tc"], su["keys_tc"], taus, eps)
                   + (mask_leak(mo["C_tc"], su["keys_tc"], taus, 0.0) if eps else []))

@@ -77,8 +77,12 @@ def test_rome_rank_one_exact_apply_revert_save(model, tmp_path):
     W1 = model.weight("W_out")
     assert torch.allclose(W1[1] - W0[1], e.delta, atol=1e-6)       # the live weight changed, layer 1 only
     assert torch.equal(W1[0], W0[0]) and torch.equal(W1[2], W0[2])
-    v = e.k_star @ W1[1] + model.weight("b_out")[1]
-    assert torch.allclose(v, e.v_star, rtol=1e-3, atol=1e-4)        # W' k* + b = v*
+    # ROME (official) solves r at the plain prompt's key k0: W' k0 + b = v* (ROME's compute_v), not at k*
+    k0 = compute_key(MLPSite(model, 1), REQ, ["{}"])
+    assert e.log["right_vector_key"] == "prompt"
+    v = k0 @ W1[1] + model.weight("b_out")[1]
+    assert torch.allclose(v, e.v_star, rtol=1e-3, atol=1e-4)        # W' k0 + b = v*
+    assert e.log["residual_k_star"] > 1e-3                          # (k* is the mean over two templates, ≠ k0)
     # the left vector is C^-1 k* up to scale
     ck = torch.linalg.lstsq(C.double(), e.k_star.double()[:, None]).solution[:, 0].float()
     assert torch.allclose(e.u, ck / ck.norm(), atol=1e-4)
@@ -163,7 +167,8 @@ def test_edit_batch_is_sequential(model):
     assert torch.allclose(model.weight("W_out")[2] - W0[2], edits[0].delta + edits[1].delta, atol=1e-5)
     # the second edit was computed on the already-edited model: its own key/value hold exactly after both
     W = model.weight("W_out")[2]
-    assert torch.allclose(edits[1].k_star @ W + model.weight("b_out")[2], edits[1].v_star, rtol=1e-3, atol=1e-4)
+    k0 = compute_key(MLPSite(model, 2), reqs[1], ["{}"])  # ROME's right vector holds at the plain prompt's key
+    assert torch.allclose(k0 @ W + model.weight("b_out")[2], edits[1].v_star, rtol=1e-3, atol=1e-4)
     with pytest.raises(RuntimeError, match="not applied"):
         edits[0].revert(model)  # out of order: refused, nothing changed
     edits[1].revert(model)
@@ -189,7 +194,7 @@ def test_context_templates_word_level_tokenizer_has_no_unknown_words():
     period stuck to the last word ("=." unknown), so every template but "{}" fed <unk> tokens to the model."""
     from interp.editing import context_templates
     m = _word_model()
-    tpl = context_templates(m, EditConfig(n_templates=5, template_length=6))
+    tpl = context_templates(m, EditConfig(template_scheme="seed_words", n_templates=5, template_length=6))
     unk = m.tokenizer.unk_token_id
     prompt = "str a = A0 ( i0 ) ; => str a ="
     for t, seed in zip(tpl[1:], ("The", "Therefore", "Because", "I", "You")):
@@ -200,9 +205,9 @@ def test_context_templates_word_level_tokenizer_has_no_unknown_words():
 
 
 def test_context_templates_bpe_are_rome_strings(model):
-    """On a BPE tokenizer the template is ROME's: decode(seed + sampled tokens) + ". {}"."""
+    """Ours (``template_scheme="seed_words"``): on a BPE tokenizer decode(seed + sampled tokens) + ". {}"."""
     from interp.editing import context_templates
-    cfg = EditConfig(n_templates=2, template_length=5, template_seed=3)
+    cfg = EditConfig(template_scheme="seed_words", n_templates=2, template_length=5, template_seed=3)
     tpl = context_templates(model, cfg)
     gen = model.generate(["The", "Therefore"], max_new_tokens=5, do_sample=True, seed=3, return_text=False)
     for t, w, g in zip(tpl[1:], ("The", "Therefore"), gen.tolist()):

@@ -37,6 +37,36 @@ def test_sae_lens_round_trip(tmp_path):
         tc.encode(torch.randn(2, 15))
 
 
+def test_apply_b_dec_to_input_is_applied_on_load(tmp_path):
+    """A transcoder file with ``apply_b_dec_to_input: true`` encodes ``ReLU((x − b_dec) W_enc + b_enc)`` (input
+    centring; TCPE's adapter subtracts its input-centring ``b_dec``), by hand. The loader before ignored the flag
+    and encoded ``ReLU(x W_enc + b_enc)``."""
+    import json
+    tc = Transcoder(16, 40, 16, seed=3)
+    with torch.no_grad():
+        tc.b_enc.normal_(), tc.b_dec.normal_()
+    tc.save(tmp_path / "tc")
+    cfg = json.loads((tmp_path / "tc" / "cfg.json").read_text())
+    cfg["apply_b_dec_to_input"] = True
+    (tmp_path / "tc" / "cfg.json").write_text(json.dumps(cfg))
+    back = Transcoder.load(tmp_path / "tc")
+    x = torch.randn(5, 16)
+    hand = torch.relu((x - tc.b_dec) @ tc.W_enc + tc.b_enc)
+    assert torch.allclose(back.encode(x), hand, atol=1e-5)
+    assert not torch.allclose(back.encode(x), tc.encode(x), atol=1e-3)
+    assert torch.allclose(back(x), hand @ tc.W_dec + tc.b_dec, atol=1e-5)
+    assert torch.equal(back.W_enc, tc.W_enc) and torch.equal(back.b_dec, tc.b_dec)
+    cfg["apply_b_dec_to_input"] = "yes"
+    (tmp_path / "tc" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="apply_b_dec_to_input"):
+        Transcoder.load(tmp_path / "tc")
+    Transcoder(16, 40, 12, seed=1).save(tmp_path / "wide")
+    cfg = json.loads((tmp_path / "wide" / "cfg.json").read_text())
+    (tmp_path / "wide" / "cfg.json").write_text(json.dumps({**cfg, "apply_b_dec_to_input": True}))
+    with pytest.raises(ValueError, match="sizes differ"):
+        Transcoder.load(tmp_path / "wide")
+
+
 def test_splice_replaces_mlp_output_with_tc_of_mlp_input(model):
     tc = Transcoder(64, 96, 64, seed=1)
     with torch.no_grad():
