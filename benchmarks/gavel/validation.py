@@ -34,7 +34,7 @@ from interp.probes.gavel.detector import (CalibrationLabels, DetectorConfig, cal
                                           train_detector)
 from interp.probes.gavel.evaluation import (KeywordMatcher, RuleEvaluation, gavel_rule_outputs, rule_metrics,
                                             train_monolithic)
-from interp.probes.gavel.features import FeatureSpec, conversation_features
+from interp.probes.gavel.features import FeatureSpec, conversation_features, conversation_runs
 from interp.probes.gavel.labels import labelled_windows, token_ce_labels, window_labels
 
 __all__ = ["LibraryValidation", "run_library_validation", "library_test_set", "token_ce_labels", "window_labels",
@@ -107,7 +107,7 @@ def _v1_data(rng, ces, seen, n_train, n_cal):
     for ce in ces:
         for conv in lib.ce_conversations(rng, ce, max(2, n_cal // 2), "train"):
             cal_convs.append(conv)
-            cal_labels.append(CalibrationLabels(required={ce}))
+            cal_labels.append(CalibrationLabels(required={ce}, kind="ce"))
     for conv in lib.ce_conversations(rng, None, n_cal, "train"):
         cal_convs.append(conv)
         cal_labels.append(CalibrationLabels())
@@ -129,7 +129,7 @@ def calibration_dialogues(seed: int, n_cal: int, split: str = "val") -> tuple[li
     for ce in ces:
         for _ in range(max(2, n_cal // 2)):
             convs.append(lib._conversation(rng, [ce], split))
-            labels.append(CalibrationLabels(required={ce}))
+            labels.append(CalibrationLabels(required={ce}, kind="ce"))
     for _ in range(n_cal):
         convs.append(lib._conversation(rng, [], split))
         labels.append(CalibrationLabels())
@@ -262,13 +262,14 @@ def run_library_validation(model, spec: FeatureSpec, n_train: int = 300, n_cal: 
         n_windows = int(len(x))
         det, hist = train_detector(x, yt, ces, cfg, spec=spec)
         # 2. θ / patience by Youden's J on the calibration dialogues (label-level ground truth)
-        cal_j = calibrate(det, det.sequence_probs(feats(cal_convs)), cal_labels, patience=(1, 2), tie=tie).youden_j
+        cal_j = calibrate(det, det.sequence_probs(feats(cal_convs), conversation_runs(model, cal_convs)), cal_labels,
+                          patience=(1, 2), tie=tie).youden_j
         best_epoch = hist.best_epoch
     else:
         det, cal_j, best_epoch = detector, [float("nan")] * len(ces), None
     # 3. held-out test conversations
     te_f = feats([t.messages for t in test])
-    te_probs = det.sequence_probs(te_f)
+    te_probs = det.sequence_probs(te_f, conversation_runs(model, [t.messages for t in test]))
     texts = [_assistant_text(t.messages) for t in test]
     kw = KeywordMatcher(lib.KEYWORDS)
     # 4. monolithic baselines: per rule, rule-positive vs negative conversations

@@ -23,12 +23,15 @@ from .rules import (ACTIONS, And, Or, Rule, RuleSet, RuleSyntaxError, Selector, 
 __all__ = ["ACTIONS", "And", "Or", "Rule", "RuleSet", "RuleSyntaxError", "Selector", "load_rules",
            "parse_condition", "parse_rule", "rule_from_json"]
 from .detector import (Calibration, CalibrationLabels, CEDetector, DetectorConfig, TrainingHistory, WindowGRU,
-                       calibrate, compute_triggers, labels_for_rule, make_windows, train_detector)
-from .features import FeatureSpec, conversation_features, encode_conversation, group_readout, text_features
+                       balance_classes, calibrate, compute_triggers, labels_for_rule, make_windows, split_train_val,
+                       train_detector, window_bounds)
+from .features import (FeatureSpec, conversation_features, conversation_runs, encode_conversation, group_readout,
+                       scored_runs, text_features)
 
 __all__ += ["Calibration", "CalibrationLabels", "CEDetector", "DetectorConfig", "TrainingHistory", "WindowGRU",
-            "calibrate", "compute_triggers", "labels_for_rule", "make_windows", "train_detector", "FeatureSpec",
-            "conversation_features", "encode_conversation", "group_readout", "text_features"]
+            "balance_classes", "calibrate", "compute_triggers", "labels_for_rule", "make_windows", "split_train_val",
+            "train_detector", "window_bounds", "FeatureSpec", "conversation_features", "conversation_runs",
+            "encode_conversation", "group_readout", "scored_runs", "text_features"]
 from .evaluation import (KeywordMatcher, MonolithicClassifier, RuleEvaluation, gavel_rule_outputs, rule_metrics,
                          train_monolithic, train_text_detector)
 from .labels import labelled_windows, token_ce_labels, window_labels

@@ -156,10 +156,11 @@ class GavelCheck(Check):
         for i, c in enumerate(convs):
             if not isinstance(c, dict) or "messages" not in c or ("ces" not in c and "labels" not in c):
                 raise ValueError(f"conversation {i} needs 'messages' and 'ces' (or 'labels')")
-        probs = det.sequence_probs(conversation_features(model, [c["messages"] for c in convs], det.spec))
+        probs = det.sequence_probs(*conversation_features(model, [c["messages"] for c in convs], det.spec,
+                                                          return_runs=True))
         audit = [[{"role": "user", "content": "Tell me something."}, {"role": "assistant", "content": t}]
                  for t in data.texts[: cfg.max_audit_texts]]
-        audit_probs = det.sequence_probs(conversation_features(model, audit, det.spec))
+        audit_probs = det.sequence_probs(*conversation_features(model, audit, det.spec, return_runs=True))
         rows = []
         for r in rules:
             y = np.array([c["labels"][r.name] if "labels" in c and r.name in c["labels"] else r.evaluate(c["ces"])

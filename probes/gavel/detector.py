@@ -2,15 +2,35 @@
 
 The network follows the official ``TopicRNN``: a bidirectional GRU (3 layers, hidden 256, dropout 0.3)
 reads a window of 5 token features and a linear layer maps the output at the window's last time step to
-one logit per CE. Training is multi-label BCE (Adam, lr 3e-4, batch 64, at most 25 epochs, early stopping
-with patience 3 on a held-out 20 % split).
+one logit per CE. Training is multi-label BCE (Adam, lr 3e-4, batch 64; the shipped config trains 10
+epochs with early stopping after 3 epochs without validation improvement).
 
-Inference (digest §2): a scored token span is cut into windows of ``window`` tokens with stride
-``window``; a span whose length is not a multiple of the window gets one more window made of its last
-``window`` tokens, and a span shorter than a window is one short window (choice: the official code works
-on fixed windows and does not say what happens to the tail). Per CE ``c`` the *trigger* fires when at
-least ``patience_c`` windows have ``sigmoid(logit_c) >= θ_c``; the continuous CE score is the maximum
-window probability.
+Each option below has the official behaviour as its default and ours as a named alternative
+(:class:`DetectorConfig`):
+
+- training split (``split``): ``"ordered"`` (official) puts, per class, the first 80 % of the conversations
+  (or windows, when no conversation ids are given) in the order given into training and the rest into
+  validation (the official script shuffles each CE's conversations once, seed 42, then cuts at 80 %);
+  ``"random"`` (ours before) splits windows at random, so neighbouring windows of one conversation leak
+  between the splits;
+- class balance (``balance``): ``"cap"`` (official) caps every class (a window's target pattern) to the
+  count of the smallest single-CE class, in training and in validation; ``"none"`` keeps every window;
+- returned weights (``restore``): ``"official"`` returns the last epoch unless early stopping fired, then
+  the last checkpoint the official loop saved (a new lowest validation loss, or from the 5th epoch on a loss
+  at most the lowest since then); ``"best"`` (ours before) returns the lowest-validation-loss epoch;
+- window layout (``window_layout``): ``"official"`` cuts each scored run (one assistant turn) into
+  stride-``window`` windows, the short tail window scored unpadded; ``"overlap"`` (ours before) joins all
+  scored tokens into one span and adds a full window ending at its last token instead of a short tail;
+- inference patience (``inference_patience``): ``False`` (official: evaluation fires a CE on one window
+  above θ, whatever patience calibration chose); ``True`` (ours before) applies the calibrated patience;
+- calibration protocol (``calibration``): ``"official"`` counts only use-case-level dialogues (a rule's
+  scenario; :class:`CalibrationLabels` ``kind="usecase"``) in TPR/FPR; ``"all"`` (ours before) also counts
+  CE-level and CE-free dialogues, where every firing outside a rule is a false positive.
+
+Per CE ``c`` the *trigger* fires when at least ``patience_c`` windows have ``sigmoid(logit_c) >= θ_c``;
+the continuous CE score is the maximum window probability. Training windows are full windows
+(:func:`make_windows`: stride ``window`` plus one ending at the span's last token; the official training
+instead zero-pads the short tail window, a difference kept because the CE-world labels are cut that way).
 
 Choice (not in the official code): features are standardised per dimension with the training windows'
 mean and standard deviation, stored in the detector. This is an affine map the first GRU layer could
@@ -34,13 +54,15 @@ from interp.results import Result
 
 from .rules import Rule
 
-__all__ = ["DetectorConfig", "WindowGRU", "CEDetector", "make_windows", "compute_triggers", "train_detector", "masked_bce",
+__all__ = ["DetectorConfig", "WindowGRU", "CEDetector", "make_windows", "window_bounds", "compute_triggers",
+           "train_detector", "masked_bce", "split_train_val", "balance_classes",
            "CalibrationLabels", "labels_for_rule", "Calibration", "calibrate", "TrainingHistory"]
 
 
 @dataclass
 class DetectorConfig:
-    """Hyper-parameters of the detector and its training (defaults: the official code's)."""
+    """Hyper-parameters of the detector, its training and its inference (defaults: the official code's; the
+    alternatives named in the module docstring are ours)."""
 
     window: int = 5
     hidden: int = 256
@@ -49,11 +71,17 @@ class DetectorConfig:
     proj_dim: int | None = None  #: optional linear projection of the features before the GRU
     lr: float = 3e-4
     batch_size: int = 64
-    max_epochs: int = 25
+    max_epochs: int = 10  #: the shipped config's 10 (the function's own default, 25, was ours before)
     early_stopping: int = 3  #: epochs without validation improvement before stopping
     val_fraction: float = 0.2
     weight_decay: float = 0.0
     seed: int = 0
+    split: str = "ordered"  #: ``ordered`` (official, per class the first 80 %) or ``random`` (ours, by window)
+    balance: str = "cap"  #: ``cap`` (official: classes capped to equal counts) or ``none``
+    restore: str = "official"  #: ``official`` (last epoch unless early stopping fired) or ``best`` (ours)
+    window_layout: str = "official"  #: ``official`` (per turn, short tail unpadded) or ``overlap`` (ours)
+    inference_patience: bool = False  #: apply calibrated patience at inference (ours); official: 1 window
+    calibration: str = "official"  #: ``official`` (use-case-level dialogues only) or ``all`` (ours)
 
     def __post_init__(self) -> None:
         for name in ("window", "hidden", "rnn_layers", "batch_size", "max_epochs", "early_stopping"):
@@ -68,6 +96,22 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig.lr must be positive, got {self.lr}")
         if self.proj_dim is not None and (not isinstance(self.proj_dim, int) or self.proj_dim < 1):
             raise ValueError(f"DetectorConfig.proj_dim must be None or a positive integer, got {self.proj_dim!r}")
+        for name, allowed in (("split", ("ordered", "random")), ("balance", ("cap", "none")),
+                              ("restore", ("official", "best")), ("window_layout", ("official", "overlap")),
+                              ("calibration", ("official", "all"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DetectorConfig.{name} must be one of {allowed} (the first is the official "
+                                 f"behaviour), got {getattr(self, name)!r}")
+        if not isinstance(self.inference_patience, bool):
+            raise ValueError(f"DetectorConfig.inference_patience must be a bool, got {self.inference_patience!r}")
+
+    @classmethod
+    def ours(cls, **kw) -> "DetectorConfig":
+        """Every option at our earlier behaviour (random window split, no class cap, best epoch, overlapping
+        tail window over one joined span, calibrated patience at inference, all calibration dialogues)."""
+        base = dict(split="random", balance="none", restore="best", window_layout="overlap",
+                    inference_patience=True, calibration="all")
+        return cls(**{**base, **kw})
 
 
 class WindowGRU(nn.Module):
@@ -105,6 +149,37 @@ def make_windows(feats: torch.Tensor, window: int = 5) -> torch.Tensor:
     return wins
 
 
+def window_bounds(T: int, window: int = 5, runs: Sequence[int] | None = None, layout: str = "official"
+                  ) -> list[tuple[int, int]]:
+    """``[(start, end)]`` windows over a scored span of ``T`` tokens, in order.
+
+    ``layout="official"``: each run (``runs``: lengths of the assistant turns, summing to ``T``; ``None``: one
+    run) is cut into windows ``[s, min(s + window, end))`` for ``s = start, start + window, ...``, so a run's
+    tail window is short (unpadded). ``layout="overlap"`` (ours before): the runs are joined into one span cut
+    as :func:`make_windows` does (full windows plus one ending at the last token). E.g. ``T=12, window=5,
+    runs=[7, 5]``: official ``(0,5) (5,7) (7,12)``; overlap ``(0,5) (5,10) (7,12)``.
+    """
+    if T < 1:
+        raise ValueError(f"a scored span needs at least one token, got T={T}")
+    if layout == "overlap" or runs is None:
+        runs = [T]
+    runs = [int(r) for r in runs]
+    if any(r < 1 for r in runs) or sum(runs) != T:
+        raise ValueError(f"runs {runs} must be positive lengths summing to the span's {T} tokens")
+    if layout == "overlap":
+        if T <= window:
+            return [(0, T)]
+        out = [(s, s + window) for s in range(0, T - T % window, window)]
+        return out + ([(T - window, T)] if T % window else [])
+    if layout != "official":
+        raise ValueError(f"layout must be 'official' or 'overlap', got {layout!r}")
+    out, a = [], 0
+    for r in runs:
+        out += [(s, min(s + window, a + r)) for s in range(a, a + r, window)]
+        a += r
+    return out
+
+
 def compute_triggers(probs: torch.Tensor, thresholds: torch.Tensor | float, patience: torch.Tensor | int = 1
                      ) -> torch.Tensor:
     """Per CE, whether at least ``patience`` windows have probability ``>= threshold``.
@@ -127,7 +202,10 @@ class TrainingHistory(Result):
 
     train_loss: list[float]
     val_loss: list[float]
-    best_epoch: int
+    best_epoch: int  #: the epoch (1-based) with the lowest validation loss
+    returned_epoch: int = 0  #: the epoch whose weights were returned (``restore``)
+    stopped_early: bool = False
+    sizes: dict = field(default_factory=dict)  #: training / validation windows after split and class cap
 
     def to_frame(self):
         import pandas as pd
@@ -152,13 +230,87 @@ def masked_bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (loss * known).sum() / known.sum().clamp_min(1)
 
 
+def _class_keys(targets: torch.Tensor) -> list[tuple]:
+    """A window's class: its target row (NaN read as -1), e.g. ``(1, 0, 0)``."""
+    return [tuple(r) for r in torch.nan_to_num(targets.float(), nan=-1.0).tolist()]
+
+
+def split_train_val(targets: torch.Tensor, val_fraction: float = 0.2, groups: torch.Tensor | None = None,
+                    mode: str = "ordered", seed: int = 0, generator: torch.Generator | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices ``(train, val)`` of the windows ``targets [N, C]``.
+
+    ``mode="ordered"`` (official): per class the first ``int(n (1 - val_fraction))`` items in the order given
+    train and the rest validate. With ``groups [N]`` (a conversation id per window) the items are
+    conversations (a conversation's class: the CEs positive in any of its windows), so no conversation is in
+    both splits; without, the items are windows (class: the target row). The official script shuffles each
+    CE's conversations once and cuts at 80 %: give them in that order. ``mode="random"`` (ours before): a
+    random ``val_fraction`` of the windows validates.
+    """
+    n = targets.shape[0]
+    if mode == "random":
+        perm = torch.randperm(n, generator=generator or torch.Generator().manual_seed(seed))
+        n_val = max(1, int(round(n * val_fraction)))
+        return perm[n_val:], perm[:n_val]
+    if mode != "ordered":
+        raise ValueError(f"split mode must be 'ordered' (official) or 'random', got {mode!r}")
+    if groups is None:
+        items = list(range(n))
+        members = {i: [i] for i in items}
+        keys = dict(zip(items, _class_keys(targets)))
+    else:
+        groups = torch.as_tensor(groups).long()
+        if groups.shape != (n,):
+            raise ValueError(f"groups must be [N={n}] conversation ids, got {tuple(groups.shape)}")
+        items = list(dict.fromkeys(groups.tolist()))
+        members = {g: [] for g in items}
+        for i, g in enumerate(groups.tolist()):
+            members[g].append(i)
+        pos = (torch.nan_to_num(targets.float()) > 0)
+        keys = {g: tuple(pos[members[g]].any(0).tolist()) for g in items}
+    by_class: dict[tuple, list] = {}
+    for it in items:
+        by_class.setdefault(keys[it], []).append(it)
+    tr, va = [], []
+    for its in by_class.values():
+        k = int(len(its) * (1 - val_fraction))
+        for it in its[:k]:
+            tr += members[it]
+        for it in its[k:]:
+            va += members[it]
+    if not tr or not va:
+        raise ValueError(f"the ordered split left {len(tr)} training and {len(va)} validation windows; give more "
+                         "conversations per class (or split='random')")
+    return torch.tensor(sorted(tr)), torch.tensor(sorted(va))
+
+
+def balance_classes(targets: torch.Tensor, idx: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """The official class cap: of the windows ``idx``, every class (target row) keeps at most ``m`` windows,
+    drawn at random (seeded), where ``m`` is the count of the smallest class with exactly one positive CE (the
+    official classes; the smallest class of all when there is none)."""
+    keys = _class_keys(targets[idx])
+    by: dict[tuple, list[int]] = {}
+    for i, k in zip(idx.tolist(), keys):
+        by.setdefault(k, []).append(i)
+    single = [len(v) for k, v in by.items() if sum(x == 1.0 for x in k) == 1]
+    cap = min(single) if single else min(len(v) for v in by.values())
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for k in sorted(by):
+        v = torch.tensor(by[k])
+        out.append(v[torch.randperm(len(v), generator=gen)[:cap]])
+    return torch.cat(out).sort().values
+
+
 def train_detector(windows: torch.Tensor, targets: torch.Tensor, ces: Sequence[str], config: DetectorConfig | None = None,
-                   spec=None) -> tuple["CEDetector", TrainingHistory]:
+                   spec=None, groups: torch.Tensor | None = None) -> tuple["CEDetector", TrainingHistory]:
     """Fit a :class:`CEDetector` on labelled windows.
 
     ``windows [N, window, d]`` (full windows), ``targets [N, C]`` multi-label 0/1 (an all-zero row is a
     window showing none of the CEs; NaN marks a label left out of the loss, e.g. a window that only partly
-    covers a CE's sentence). Returns the detector at its best validation epoch and the history.
+    covers a CE's sentence); ``groups [N]``: optional conversation id per window (the ordered split is then
+    by conversation). Split, class cap and returned epoch follow ``config`` (official by default; see the
+    module docstring). Returns the detector and the history.
     """
     config = config or DetectorConfig()
     ces = list(ces)
@@ -174,17 +326,19 @@ def train_detector(windows: torch.Tensor, targets: torch.Tensor, ces: Sequence[s
         raise ValueError("need at least 2 training windows")
     gen = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
-    perm = torch.randperm(n, generator=gen)
-    n_val = max(1, int(round(n * config.val_fraction)))
-    val, tr = perm[:n_val], perm[n_val:]
+    tr, val = split_train_val(targets, config.val_fraction, groups, config.split, config.seed, generator=gen)
+    if config.balance == "cap":
+        tr, val = balance_classes(targets, tr, config.seed), balance_classes(targets, val, config.seed + 1)
     x, y = windows.float(), targets.float()
     net = WindowGRU(x.shape[-1], len(ces), config.hidden, config.rnn_layers, config.dropout, config.proj_dim)
     flat = x[tr].reshape(-1, x.shape[-1])
     net.mean.copy_(flat.mean(0))
-    net.std.copy_(flat.std(0).clamp_min(1e-6))
+    net.std.copy_(flat.std(0).clamp_min(1e-6) if len(flat) > 1 else torch.ones(x.shape[-1]))
     opt = torch.optim.Adam(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     lossf = masked_bce
     best, best_state, best_epoch, bad = math.inf, None, 0, 0
+    since4, saved_state, saved_epoch = math.inf, None, 0  # the official loop's checkpoint file
+    stopped = False
     hist_tr, hist_val = [], []
     bar = progress(range(config.max_epochs), desc="gavel detector")
     for epoch in bar:
@@ -206,17 +360,32 @@ def train_detector(windows: torch.Tensor, targets: torch.Tensor, ces: Sequence[s
         hist_val.append(vl)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(train=f"{hist_tr[-1]:.4f}", val=f"{vl:.4f}")
-        if vl < best - 1e-6:
+        state = None
+        if epoch >= 4 and vl <= since4:  # official: from the 5th epoch, a loss at most the lowest since
+            since4 = vl
+            state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+            saved_state, saved_epoch = state, epoch + 1
+        if vl < best - (1e-6 if config.restore == "best" else 0.0):  # ours kept its 1e-6 margin
             best, best_epoch, bad = vl, epoch + 1, 0
-            best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+            best_state = state or {k: v.detach().clone() for k, v in net.state_dict().items()}
+            saved_state, saved_epoch = best_state, epoch + 1
         else:
             bad += 1
             if bad >= config.early_stopping:
+                stopped = True
                 break
-    net.load_state_dict(best_state)
+    if config.restore == "best":
+        net.load_state_dict(best_state)
+        returned = best_epoch
+    elif stopped:
+        net.load_state_dict(saved_state)
+        returned = saved_epoch
+    else:
+        returned = len(hist_val)
     net.eval()
     det = CEDetector(net, ces, config, spec=spec)
-    return det, TrainingHistory(hist_tr, hist_val, best_epoch)
+    return det, TrainingHistory(hist_tr, hist_val, best_epoch, returned, stopped,
+                                {"train_windows": int(len(tr)), "val_windows": int(len(val))})
 
 
 class CEDetector:
@@ -249,21 +418,39 @@ class CEDetector:
             if len(windows) else torch.zeros(0, len(self.ces))
 
     @torch.no_grad()
-    def sequence_probs(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Per scored span ``[T_i, d]``, window probabilities ``[W_i, C]`` (all spans' full windows in one batch)."""
-        full, short, owners = [], [], []
+    def sequence_probs(self, feats: Sequence[torch.Tensor], runs: Sequence[Sequence[int] | None] | None = None,
+                       layout: str | None = None) -> list[torch.Tensor]:
+        """Per scored span ``[T_i, d]``, window probabilities ``[W_i, C]`` (windows of every span batched by length).
+
+        ``runs[i]``: the lengths of span ``i``'s assistant turns (``conversation_features(..., return_runs=True)``;
+        ``None``: one run). ``layout``: :func:`window_bounds` (default ``config.window_layout``; official: per
+        turn, the short tail window unpadded).
+        """
+        layout = layout or self.config.window_layout
+        if runs is not None and len(runs) != len(feats):
+            raise ValueError(f"{len(runs)} run lists for {len(feats)} spans")
+        by_len: dict[int, list[tuple[int, int, int]]] = {}  # length -> [(span, window index, start)]
+        counts = []
         for i, f in enumerate(feats):
-            w = make_windows(f, self.window)
-            (full if w.shape[1] == self.window else short).append((i, w))
-        out: list[torch.Tensor | None] = [None] * len(feats)
-        if full:
-            logits = self.window_logits(torch.cat([w for _, w in full])).sigmoid()
-            sizes = [len(w) for _, w in full]
-            for (i, _), p in zip(full, logits.split(sizes)):
-                out[i] = p
-        for i, w in short:
-            out[i] = self.window_logits(w).sigmoid()
-        return out  # type: ignore[return-value]
+            if f.dim() != 2 or f.shape[0] == 0:
+                raise ValueError(f"features must be [T>0, d], got {tuple(f.shape)}")
+            b = window_bounds(f.shape[0], self.window, None if runs is None else runs[i], layout)
+            counts.append(len(b))
+            for j, (s0, e0) in enumerate(b):
+                by_len.setdefault(e0 - s0, []).append((i, j, s0))
+        out = [torch.zeros(n, len(self.ces)) for n in counts]
+        for L, items in by_len.items():
+            x = torch.cat([feats[i][s0:s0 + L][None].float() for i, _, s0 in items])  # [n, L, d]
+            p = self.window_logits(x).sigmoid()
+            for (i, j, _), row in zip(items, p):
+                out[i][j] = row
+        return out
+
+    @property
+    def inference_patience(self) -> torch.Tensor:
+        """The patience used at inference ``[C]``: the calibrated one with ``config.inference_patience`` (ours),
+        otherwise 1 window (official: evaluation ignores the calibrated patience)."""
+        return self.patience if self.config.inference_patience else torch.ones_like(self.patience)
 
     def scores(self, probs: torch.Tensor) -> dict[str, float]:
         """CE scores ``s_c = max over windows of sigmoid(logit_c)`` from ``probs [W, C]``."""
@@ -271,8 +458,8 @@ class CEDetector:
         return {c: float(v) for c, v in zip(self.ces, m)}
 
     def fired(self, probs: torch.Tensor) -> set[str]:
-        """CEs whose trigger fires on the windows ``probs [W, C]`` (calibrated θ and patience)."""
-        trig = compute_triggers(probs, self.thresholds, self.patience)
+        """CEs whose trigger fires on the windows ``probs [W, C]`` (calibrated θ; :attr:`inference_patience`)."""
+        trig = compute_triggers(probs, self.thresholds, self.inference_patience)
         return {c for c, t in zip(self.ces, trig) if t}
 
     def evaluate(self, rule: Rule, probs: torch.Tensor) -> tuple[bool, float]:
@@ -338,13 +525,23 @@ class CalibrationLabels:
     ``required`` CEs must fire (fired: TP, else FN); in each ``any_of`` group, if some member fired the fired
     members are TP and the others TN, otherwise every member is FN; ``supporting`` CEs are neutral (fired:
     TP, else TN); every other CE is FP when it fires and TN otherwise.
+
+    ``kind``: ``"usecase"`` (a rule's scenario dialogue: the only kind the official calibration counts),
+    ``"ce"`` (a dialogue showing single CEs) or ``"negative"`` (CE-free); ``None`` infers ``"negative"`` when
+    no CE is named and ``"usecase"`` otherwise.
     """
 
     required: frozenset[str] = frozenset()
     any_of: tuple[frozenset[str], ...] = ()
     supporting: frozenset[str] = frozenset()
+    kind: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kind is None:
+            named = self.required or self.supporting or any(self.any_of)
+            object.__setattr__(self, "kind", "usecase" if named else "negative")
+        if self.kind not in ("usecase", "ce", "negative"):
+            raise ValueError(f"CalibrationLabels.kind must be 'usecase', 'ce' or 'negative', got {self.kind!r}")
         object.__setattr__(self, "required", frozenset(self.required))
         object.__setattr__(self, "supporting", frozenset(self.supporting))
         object.__setattr__(self, "any_of", tuple(frozenset(g) for g in self.any_of))
@@ -444,7 +641,7 @@ def _pad_probs(probs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Sequence[CalibrationLabels],
               thresholds: Sequence[float] | None = None, patience: Sequence[int] = (1,), tol: float = 0.01,
-              apply: bool = True, tie: str = "largest") -> Calibration:
+              apply: bool = True, tie: str = "largest", protocol: str | None = None) -> Calibration:
     """Choose θ_c and patience_c per CE by Youden's J on calibration dialogues.
 
     ``probs``: per dialogue, window probabilities ``[W_i, C]`` (:meth:`CEDetector.sequence_probs`);
@@ -453,7 +650,15 @@ def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Seque
     (``tie="largest"``); ``tie="middle"`` (not in the paper) takes the middle of those thresholds instead,
     which is less strict when a small calibration set leaves J flat over a wide range.
     A CE with no positive (or no negative) label anywhere gets TPR (FPR) 0 on the whole grid.
+
+    ``protocol`` (default ``detector.config.calibration``): ``"official"`` counts only the use-case-level
+    dialogues (``labels[i].kind == "usecase"``; the official sweep skips its CE-level split); ``"all"`` (ours
+    before) counts every dialogue, so a CE-level or CE-free dialogue where a CE fires outside a rule adds a
+    false positive.
     """
+    protocol = protocol or detector.config.calibration
+    if protocol not in ("official", "all"):
+        raise ValueError(f"protocol must be 'official' (use-case-level dialogues) or 'all', got {protocol!r}")
     if len(probs) != len(labels) or not probs:
         raise ValueError("probs and labels must be non-empty and of the same length")
     ces, C = detector.ces, len(detector.ces)
@@ -473,6 +678,12 @@ def calibrate(detector: CEDetector, probs: Sequence[torch.Tensor], labels: Seque
             m[idx[n]] = True
         return m
 
+    if protocol == "official":
+        keep = [i for i, lb in enumerate(labels) if lb.kind == "usecase"]
+        if not keep:
+            raise ValueError("the official calibration counts only use-case-level dialogues "
+                             "(CalibrationLabels kind='usecase') and none was given; use protocol='all'")
+        probs, labels = [probs[i] for i in keep], [labels[i] for i in keep]
     D = len(labels)
     G = max([len(lb.any_of) for lb in labels] + [1])
     req = torch.stack([mask(lb.required) for lb in labels])  # [D, C]

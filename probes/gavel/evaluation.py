@@ -68,17 +68,16 @@ def train_monolithic(pos: Sequence[torch.Tensor], neg: Sequence[torch.Tensor], c
     config = config or DetectorConfig()
     if not pos or not neg:
         raise ValueError("train_monolithic needs positive and negative conversations")
-    wp = [make_windows(f, config.window) for f in pos]
-    wn = [make_windows(f, config.window) for f in neg]
-    wp = torch.cat([w for w in wp if w.shape[1] == config.window])
-    wn = torch.cat([w for w in wn if w.shape[1] == config.window])
-    x = torch.cat([wp, wn])
-    y = torch.cat([torch.ones(len(wp), 1), torch.zeros(len(wn), 1)])
-    det, _ = train_detector(x, y, ["rule"], config)
+    ws = [make_windows(f, config.window) for f in list(pos) + list(neg)]
+    ids = [i for i, w in enumerate(ws) if w.shape[1] == config.window]
+    x = torch.cat([ws[i] for i in ids])
+    y = torch.cat([torch.full((len(ws[i]), 1), float(i < len(pos))) for i in ids])
+    groups = torch.cat([torch.full((len(ws[i]),), i) for i in ids])  # conversation ids: the split keeps them whole
+    det, _ = train_detector(x, y, ["rule"], config, groups=groups)
     if cal_pos and cal_neg:
         probs = det.sequence_probs(list(cal_pos) + list(cal_neg))
         labels = [CalibrationLabels(required={"rule"})] * len(cal_pos) + [CalibrationLabels()] * len(cal_neg)
-        calibrate(det, probs, labels)
+        calibrate(det, probs, labels, protocol="all")  # one "CE" (the rule): its negatives are what θ is for
     return MonolithicClassifier(det)
 
 
@@ -98,8 +97,8 @@ def train_text_detector(feats: Sequence[torch.Tensor], labels: Sequence[Sequence
     ces = list(ces)
     if len(feats) != len(labels):
         raise ValueError(f"{len(feats)} feature tensors for {len(labels)} label sets")
-    xw, yw = [], []
-    for f, lab in zip(feats, labels):
+    xw, yw, gw = [], [], []
+    for i, (f, lab) in enumerate(zip(feats, labels)):
         unknown = set(lab) - set(ces)
         if unknown:
             raise ValueError(f"labels {sorted(unknown)} are not among the CEs {ces}")
@@ -108,9 +107,10 @@ def train_text_detector(feats: Sequence[torch.Tensor], labels: Sequence[Sequence
             y = torch.tensor([float(c in lab) for c in ces])
             xw.append(w)
             yw.append(y.expand(len(w), -1))
+            gw.append(torch.full((len(w),), i))
     if not xw:
         raise ValueError(f"no text has a full window of {config.window} tokens")
-    det, _ = train_detector(torch.cat(xw), torch.cat(yw), ces, config, spec=spec)
+    det, _ = train_detector(torch.cat(xw), torch.cat(yw), ces, config, spec=spec, groups=torch.cat(gw))
     if len(cal_feats):
         calibrate(det, det.sequence_probs(list(cal_feats)), list(cal_labels), patience=(1, 2))
     return det

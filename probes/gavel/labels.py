@@ -17,15 +17,19 @@ from .features import _pieces
 __all__ = ["token_ce_labels", "window_labels", "labelled_windows"]
 
 
-def token_ce_labels(model, conv, ces: Sequence[str], roles=("assistant",)
+def token_ce_labels(model, conv, ces: Sequence[str], roles=("assistant",), mask: str = "content"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token ids ``[T]``, scored mask ``[T]`` (tokens of ``roles``) and CE labels ``[T, C]`` of a conversation.
 
     ``conv`` has ``messages`` (chat messages) and ``spans`` (``(message index, start, end, ce)`` character
     spans inside a message's content), e.g. a :class:`~interp.probes.gavel.library.LabelledConversation`.
     A token is labelled 1 for a CE where it overlaps a sentence of that CE; tokenisation is that of
-    :func:`~interp.probes.gavel.features.encode_conversation` (chat template rendered message by message).
+    :func:`~interp.probes.gavel.features.encode_conversation` (chat template rendered message by message), and so
+    is the scored mask (``mask="content"``, official: the content tokens of a scored message, not the template's
+    header; ``"message"``: every token of it).
     """
+    if mask not in ("content", "message"):
+        raise ValueError(f"mask must be 'content' (official) or 'message', got {mask!r}")
     ces = list(ces)
     tok = model.tokenizer
     ids, keep, labels = [], [], []
@@ -43,7 +47,11 @@ def token_ce_labels(model, conv, ces: Sequence[str], roles=("assistant",)
                 if s < off0 + b and e > off0 + a and e > s:
                     lab[t, ces.index(ce)] = 1
         ids += enc["input_ids"]
-        keep += [role in roles] * len(enc["input_ids"])
+        if mask == "message" or role not in roles:
+            keep += [role in roles] * len(enc["input_ids"])
+        else:
+            end = off0 + len(content)
+            keep += [off0 >= 0 and e > s and s < end and e > off0 for s, e in enc["offset_mapping"]]
         labels.append(lab)
     return torch.tensor(ids), torch.tensor(keep), torch.cat(labels)
 

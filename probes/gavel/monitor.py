@@ -206,7 +206,7 @@ class Monitor:
     def _check_rules(self, prompt: bool) -> None:
         P = torch.stack(list(self._windows))  # [N, C]
         det = self.detector
-        trig = compute_triggers(P, det.thresholds, det.patience)
+        trig = compute_triggers(P, det.thresholds, det.inference_patience)
         fired = {c for c, t in zip(det.ces, trig) if t}
         for rule in self.rules:
             if rule.name in self._fired_rules or not rule.evaluate(fired & set(rule.condition_ces)):

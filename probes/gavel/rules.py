@@ -60,7 +60,9 @@ class RuleSyntaxError(ValueError):
 # ----------------------------------------------------------------------------------------------- AST
 @dataclass(frozen=True)
 class Selector:
-    """``k of g`` (``k=None`` means ``all``). ``ces`` is the group's CEs in written order (duplicates removed)."""
+    """``k of g`` (``k=None`` means ``all``). ``ces`` is the group's CEs in written order; a group never lists a CE
+    twice (the parser refuses it: the official matcher would count a repeated CE twice, so ``2 of {tax, tax,
+    go}`` would fire on ``tax`` alone)."""
 
     k: int | None
     ces: tuple[str, ...]
@@ -258,7 +260,12 @@ class _Parser:
                 raise RuleSyntaxError(f"unknown group {tok.value!r} (groups: {known}); write an inline group "
                                       "like {ce_a, ce_b} or define it under 'groups'", tok.line, tok.col, self.text)
             self.used_groups.add(tok.value)
-            ces = tuple(dict.fromkeys(self.groups[tok.value]))
+            ces = tuple(self.groups[tok.value])
+            dup = sorted({c for c in ces if ces.count(c) > 1})
+            if dup:
+                raise RuleSyntaxError(f"group {tok.value!r} lists {', '.join(dup)} more than once; list each CE once "
+                                      "(the official matcher would count a repeated CE twice)", tok.line, tok.col,
+                                      self.text)
             for c in ces:
                 self.check_ce(c, tok)
             return ces, tok.value, tok
@@ -275,8 +282,11 @@ class _Parser:
                 raise self.err(ctok, "a CE name")
             self.i += 1
             self.check_ce(ctok.value, ctok)
-            if ctok.value not in ces:
-                ces.append(ctok.value)
+            if ctok.value in ces:
+                raise RuleSyntaxError(f"CE {ctok.value!r} is listed twice in this group; list each CE once (the "
+                                      "official matcher would count a repeated CE twice, so '2 of {a, a, b}' would "
+                                      "fire on a alone)", ctok.line, ctok.col, self.text)
+            ces.append(ctok.value)
             nxt = self.peek()
             if nxt.kind == ",":
                 self.i += 1
@@ -461,7 +471,7 @@ def rule_from_json(obj: Mapping | str, known_ces: Iterable[str] | None = None, *
         value = obj.get(key)
         return [] if value is None else value
 
-    req = _ce_names(listed("all_required"), "all_required")
+    req = list(dict.fromkeys(_ce_names(listed("all_required"), "all_required")))  # 'all of': a repeat changes nothing
     any_of = listed("any_of")
     if isinstance(any_of, str):
         _ce_names(any_of, "any_of")  # raises: a string is not a list of groups
@@ -469,7 +479,7 @@ def rule_from_json(obj: Mapping | str, known_ces: Iterable[str] | None = None, *
         raise RuleSyntaxError(f"'any_of' must be a list of groups (lists of CE names), got {type(any_of).__name__}")
     if any_of and all(isinstance(x, str) for x in any_of):  # one group written flat
         any_of = [any_of]
-    groups = [_ce_names(g, f"any_of[{i}]") for i, g in enumerate(any_of)]
+    groups = [list(dict.fromkeys(_ce_names(g, f"any_of[{i}]"))) for i, g in enumerate(any_of)]  # '1 of': same
     parts = []
     if req:
         parts.append("all of {" + ", ".join(req) + "}")
@@ -478,7 +488,9 @@ def rule_from_json(obj: Mapping | str, known_ces: Iterable[str] | None = None, *
             raise RuleSyntaxError("empty group in 'any_of'")
         parts.append("1 of {" + ", ".join(g) + "}")
     if not parts:
-        raise RuleSyntaxError("a JSON rule needs 'all_required' or 'any_of' (supporting CEs alone never fire)")
+        raise RuleSyntaxError("a JSON rule needs 'all_required' or 'any_of': a rule with neither would fire on "
+                              "every dialogue in the official library (empty requirements are met vacuously); "
+                              "refused here, since supporting CEs alone say nothing about misuse")
     opts = {k: obj[k] for k in ("name", "description", "action", "message", "system_prompt") if k in obj}
     opts.update(kwargs)
     return parse_rule(" and ".join(parts), known_ces, supporting=listed("supporting"), **opts)

@@ -69,7 +69,11 @@ def test_token_and_window_labels_by_hand():
     # no chat template: "user: hi\n" then "assistant: ab Click here. cd\n", one token per character here
     text = "user: hi\nassistant: ab Click here. cd\n"
     assert tok.decode(ids.tolist()) == text and len(ids) == len(text)
-    assert keep.tolist() == [False] * 9 + [True] * (len(text) - 9)
+    # official mask (issue #35 item 6): only the content "ab Click here. cd" is scored, not "assistant: " or "\n"
+    c0 = text.index("ab Click")
+    assert keep.tolist() == [False] * c0 + [True] * len("ab Click here. cd") + [False]
+    _, keep_m, _ = token_ce_labels(model, conv, ces, mask="message")  # ours before: the whole rendered message
+    assert keep_m.tolist() == [False] * 9 + [True] * (len(text) - 9)
     start = text.index("Click")
     want = torch.zeros(len(text), 2)
     want[start:start + len("Click here."), 1] = 1

@@ -125,12 +125,12 @@ def test_score_prompt_assistant_scores_only_assistant_tokens_and_prefill(setup):
     ids, keep = mon._prompt_ids(msgs, None, "pre")
     text = "user: zzzzzzzzzz\nassistant: hello there\nuser: more\nassistant:pre"  # no chat template: plain lines
     assert model.tokenizer.decode(ids.tolist()) == text
-    a = text.index("assistant: hello")
-    b = a + len("assistant: hello there\n")
+    a = text.index("hello there")  # official mask (issue #35): an earlier turn's content, not its header
+    b = a + len("hello there")
     c = text.index("assistant:pre")
     assert torch.nonzero(keep).flatten().tolist() == list(range(a, b)) + list(range(c, len(text)))
     feats = conversation_features(model, [(ids, torch.ones(len(ids), dtype=torch.bool))], spec)[0]  # [T, F]
-    user_row, asst_row = feats[3], feats[a + 12]  # a token of the user turn, one of "hello there"
+    user_row, asst_row = feats[3], feats[a + 1]  # a token of the user turn, one of "hello there"
     rule = [parse_rule("all of {x}", name="r", action="block")]
     for row, mode, fires in ((user_row, "assistant", False), (user_row, True, True), (asst_row, "assistant", True)):
         det = CEDetector(Lookup([row, row + 1e3]), ["x", "y"], DetectorConfig(), spec=spec)

@@ -27,9 +27,14 @@ def test_evaluate_truth_table_matches_hand_formula():
         assert r.evaluate(fired) == want, fired
 
 
-def test_k_of_g_counts_distinct_ces():
-    r = parse_rule("2 of {a, a, b}")  # duplicates collapse: group {a, b}
-    assert r.condition.ces == ("a", "b")
+def test_k_of_g_refuses_a_repeated_ce():
+    """Issue #35 item 5: the official matcher counts a repeated CE twice ('2 of [tax, tax, go]' fires on {tax});
+    ours used to collapse the repeat silently (group {a, b}). Now a repeat is refused with a clear error."""
+    with pytest.raises(RuleSyntaxError, match="listed twice"):
+        parse_rule("2 of {a, a, b}")
+    with pytest.raises(RuleSyntaxError, match="more than once"):
+        parse_rule("2 of g", groups={"g": ["a", "a", "b"]})
+    r = parse_rule("2 of {a, b}")
     assert not r.evaluate({"a"}) and r.evaluate({"a", "b"})
 
 
