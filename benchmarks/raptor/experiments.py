@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from interp.data.digits import IMAGENET_MEAN, IMAGENET_STD, digits_images
-from interp.dynamics.raptor import (LayerDistances, Raptor, RaptorConfig, RaptorTrainConfig, distances_from_stack,
-                                    evaluate_raptor, layer_distances, linear_probe_accuracy, phases, probe_features,
-                                    teacher_activations, token_summaries, train_raptor)
+from interp.dynamics.raptor import (MAXCUT_RULES, LayerDistances, Raptor, RaptorConfig, RaptorTrainConfig,
+                                    distances_from_stack, evaluate_raptor, layer_distances, linear_probe_accuracy,
+                                    phases, probe_features, teacher_activations, token_summaries, train_raptor)
 from interp.progress import progress
 
 __all__ = ["ABLATIONS", "DigitsConfig", "DinoV2Config", "fashion_mnist_images", "real_image_split", "fit_run",
@@ -41,7 +41,9 @@ class DigitsConfig:
     of ``n_layers`` x ``d_model`` (``n_heads`` heads, 2x2 patches of the 8x8 digits: 16 tokens + CLS) trained
     ``epochs`` epochs on ``n_train`` digits (the rest held out) with stochastic depth ``p`` per teacher; Raptor
     ``steps`` per unit (each stage-1 block, then stage 2), ``batch_size``, ``lr``; ``n_random`` seeded random
-    contiguous 2-block splits; ``extra_k``: more phases, reported (not criteria)."""
+    contiguous 2-block splits; ``extra_k``: more phases, reported (not criteria). The k = 2 phases are the
+    max-cut ones with the official split rule (a single-layer phase is allowed; DP where max-cut is not
+    contiguous); ``maxcut_rule="min_side"`` is our earlier rule (both sides >= 2 layers)."""
 
     n_layers: int = 8
     d_model: int = 64
@@ -54,6 +56,7 @@ class DigitsConfig:
     n_random: int = 5
     extra_k: tuple[int, ...] = (3, 4)
     seed: int = 0
+    maxcut_rule: str = "official"
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "d_model", "n_heads", "epochs", "n_train", "steps", "batch_size", "n_random"):
@@ -62,6 +65,8 @@ class DigitsConfig:
                 raise ValueError(f"DigitsConfig.{f} must be a positive integer, got {v!r}")
         if self.n_layers < 4:
             raise ValueError(f"DigitsConfig.n_layers must be >= 4 (two phases of >= 2 layers), got {self.n_layers}")
+        if self.maxcut_rule not in MAXCUT_RULES:
+            raise ValueError(f"DigitsConfig.maxcut_rule must be one of {MAXCUT_RULES}, got {self.maxcut_rule!r}")
         if not self.n_train < 1797:
             raise ValueError(f"DigitsConfig.n_train must leave held-out digits (< 1797), got {self.n_train}")
 
@@ -121,8 +126,9 @@ def real_image_split(dataset: str = "auto", n_train: int = 500, n_test: int = 30
 # ----------------------------------------------------------------------------------------- one Raptor fit
 def fit_run(name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig, tcfg: RaptorTrainConfig, final_norm,
             seed: int = 0) -> dict:
-    """Train one Raptor on ``acts_tr`` and evaluate it on ``acts_te``: a JSON row (per-layer R², per-feature and
-    pooled; probe accuracies of the teacher's last layer and the rollout; final losses; configs)."""
+    """Train one Raptor on ``acts_tr`` and evaluate it on ``acts_te``: a JSON row (per-layer R²: ours per feature
+    and pooled, and the official one (``r2_official``, its mean ``mean_r2_official`` and last-layer value
+    ``end_r2_official``); probe accuracies of the teacher's last layer and the rollout; final losses; configs)."""
     torch.manual_seed(seed)
     raptor = Raptor(rcfg)
     t0 = time.process_time()
@@ -131,6 +137,8 @@ def fit_run(name: str, acts_tr, y_tr, acts_te, y_te, rcfg: RaptorConfig, tcfg: R
     fit = evaluate_raptor(raptor, acts_tr, y_tr, acts_te, y_te, final_norm=final_norm, name=name)
     return dict(name=name, thresholds=list(rcfg.thresholds), r2=fit.r2.tolist(), mean_r2=fit.mean_r2,
                 r2_pooled=fit.r2_pooled.tolist(), mean_r2_pooled=float(fit.r2_pooled.mean()),
+                r2_official=fit.r2_official.tolist(), mean_r2_official=fit.mean_r2_official,
+                end_r2_official=fit.end_r2_official,
                 probe_acc_teacher=fit.probe_acc_teacher, probe_acc_raptor=fit.probe_acc_raptor,
                 relative_acc=fit.relative_acc, train_cpu_seconds=secs,
                 final_loss={k: v[-1] for k, v in hist.losses.items() if v}, raptor_config=asdict(rcfg),
@@ -224,7 +232,7 @@ def digits_unit(cfg: DigitsConfig, p_drop: float, stages) -> dict:
     def run(name: str, rc: RaptorConfig, t: RaptorTrainConfig = tcfg) -> dict:
         return stages(f"{tag}-{name.replace(' ', '_').replace('>', '')}",
                       lambda: fit_run(name, acts_tr, y[tr], acts_te, y[te], rc, t, fn, cfg.seed))
-    maxcut = phases(dist, n_phases=2, method="maxcut")
+    maxcut = phases(dist, n_phases=2, method="maxcut", maxcut_rule=cfg.maxcut_rule)
     dp = phases(dist, n_phases=2, method="dp")
     parts = maxcut.parts if maxcut.contiguous else dp.parts
     rows = {"kL": run("kL", RaptorConfig(n_layers=L, thresholds=list(range(1, L)), **base)),
@@ -242,14 +250,16 @@ def digits_unit(cfg: DigitsConfig, p_drop: float, stages) -> dict:
         else:
             rand.append(run(f"k2 random th{th}", RaptorConfig(n_layers=L, thresholds=[th], **base)))
     for k in cfg.extra_k:  # more phases (reported, not a criterion of the recipe)
-        pk = phases(dist, n_phases=k, method="maxcut")
-        if not pk.contiguous or len(pk.parts) != k:  # max-cut may stop early (no cluster splits into >= 2 + 2)
+        pk = phases(dist, n_phases=k, method="maxcut", maxcut_rule=cfg.maxcut_rule)
+        if not pk.contiguous or len(pk.parts) != k:  # max-cut may stop early (no cluster of >= 4 layers left)
             pk = phases(dist, n_phases=k, method="dp")
         rows[f"k{k}"] = dict(run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base)), parts=pk.parts)
     return dict(p_drop=p_drop, test_acc=test_acc, mean_offdiag_cos_distance=float(off.mean()),
                 mean_offdiag_similarity=float(1 - off.mean()), maxcut_k2=maxcut.parts, dp_k2=dp.parts,
-                phases_frac01=phases(dist, frac=0.1).parts, runs=rows,
+                phases_frac01=phases(dist, frac=0.1, maxcut_rule=cfg.maxcut_rule).parts, runs=rows,
                 random_mean_r2=float(np.mean([r["mean_r2"] for r in rand])),
+                random_mean_r2_official=float(np.mean([r["mean_r2_official"] for r in rand])),
+                random_r2_official=[r["mean_r2_official"] for r in rand],
                 random_r2=[r["mean_r2"] for r in rand], random_thresholds=[r["thresholds"] for r in rand],
                 **probe_baselines(acts_tr, y[tr], acts_te, y[te], fn))
 

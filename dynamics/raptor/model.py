@@ -3,9 +3,13 @@
 Re-implemented from the paper and the official code (``KempnerInstitute/raptor``: ``block.py``, ``raptor.py``):
 
 * block: pre-LN ViT block, multi-head self-attention + MLP (SwiGLU as in the final runs, or GELU), LayerScale
-  initialised to ``1e-5``;
-* depth conditioning ("depth scaling"): ``t_proj = Linear(1, 16) -> SiLU -> Linear(16, 3d)`` with the last layer
-  initialised ``N(0, 1e-4)``; ``(t1, t2, t3) = t_proj(t) + 1`` where ``t`` is the float index of the *output*
+  initialised to ``1e-5``. The SwiGLU hidden width is ``mlp_ratio * d`` (official ``block.py``:
+  ``Linear(d, 2 * hid) -> silu(x1) * x2 -> Linear(hid, d)`` with ``hid = int(d * mlp_ratio)``); our earlier
+  ``2/3 * mlp_ratio * d`` (the LLaMA convention, 25% fewer block parameters at d = 64) stays as
+  ``swiglu_hidden="two_thirds"``;
+* depth conditioning ("depth scaling"): ``t_proj = Linear(1, 16) -> SiLU -> Linear(16, 3d)`` with the last layer's
+  weight *and bias* initialised ``N(0, 1e-4)`` (official; ``t_bias_init="zeros"`` is our earlier zero bias);
+  ``(t1, t2, t3) = t_proj(t) + 1`` where ``t`` is the float index of the *output*
   layer (1-based, as in the code's rollout ``t = output_layer``)::
 
       x = x + t1 * LS1(Attn(LN1 x));  x = x + t2 * LS2(MLP(LN2 x));  return t3 * x
@@ -34,7 +38,10 @@ class RaptorConfig:
 
     ``n_layers``: teacher depth L; ``thresholds``: routing, strictly increasing 1-based output layers in
     ``[1, L - 1]``, one fewer than the number of blocks (``[]`` = one block; ``list(range(1, L))`` = one block per
-    layer, the k = L sanity check); ``mlp``: ``"swiglu"`` or ``"gelu"``.
+    layer, the k = L sanity check); ``mlp``: ``"swiglu"`` or ``"gelu"``; ``swiglu_hidden``: ``"official"``
+    (hidden width ``int(mlp_ratio * d)``, the official ``block.py``) or ``"two_thirds"`` (ours before issue #33:
+    ``int(2/3 * mlp_ratio * d)``); ``t_bias_init``: ``"normal"`` (official: ``t_proj``'s last bias ~ N(0, 1e-4),
+    like its weight) or ``"zeros"`` (ours before issue #33).
     """
 
     d_model: int
@@ -46,6 +53,8 @@ class RaptorConfig:
     layerscale_init: float = 1e-5
     depth_scaling: bool = True
     t_hidden: int = 16
+    swiglu_hidden: str = "official"
+    t_bias_init: str = "normal"
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_layers", "t_hidden"):
@@ -60,12 +69,24 @@ class RaptorConfig:
         self.thresholds = th
         if self.mlp not in ("swiglu", "gelu"):
             raise ValueError(f"RaptorConfig.mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
+        if self.swiglu_hidden not in ("official", "two_thirds"):
+            raise ValueError(f"RaptorConfig.swiglu_hidden must be 'official' or 'two_thirds', got {self.swiglu_hidden!r}")
+        if self.t_bias_init not in ("normal", "zeros"):
+            raise ValueError(f"RaptorConfig.t_bias_init must be 'normal' or 'zeros', got {self.t_bias_init!r}")
         if self.mlp_ratio <= 0 or self.layerscale_init < 0:
             raise ValueError("RaptorConfig.mlp_ratio must be > 0 and layerscale_init >= 0")
 
     @property
     def n_blocks(self) -> int:
         return len(self.thresholds) + 1
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Hidden width of the MLP: ``int(mlp_ratio * d)`` (GELU; SwiGLU official), ``int(2/3 * mlp_ratio * d)``
+        (SwiGLU with ``swiglu_hidden="two_thirds"``)."""
+        if self.mlp == "swiglu" and self.swiglu_hidden == "two_thirds":
+            return max(1, int(self.mlp_ratio * self.d_model * 2 / 3))
+        return max(1, int(self.mlp_ratio * self.d_model))
 
     @classmethod
     def from_phases(cls, parts: list[list[int]], **kwargs) -> "RaptorConfig":
@@ -98,15 +119,18 @@ class RaptorBlock(nn.Module):
         self.ls1 = nn.Parameter(torch.full((d,), cfg.layerscale_init))
         self.ln2 = nn.LayerNorm(d)
         if cfg.mlp == "swiglu":
-            self.mlp = _SwiGLU(d, max(1, int(cfg.mlp_ratio * d * 2 / 3)))
+            self.mlp = _SwiGLU(d, cfg.mlp_hidden)
         else:
-            self.mlp = nn.Sequential(nn.Linear(d, int(cfg.mlp_ratio * d)), nn.GELU(), nn.Linear(int(cfg.mlp_ratio * d), d))
+            self.mlp = nn.Sequential(nn.Linear(d, cfg.mlp_hidden), nn.GELU(), nn.Linear(cfg.mlp_hidden, d))
         self.ls2 = nn.Parameter(torch.full((d,), cfg.layerscale_init))
         self.t_proj = None
         if cfg.depth_scaling:
             self.t_proj = nn.Sequential(nn.Linear(1, cfg.t_hidden), nn.SiLU(), nn.Linear(cfg.t_hidden, 3 * d))
             nn.init.normal_(self.t_proj[2].weight, std=1e-4)
-            nn.init.zeros_(self.t_proj[2].bias)
+            if cfg.t_bias_init == "normal":
+                nn.init.normal_(self.t_proj[2].bias, std=1e-4)
+            else:
+                nn.init.zeros_(self.t_proj[2].bias)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
         lead, (T, d) = x.shape[:-2], x.shape[-2:]
@@ -165,10 +189,13 @@ class Raptor(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> "Raptor":
-        """Read a model written by :meth:`save`; the configuration is checked against the weights' shapes
+        """Read a model written by :meth:`save` (a config without ``swiglu_hidden``, saved before issue #33, was
+        built with the 2/3 width and is read so); the configuration is checked against the weights' shapes
         before anything is allocated (:class:`interp.io.SerializationError` naming the file otherwise)."""
         tensors, cfg = load_tensors_json(path, tensor_file="model.safetensors", json_file="config.json", what="Raptor")
         where = Path(path) / "config.json"
+        if isinstance(cfg, dict) and "swiglu_hidden" not in cfg:
+            cfg = {**cfg, "swiglu_hidden": "two_thirds"}  # saved before issue #33: built with the 2/3 width
         try:
             config = RaptorConfig(**cfg)
         except (TypeError, ValueError) as exc:

@@ -7,10 +7,12 @@ Procedure (official code, ``max_cut_dinov2_base.ipynb``, re-implemented):
 3. ``D[l, m] = mean over {cls, patch-mean} and images of (1 - cos(a_l, a_m))`` (cosine distance) and the
    matching mean-squared-error matrix;
 4. phases: either the code's recursive brute-force max-cut bisection (``method="maxcut"``: start with one
-   cluster, repeatedly split the cluster whose best bisection has the largest gain, as long as that gain exceeds
-   ``eps = frac * sum(D) / 2``; each side keeps at least ``min_size`` layers; contiguity is *not* imposed) or an
-   exact contiguous segmentation by dynamic programming (``method="dp"``, our choice of objective, see
-   :func:`phases`).
+   cluster, split every cluster of at least ``2 * min_size`` layers along its exact max-cut as long as the cut
+   exceeds ``eps = frac * sum(D) / 2``; the two sides are unconstrained, so a single layer may split off (official
+   ``recursive_max_cut``: its ``min_size`` only stops clusters under ``2 * min_size`` layers from being split);
+   contiguity is *not* imposed) or an exact contiguous segmentation by dynamic programming (``method="dp"``, our
+   choice of objective, see :func:`phases`). ``maxcut_rule="min_side"`` is our earlier variant (each side of a
+   split keeps at least ``min_size`` layers).
 
 Layer indices are 0-based block indices: layer ``l`` is the output of block ``l`` (the paper's layer ``l + 1``).
 """
@@ -26,7 +28,7 @@ from interp.progress import progress
 from interp.results import Result
 
 __all__ = ["LayerDistances", "Phases", "layer_distances", "distances_from_stack", "phases", "maxcut_phases",
-           "dp_phases", "cut_value", "token_summaries"]
+           "dp_phases", "cut_value", "token_summaries", "MAXCUT_RULES"]
 
 
 def token_summaries(resid: torch.Tensor, n_registers: int = 0) -> torch.Tensor:
@@ -185,35 +187,63 @@ def _check_D(D) -> np.ndarray:
     return (D + D.T) / 2
 
 
-def _best_bisection(D: np.ndarray, idx: list[int], min_size: int) -> tuple[float, list[int], list[int]] | None:
-    """Brute-force max-cut of ``D[idx][:, idx]``: every 2-colouring (first element fixed to side 0, each side at
-    least ``min_size``), vectorised over all 2^(n-1) colourings. ``None`` when no admissible split exists."""
+MAXCUT_RULES = ("official", "min_side")
+
+
+def _best_bisection(D: np.ndarray, idx: list[int], min_size: int,
+                    rule: str = "official") -> tuple[float, list[int], list[int]] | None:
+    """Brute-force max-cut of ``D[idx][:, idx]``, vectorised over all 2^(n-1) colourings (first element fixed to
+    side 0). ``None`` when the cluster may not be split.
+
+    ``rule="official"``: a cluster of fewer than ``2 * min_size`` layers is not split; otherwise every colouring is
+    admissible (a side may hold one layer). The colourings are scanned in the official order (``itertools.product``
+    over elements 1..n-1, the last one varying fastest, the all-zero colouring first) and the first maximum is kept,
+    so ties resolve as in the official code; a best cut that leaves one side empty (all cuts <= 0) is no split.
+    ``rule="min_side"`` (ours, before issue #33): each side keeps at least ``min_size`` layers.
+    """
     n = len(idx)
-    if n < 2 * min_size:
+    if n < 2 * min_size or n < 2:
         return None
     sub = D[np.ix_(idx, idx)]
-    codes = np.arange(1, 2 ** (n - 1), dtype=np.int64)
-    bits = ((codes[:, None] >> np.arange(n - 1)) & 1).astype(np.float64)   # element 1..n-1
+    if rule == "official":
+        codes = np.arange(0, 2 ** (n - 1), dtype=np.int64)
+        shifts = np.arange(n - 2, -1, -1)                                      # element 1 is the highest bit
+    else:
+        codes = np.arange(1, 2 ** (n - 1), dtype=np.int64)
+        shifts = np.arange(n - 1)                                              # element 1 is the lowest bit
+    bits = ((codes[:, None] >> shifts) & 1).astype(np.float64)               # elements 1..n-1
     side = np.concatenate([np.zeros((len(codes), 1)), bits], axis=1)         # [S, n]
-    size1 = side.sum(1)
-    ok = (size1 >= min_size) & (n - size1 >= min_size)
     # cut = sum_{i in 0, j in 1} D_ij = s^T D (1 - s)
     cut = np.einsum("si,ij,sj->s", side, sub, 1 - side)
-    cut[~ok] = -np.inf
+    if rule != "official":
+        size1 = side.sum(1)
+        cut[(size1 < min_size) | (n - size1 < min_size)] = -np.inf
     best = int(np.argmax(cut))
-    a = [idx[i] for i in range(n) if side[best, i] == 0]
     b = [idx[i] for i in range(n) if side[best, i] == 1]
+    if not b:
+        return None
+    a = [idx[i] for i in range(n) if side[best, i] == 0]
     return float(cut[best]), a, b
 
 
-def maxcut_phases(D, frac: float | None = 0.1, n_phases: int | None = None, min_size: int = 2) -> Phases:
-    """The official recursive brute-force max-cut bisection.
+def maxcut_phases(D, frac: float | None = 0.1, n_phases: int | None = None, min_size: int = 2,
+                  rule: str = "official") -> Phases:
+    """The official recursive brute-force max-cut bisection (``max_cut_dinov2_base.ipynb``, ``recursive_max_cut``
+    with the ``bruteforce`` solver, re-implemented).
 
-    Start with all layers in one cluster; repeatedly take the cluster whose best bisection (brute force, each
-    side ``>= min_size`` layers) has the largest cut value ("gain") and split it, while that gain exceeds
-    ``eps = frac * sum(D) / 2``. With ``n_phases`` given instead of ``frac``, split (largest gain first) until
-    there are ``n_phases`` clusters (or none can be split). Phases need not be contiguous.
+    ``rule="official"`` (default): every cluster of at least ``2 * min_size`` layers is split along its exact
+    max-cut while that cut exceeds ``eps = frac * sum(D) / 2``; the sides are unconstrained, so one layer may split
+    off (official DINOv2 splits such as ``[1-3][4-7][8-11][12]``). ``rule="min_side"`` (ours before issue #33):
+    only bisections whose both sides keep ``>= min_size`` layers are considered.
+
+    Splits are made largest gain first. With ``frac`` the final partition does not depend on that order (every
+    cluster whose cut exceeds ``eps`` is split, as in the official loop, which stops only when no cluster is left
+    to try); ``gains`` lists the cut values in the order made. With ``n_phases`` given instead of ``frac`` (ours:
+    the official code has only the threshold), split (largest gain first) until there are ``n_phases`` clusters
+    (or none can be split). Phases need not be contiguous.
     """
+    if rule not in MAXCUT_RULES:
+        raise ValueError(f"rule must be one of {MAXCUT_RULES}, got {rule!r}")
     D = _check_D(D)
     L = D.shape[0]
     if n_phases is not None:
@@ -229,7 +259,7 @@ def maxcut_phases(D, frac: float | None = 0.1, n_phases: int | None = None, min_
     eps = float(frac * D.sum() / 2) if frac is not None else 0.0
     clusters = [list(range(L))]
     gains: list[float] = []
-    pending = {0: _best_bisection(D, clusters[0], min_size)}
+    pending = {0: _best_bisection(D, clusters[0], min_size, rule)}
     while True:
         if n_phases is not None and len(clusters) >= n_phases:
             break
@@ -242,8 +272,8 @@ def maxcut_phases(D, frac: float | None = 0.1, n_phases: int | None = None, min_
         _, a, b = pending.pop(k)
         clusters[k] = a
         clusters.append(b)
-        pending[k] = _best_bisection(D, a, min_size)
-        pending[len(clusters) - 1] = _best_bisection(D, b, min_size)
+        pending[k] = _best_bisection(D, a, min_size, rule)
+        pending[len(clusters) - 1] = _best_bisection(D, b, min_size, rule)
         gains.append(gain)
     parts = sorted((sorted(c) for c in clusters), key=lambda p: p[0])
     return Phases(parts=parts, cut=cut_value(D, parts), eps=eps, method="maxcut", gains=gains)
@@ -301,15 +331,18 @@ def dp_phases(D, frac: float | None = 0.1, n_phases: int | None = None, min_size
 
 
 def phases(distances, frac: float | None = 0.1, method: str = "maxcut", n_phases: int | None = None,
-           min_size: int = 2) -> Phases:
+           min_size: int = 2, maxcut_rule: str = "official") -> Phases:
     """Phases of a layer-distance matrix ``[L, L]`` (or a :class:`LayerDistances`, whose cosine matrix is used).
 
-    ``method="maxcut"``: the official recursive brute-force bisection (:func:`maxcut_phases`); ``"dp"``: exact
-    contiguous segmentation (:func:`dp_phases`). Give ``frac`` (threshold ``frac * sum(D) / 2``) or ``n_phases``.
+    ``method="maxcut"``: the official recursive brute-force bisection (:func:`maxcut_phases`; ``maxcut_rule``
+    ``"official"``: clusters under ``2 * min_size`` layers are not split, a split may leave one layer alone;
+    ``"min_side"``: ours, each side ``>= min_size``); ``"dp"``: exact contiguous segmentation (:func:`dp_phases`,
+    every segment ``>= min_size``). Give ``frac`` (threshold ``frac * sum(D) / 2``) or ``n_phases``.
     """
     D = distances.cosine if isinstance(distances, LayerDistances) else distances
     if method == "maxcut":
-        return maxcut_phases(D, frac=frac if n_phases is None else None, n_phases=n_phases, min_size=min_size)
+        return maxcut_phases(D, frac=frac if n_phases is None else None, n_phases=n_phases, min_size=min_size,
+                             rule=maxcut_rule)
     if method == "dp":
         return dp_phases(D, frac=frac if n_phases is None else None, n_phases=n_phases, min_size=min_size)
     raise ValueError(f"method must be 'maxcut' or 'dp', got {method!r}")

@@ -41,7 +41,8 @@ from interp.results import Result
 from .model import Raptor
 
 __all__ = ["RaptorTrainConfig", "RaptorTraining", "RaptorFit", "teacher_activations", "train_raptor", "layer_r2",
-           "probe_features", "linear_probe_accuracy", "evaluate_raptor", "weighted_mse"]
+           "r2_score_official", "layer_r2_official", "probe_features", "linear_probe_accuracy", "evaluate_raptor",
+           "weighted_mse"]
 
 
 @dataclass
@@ -254,12 +255,12 @@ def train_raptor(raptor: Raptor, acts: torch.Tensor, cfg: RaptorTrainConfig | No
 @torch.no_grad()
 def layer_r2(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64,
              average: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-layer R² of the rollout from ``a_0`` against the teacher, ``[L]``, and the rollout's last layer
+    """Our per-layer R² of the rollout from ``a_0`` against the teacher, ``[L]``, and the rollout's last layer
     ``[N, tokens, d]``. ``average="uniform"``: per feature over all (image, token) samples, averaged over the d
     features (``sklearn.metrics.r2_score``'s default); ``"variance_weighted"`` pools the features
-    (``1 - SSE / SST``), which low-variance features cannot drive to large negative values. (The official code's
-    ``overcomplete.metrics.r2_score(rollout, teacher)`` is neither: ``1 - MSE / mean((x - mean(x))²)`` with one scalar
-    mean over all entries of the rollout ``x``. On the digits k = L run it gave 0.925, the same as ``"uniform"``.)"""
+    (``1 - SSE / SST``), which low-variance features cannot drive to large negative values. Neither is the
+    official code's quantity: that is :func:`layer_r2_official` (one scalar mean, of the prediction), which is
+    larger wherever the per-feature means differ (the feature means count as explained variance)."""
     if average not in ("uniform", "variance_weighted"):
         raise ValueError(f"average must be 'uniform' or 'variance_weighted', got {average!r}")
     L = raptor.cfg.n_layers
@@ -275,6 +276,60 @@ def layer_r2(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64,
     if average == "variance_weighted":
         return (1 - sse.sum(-1) / sst.sum(-1)).float(), torch.cat(last)
     return (1 - sse / sst).mean(-1).float(), torch.cat(last)
+
+
+R2_OFFICIAL_EPS = 1e-6  #: the ``Epsilon`` added to the denominator by ``overcomplete.metrics.r2_score``
+
+
+def r2_score_official(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """The official Raptor R² (``trainer.py``'s ``validation_step`` calls ``overcomplete.metrics.r2_score(pred,
+    a_end)`` on ``[(batch tokens), d]``), re-implemented::
+
+        R² = 1 - mean((pred - target)²) / (mean((pred - m)²) + 1e-6),   m = mean(pred) (one scalar)
+
+    Note what the denominator is: the variance of the **prediction** (the Raptor rollout, the first argument in
+    the official call), not of the teacher, around **one scalar mean over all its entries** (every image, token
+    and feature), not per feature; ``1e-6`` is the library's ``Epsilon``. So per-feature offsets count as
+    explained variance and the score is not symmetric in its arguments. ``pred``, ``target``: any equal shapes
+    ``[..., d]`` (the means are over all entries, so flattening to ``[(b t), d]`` does not matter); computed in
+    float64. Compare :func:`layer_r2` (ours: per feature, teacher's variance).
+    """
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape; got {tuple(pred.shape)} and {tuple(target.shape)}")
+    if pred.numel() == 0:
+        raise ValueError("r2_score_official needs at least one entry")
+    x, y = pred.double(), target.double()
+    ss_res = torch.mean((x - y) ** 2)
+    ss_tot = torch.mean((x - x.mean()) ** 2)
+    return float(1 - ss_res / (ss_tot + R2_OFFICIAL_EPS))
+
+
+@torch.no_grad()
+def layer_r2_official(raptor: Raptor, acts: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """The official R² (:func:`r2_score_official`) of the rollout from ``a_0`` at every layer, ``[L]``.
+
+    Entry ``l - 1`` is what the official ``validation_step(start_layer=0, end_layer=l)`` reports: the rollout
+    from ``a_0`` to layer ``l`` scored against the teacher's layer ``l``, per batch of ``batch_size`` images (the
+    official validation batch: 64) and averaged over the batches weighted by their size (the official
+    ``r2s += r2 * batch_size; r2s / num_samples``). The official trainer logs the entry of its end layer
+    (``[-1]`` for a full rollout); the mean over layers is the digest's "mean per-layer R²" with the official R².
+    Batches are taken in the order of ``acts [L + 1, N, tokens, d]`` (the official loader shuffles).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    L = raptor.cfg.n_layers
+    if acts.dim() != 4 or acts.shape[0] != L + 1:
+        raise ValueError(f"acts must be [L + 1 = {L + 1}, N, tokens, d]; got {tuple(acts.shape)}")
+    raptor.eval()
+    total = torch.zeros(L, dtype=torch.float64)
+    N = acts.shape[1]
+    for start in range(0, N, batch_size):
+        roll = raptor(acts[0, start:start + batch_size]).double()                 # [L, B, T, d]
+        tgt = acts[1:, start:start + batch_size].double()
+        ss_res = ((roll - tgt) ** 2).mean(dim=(1, 2, 3))
+        ss_tot = ((roll - roll.mean(dim=(1, 2, 3), keepdim=True)) ** 2).mean(dim=(1, 2, 3))
+        total += (1 - ss_res / (ss_tot + R2_OFFICIAL_EPS)) * roll.shape[1]
+    return (total / N).float()
 
 
 def probe_features(resid: torch.Tensor, final_norm: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -296,18 +351,32 @@ def linear_probe_accuracy(train_x, train_y, test_x, test_y, C: float = 1.0, seed
 
 @dataclass
 class RaptorFit(Result):
-    """Fit of a Raptor against its teacher on held-out images: per-layer R² ``[L]`` and probe accuracies."""
+    """Fit of a Raptor against its teacher on held-out images: per-layer R² ``[L]`` and probe accuracies.
+
+    ``r2``: ours, per feature (:func:`layer_r2`); ``r2_pooled``: ours, variance-weighted; ``r2_official``: the
+    official R² at every layer (:func:`layer_r2_official`; its last entry is what the official trainer logs)."""
 
     name: str
     r2: torch.Tensor
     probe_acc_teacher: float | None = None
     probe_acc_raptor: float | None = None
     r2_pooled: torch.Tensor | None = None      #: variance-weighted R² per layer
+    r2_official: torch.Tensor | None = None    #: the official R² per layer
     kind = "raptor.fit"
 
     @property
     def mean_r2(self) -> float:
         return float(self.r2.mean())
+
+    @property
+    def mean_r2_official(self) -> float | None:
+        """Mean over layers of the official R² (the digest's "mean per-layer R²" with the official R²)."""
+        return None if self.r2_official is None else float(self.r2_official.mean())
+
+    @property
+    def end_r2_official(self) -> float | None:
+        """The official R² at the last layer: the number the official trainer logs for a full rollout."""
+        return None if self.r2_official is None else float(self.r2_official[-1])
 
     @property
     def relative_acc(self) -> float | None:
@@ -317,7 +386,10 @@ class RaptorFit(Result):
 
     def to_frame(self):
         import pandas as pd
-        return pd.DataFrame({"name": self.name, "layer": np.arange(1, len(self.r2) + 1), "r2": self.r2.numpy()})
+        cols = {"name": self.name, "layer": np.arange(1, len(self.r2) + 1), "r2": self.r2.numpy()}
+        if self.r2_official is not None:
+            cols["r2_official"] = self.r2_official.numpy()
+        return pd.DataFrame(cols)
 
     def figure(self):
         import plotly.graph_objects as go
@@ -330,13 +402,15 @@ class RaptorFit(Result):
 def evaluate_raptor(raptor: Raptor, train_acts: torch.Tensor, train_y, test_acts: torch.Tensor, test_y,
                     final_norm: Callable[[torch.Tensor], torch.Tensor] | None = None, n_registers: int = 0,
                     name: str = "raptor") -> RaptorFit:
-    """Per-layer R² on ``test_acts`` and linear-probe accuracy (trained on the train split's features, scored on
-    the test split) of the teacher's last layer vs the Raptor rollout, both through ``final_norm``
-    (e.g. ``model.apply_ln_final``)."""
+    """Per-layer R² on ``test_acts`` (ours per feature and pooled, and the official one) and linear-probe accuracy
+    (trained on the train split's features, scored on the test split) of the teacher's last layer vs the Raptor
+    rollout, both through ``final_norm`` (e.g. ``model.apply_ln_final``)."""
     r2, test_last = layer_r2(raptor, test_acts)
     r2_pooled, _ = layer_r2(raptor, test_acts, average="variance_weighted")
+    r2_official = layer_r2_official(raptor, test_acts)
     _, train_last = layer_r2(raptor, train_acts)
     f = lambda x: probe_features(x, final_norm, n_registers).numpy()  # noqa: E731
     acc_t = linear_probe_accuracy(f(train_acts[-1]), train_y, f(test_acts[-1]), test_y)
     acc_r = linear_probe_accuracy(f(train_last), train_y, f(test_last), test_y)
-    return RaptorFit(name=name, r2=r2, probe_acc_teacher=acc_t, probe_acc_raptor=acc_r, r2_pooled=r2_pooled)
+    return RaptorFit(name=name, r2=r2, probe_acc_teacher=acc_t, probe_acc_raptor=acc_r, r2_pooled=r2_pooled,
+                     r2_official=r2_official)

@@ -295,7 +295,12 @@ def test_teacher_activations_and_evaluation_on_a_vit(planted):
     sse = ((roll[0].double().reshape(-1, 64) - yv) ** 2).sum()
     assert fit.r2_pooled[0].item() == pytest.approx(float(1 - sse / ((yv - yv.mean(0)) ** 2).sum()), rel=1e-4)
     assert 0.0 <= fit.probe_acc_teacher <= 1.0
-    assert set(fit.to_frame().columns) == {"name", "layer", "r2"}
+    assert set(fit.to_frame().columns) == {"name", "layer", "r2", "r2_official"}
+    # the official R² per layer (layer_r2_official, one batch here) and its last entry: what the official trainer logs
+    assert fit.r2_official.shape == (8,)
+    from interp.dynamics.raptor import r2_score_official
+    assert fit.end_r2_official == pytest.approx(r2_score_official(roll[-1], acts[8, 12:]), rel=1e-4)
+    assert fit.mean_r2_official == pytest.approx(float(fit.r2_official.mean()))
 
 
 def test_audit_check_on_a_tiny_vit(planted, tmp_path):
