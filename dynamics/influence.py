@@ -215,13 +215,15 @@ class FeatureInfluence(Result):
 
     ``influence[optimizer][component]`` is ``[n_probes]``: ``Σ_t Δ_c(t) · ∇R(θ_t)`` (positive = the component
     moves the feature toward its final form); ``probes`` lists ``(feature, site, position)`` in the same order;
-    ``curves[optimizer][component]`` is ``[n_steps, n_probes]`` (the running sum).
+    ``curves[optimizer][component]`` is ``[n_steps, n_probes]`` (the running sum). ``risk_scale`` is the factor of
+    the risk: 1.0 is the official ``R = mse(⟨w, r_θ⟩, ⟨w, r_θ*⟩)``; 0.5 the digest's ``½·MSE`` (ours until issue #33:
+    every influence half the official one).
 
-    ``influence_centered`` (ours, a diagnostic; same layout): the same sums on the *centred* risk
-    ``R_c = ½ var_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩)``, i.e. on the feature's variation across sequences only. The official
-    risk is ``R = R_c + ½ (mean_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩))²``: the rest of ``influence`` is credit for moving the
-    batch *mean* of ``⟨w, r⟩`` toward its final value (e.g. learning the unigram distribution), which is not the
-    feature."""
+    ``influence_centered`` (ours, a diagnostic; same layout; ``None`` when not computed): the same sums on the
+    *centred* risk ``R_c = risk_scale · var_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩)``, i.e. on the feature's variation across
+    sequences only. The official risk is ``R = R_c + risk_scale · (mean_b(⟨w, r_θ⟩ − ⟨w, r_θ*⟩))²``: the rest of
+    ``influence`` is credit for moving the batch *mean* of ``⟨w, r⟩`` toward its final value (e.g. learning the
+    unigram distribution), which is not the feature."""
 
     probes: list[tuple[str, str, int]]
     influence: dict[str, dict[str, torch.Tensor]]
@@ -229,6 +231,7 @@ class FeatureInfluence(Result):
     risk: torch.Tensor          # [n_steps, n_probes]
     influence_centered: dict[str, dict[str, torch.Tensor]] | None = None
     curves_centered: dict[str, dict[str, torch.Tensor]] | None = None
+    risk_scale: float = 1.0
 
     kind = "feature_influence"
 
@@ -245,7 +248,7 @@ class FeatureInfluence(Result):
         import plotly.express as px
         df = self.to_frame()
         df = df[df.optimizer == optimizer]
-        df["probe"] = df.feature + "@" + df.position.astype(str)
+        df["probe"] = df.feature + "@" + df.site + ":" + df.position.astype(str)
         return px.bar(df, x="probe", y="influence", color="component", barmode="group",
                       title=f"Cumulative feature influence ({optimizer})")
 
@@ -254,97 +257,221 @@ def _flat(gs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([g.reshape(-1) for g in gs.values()])
 
 
-def train_with_influence(model, params: Mapping[str, torch.Tensor], batches, probes: list[tuple[str, str, int, torch.Tensor, torch.Tensor]],
+def _batched_vjp(out: torch.Tensor, tensors: list[torch.Tensor], cot: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[M, n_params]``: ``J^T c`` for each of the ``M`` cotangents ``cot`` ``[M, *out.shape]`` (vmapped backward
+    passes, ``chunk`` at a time; parameters the output does not reach get zeros)."""
+    rows = []
+    for lo in range(0, cot.shape[0], chunk):          # chunks bound the memory of the vmapped backward
+        c = cot[lo:lo + chunk]
+        gs = torch.autograd.grad(out, tensors, grad_outputs=c, is_grads_batched=True, retain_graph=True,
+                                 allow_unused=True)
+        rows.append(torch.cat([(torch.zeros((c.shape[0], t.numel()), dtype=c.dtype, device=c.device) if g is None
+                                else g.reshape(c.shape[0], -1)) for t, g in zip(tensors, gs)], 1))
+    return torch.cat(rows) if rows else cot.new_zeros((0, sum(t.numel() for t in tensors)))
+
+
+def _at_positions(values: torch.Tensor, positions: torch.Tensor, seq: int) -> torch.Tensor:
+    """``values`` ``[M, batch, d]`` placed at ``positions`` ``[M]`` of zero tensors ``[M, batch, seq, d]``."""
+    out = values.new_zeros((values.shape[0], values.shape[1], seq, values.shape[2]))
+    out[torch.arange(values.shape[0], device=values.device), :, positions] = values
+    return out
+
+
+def train_with_influence(model, params: Mapping[str, torch.Tensor], batches,
+                         probes: list[tuple[str, str, int, torch.Tensor, torch.Tensor]],
                          lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                         risk_context=None) -> FeatureInfluence:
+                         risk_context=None, risk_scale: float = 1.0, centered: bool = True,
+                         chunk: int = 64) -> FeatureInfluence:
     """Re-run Adam training on ``batches`` and accumulate the feature-mismatch influence of each component.
 
     ``probes``: ``(feature_name, site, position, w, r_star)`` with ``w`` ``[d]`` a probe direction fitted on the
-    final model θ* and ``r_star`` the callable-free target: ``[n_batches, batch]`` values ``⟨w, r_{θ*}⟩`` for
-    each batch (precomputed with θ*). At each step, for each probe: ``R(θ) = mean_b ½(⟨w, r_θ⟩ − ⟨w, r_θ*⟩)²``,
-    ``∇_θ R`` by one backward, and the step each component alone would cause: SGD ``lr·g_c``; Adam a separate
-    first moment per component with the *shared* second moment of the full gradient and the usual bias
-    correction (the official code's ``compute_adam_param_delta``). Influence ``+= Δ_c · ∇R``. The model is
-    then updated by Adam on the full gradient (``θ ← θ − Δ``). ``batches``: iterable of ``[batch, seq]`` ids.
-    Since the Adam moments are linear in the gradient and the second moment is shared, the three Adam steps sum
-    to the real Adam update, so the ``full`` influence is ``Σ_t (θ_t − θ_{t+1})·∇R(θ_t)`` exactly (tested).
-    Also accumulated: the same sums on the centred risk (``FeatureInfluence.influence_centered``, a diagnostic
-    of ours; one extra backward per probe and step). The loss is the next-token loss at *every* position (the
-    official Majority sampler has no loss mask, so the input positions' uniform next tokens count too).
-    ``risk_context``: optional zero-argument callable returning a context manager under which the ``∇R`` forward
-    runs. The official code computes ``∇R`` with ordinary attention even for a myopic model (the feature's true
-    derivative): for a myopic model pass ``lambda: attention_implementation(hf, "eager")`` (the Majority runs of
-    ``interp.benchmarks.influence`` do).
+    final model θ* and ``r_star`` ``[n_batches, batch]`` the values ``⟨w, r_{θ*}⟩`` for each batch (precomputed with
+    θ*). Any number of probes over any sites and positions (the official Majority run: 3 features x layers 1-2 x
+    positions 2-19 = 108). At each step, for each probe, the risk ``R(θ) = risk_scale · mean_b (⟨w, r_θ⟩ −
+    ⟨w, r_θ*⟩)²`` (official: ``risk_scale = 1``, ``torch.nn.functional.mse_loss``; ``0.5`` is the digest's ``½``,
+    ours until issue #33), ``∇_θ R``, and the step each component alone would cause: SGD ``lr·g_c``; Adam a
+    separate first moment per component and per ``(site, position)`` with the *shared* second moment of the full
+    gradient and the usual bias correction (the official ``compute_adam_param_delta``). Influence ``+= Δ_c · ∇R``.
+    The model is then updated by Adam on the full gradient (``θ ← θ − Δ``). ``batches``: iterable of
+    ``[batch, seq]`` ids. Since the Adam moments are linear in the gradient and the second moment is shared, the
+    three Adam steps sum to the real Adam update, so the ``full`` influence is ``Σ_t (θ_t − θ_{t+1})·∇R(θ_t)``
+    exactly (tested). The loss is the next-token loss at *every* position (the official Majority sampler has no
+    loss mask). The official run also tracks one extra batch after the last update; here every tracked step is a
+    training step.
+
+    Vectorised (no Python loop over positions, features or probes; one loop over the sites, i.e. layers): with
+    ``J`` the Jacobian of the site's activation ``r_i`` w.r.t. θ, the chain rule gives exactly the official
+    stop-gradient parts: ``shared = ∇L − J^T ∂L/∂r_i``, ``direct = J^T ∂(L_i/N)/∂r_i``, ``pre-cached =
+    J^T ∂L/∂r_i − direct`` (``∂L/∂r`` from the one backward of the full loss; ``∂L_i/∂r_i`` for every tracked
+    position from one vmapped backward of the per-position losses) and ``∇R = J^T ∂R/∂r_i`` with the closed form
+    ``∂R/∂r_i = risk_scale · 2/B · (⟨w, r⟩ − target) w``. All ``J^T c`` of a site come from vmapped backward passes
+    (``is_grads_batched``), ``chunk`` cotangents at a time (memory), and the influences of all probes from one
+    einsum per optimizer. Tested equal to :func:`decompose_gradient` (separate stop-gradient forwards) and a
+    per-probe ``∇R``.
+
+    ``centered`` (ours, a diagnostic): also accumulate the same sums on the centred risk
+    (``FeatureInfluence.influence_centered``; one more cotangent per probe). ``risk_context``: optional
+    zero-argument callable returning a context manager under which the ``∇R`` forward runs. The official code
+    computes ``∇R`` with ordinary attention even for a myopic model (the feature's true derivative): for a myopic
+    model pass ``lambda: attention_implementation(hf, "eager")`` (the Majority runs of
+    ``interp.benchmarks.influence`` do); then the risk has its own forward and backward passes.
     """
-    if lr <= 0:
+    if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr}")
+    if not risk_scale > 0:
+        raise ValueError(f"risk_scale must be positive (1.0 = the official MSE), got {risk_scale}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if not probes:
+        raise ValueError("train_with_influence needs at least one probe")
+    for k, pr in enumerate(probes):
+        if len(pr) != 5:
+            raise ValueError(f"probe {k}: expected (feature_name, site, position, w, r_star), got {len(pr)} items")
     tensors = list(params.values())
+    if not tensors:
+        raise ValueError("no parameters to train")
     opt = torch.optim.Adam(tensors, lr=lr, betas=betas, eps=eps)
     comps = ("direct", "precached", "shared")
-    n_p = sum(t.numel() for t in tensors)
     acc_dtype = torch.promote_types(tensors[0].dtype, torch.float32)     # optimizer state precision
-    moments = {(s, p): {c: torch.zeros(n_p, dtype=acc_dtype) for c in comps} for _, s, p, _, _ in probes}
-    v = torch.zeros(n_p, dtype=acc_dtype)
+    dev = tensors[0].device
+    n_p = sum(t.numel() for t in tensors)
+
+    # ---- layout (setup, not the hot path): sites, (site, position) pairs, probes grouped per pair
+    resolved = {}
+    for _, s, _, _, _ in probes:
+        if s not in resolved:
+            names = model.hook_names(s)
+            if len(names) != 1:
+                raise ValueError(f"probe site must name exactly one hook, {s!r} matches {len(names)}")
+            resolved[s] = names[0]
+    probes = [(f, resolved[s], p, w, t) for f, s, p, w, t in probes]
+    sites = list(dict.fromkeys(s for _, s, _, _, _ in probes))
+    pairs = list(dict.fromkeys((s, int(p)) for _, s, p, _, _ in probes))
+    pair_of = torch.tensor([pairs.index((s, int(p))) for _, s, p, _, _ in probes], device=dev)
+    slot = torch.zeros(len(probes), dtype=torch.long, device=dev)       # rank of each probe within its pair
+    seen: dict[int, int] = {}
+    for k, pi in enumerate(pair_of.tolist()):
+        slot[k] = seen.get(pi, 0)
+        seen[pi] = int(slot[k]) + 1
+    n_slots = max(seen.values())
+    W = torch.stack([torch.as_tensor(w).reshape(-1) for _, _, _, w, _ in probes]).to(dev)          # [K, d]
+    T = torch.stack([torch.as_tensor(t) for _, _, _, _, t in probes]).to(dev)                       # [K, steps, B]
+    positions = sorted({p for _, p in pairs})
+    pos_row = {p: i for i, p in enumerate(positions)}
+    by_site = []
+    for s in sites:
+        pk = [k for k, (_, s2, _, _, _) in enumerate(probes) if s2 == s]
+        pp = [i for i, (s2, _) in enumerate(pairs) if s2 == s]
+        by_site.append(dict(site=s, probes=torch.tensor(pk, device=dev), pairs=torch.tensor(pp, device=dev),
+                            pair_pos=torch.tensor([pairs[i][1] for i in pp], device=dev),
+                            pair_row=torch.tensor([pos_row[pairs[i][1]] for i in pp], device=dev),
+                            probe_pos=torch.tensor([int(probes[k][2]) for k in pk], device=dev)))
+    risks_of = ("official", "centered") if centered else ("official",)
+
+    moments = torch.zeros((len(pairs), 3, n_p), dtype=acc_dtype, device=dev)     # per (pair, component)
+    v = torch.zeros(n_p, dtype=acc_dtype, device=dev)
     b1, b2 = betas
-    curves = {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")}
+    totals = {r: {o: {c: torch.zeros(len(probes), dtype=torch.float64, device=dev) for c in comps + ("full",)}
+                  for o in ("sgd", "adam")} for r in risks_of}
+    curves = {r: {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")} for r in risks_of}
     risks = []
-    totals = {o: {c: torch.zeros(len(probes), dtype=torch.float64) for c in comps + ("full",)} for o in ("sgd", "adam")}
-    totals_c = {o: {c: torch.zeros(len(probes), dtype=torch.float64) for c in comps + ("full",)} for o in ("sgd", "adam")}
-    curves_c = {o: {c: [] for c in comps + ("full",)} for o in ("sgd", "adam")}
     from interp.progress import progress
     for step, ids in enumerate(progress(batches, desc="influence")):
-        decs = {}
-        for _, s, p, _, _ in probes:
-            if (s, p) not in decs:
-                decs[(s, p)] = decompose_gradient(model, ids, s, p, params=params)
-        full = _flat(next(iter(decs.values())).full)
-        v_new = b2 * v + (1 - b2) * full * full
-        denom = (v_new / (1 - b2 ** (step + 1))).sqrt() + eps
-        # ∇R for every probe (one forward keeping the graph, the sites' activations kept by hooks)
+        if T.shape[1] <= step:
+            raise ValueError(f"r_star has {T.shape[1]} batches of targets, training ran past it (step {step})")
+        S = ids.shape[1]
+        if positions[-1] > S - 2 or positions[0] < 0:
+            raise ValueError(f"probe positions must be in 0..{S - 2} (seq={S}), got {positions[0]}..{positions[-1]}")
         kept: dict[str, torch.Tensor] = {}
+        kept_r: dict[str, torch.Tensor] = {}
 
-        def keep(t, ctx):
-            kept[ctx.name] = t
-            return t
-        with _require_grad(params), model.intervene({s: keep for s in {s for _, s, _, _, _ in probes}}):
-            with (risk_context() if risk_context is not None else contextlib.nullcontext()):
-                model.forward_with_grad(ids)
-            r_row, r_grads, rc_grads = [], [], []
-            for k, (_, s, p, w, target) in enumerate(probes):
-                diff = kept[s][:, p].to(w.dtype) @ w - target[step]
-                R = 0.5 * (diff ** 2).mean()
-                R_c = 0.5 * ((diff - diff.mean()) ** 2).mean()
-                for risk, out in ((R, r_grads), (R_c, rc_grads)):
-                    g = torch.autograd.grad(risk, tensors, retain_graph=True, allow_unused=True)
-                    out.append(torch.cat([(torch.zeros_like(t) if x is None else x).reshape(-1) for t, x in zip(tensors, g)]))
-                r_row.append(float(R.detach()))
+        def keeper(store):
+            def keep(t, ctx):
+                store[ctx.name] = t
+                return t
+            return keep
+        with _require_grad(params):
+            with model.intervene({s: keeper(kept) for s in sites}):
+                logits = model.forward_with_grad(ids)
+            if risk_context is not None:
+                with model.intervene({s: keeper(kept_r) for s in sites}), risk_context():
+                    model.forward_with_grad(ids)
+            else:
+                kept_r = kept
+            hs = [kept[s] for s in sites]
+            hr = [kept_r[s] for s in sites]
+            nll = _per_position_nll(logits, ids, torch.ones_like(ids))           # [B, S-1]
+            N = nll.numel()
+            g = torch.autograd.grad(nll.sum() / N, tensors + hs, retain_graph=True, allow_unused=True)
+            full = torch.cat([(torch.zeros_like(t) if x is None else x).reshape(-1) for t, x in zip(tensors, g)])
+            adj = [torch.zeros_like(h) if x is None else x for h, x in zip(hs, g[len(tensors):])]
+            # ∂(Σ_b L_i / N)/∂r for every tracked position i at once: one vmapped backward, one-hot cotangents
+            E = nll.new_zeros((len(positions),) + nll.shape)
+            E[torch.arange(len(positions)), :, torch.tensor(positions)] = 1.0 / N
+            imm = torch.autograd.grad(nll, hs, grad_outputs=E, is_grads_batched=True, retain_graph=True,
+                                      allow_unused=True)
+            through = torch.zeros((len(pairs), n_p), dtype=full.dtype, device=dev)
+            direct = torch.zeros_like(through)
+            gR = {r: torch.zeros((len(probes), n_p), dtype=full.dtype, device=dev) for r in risks_of}
+            r_row = torch.zeros(len(probes), dtype=torch.float64)
+            for j, site in enumerate(by_site):          # one pass per site (layer); positions/features batched
+                h, hrr, pp, pk = hs[j], hr[j], site["pairs"], site["probes"]
+                a = adj[j][:, site["pair_pos"]].transpose(0, 1)                              # [n_pairs_s, B, d]
+                ii = (torch.zeros_like(hs[j]).expand(len(positions), *hs[j].shape) if imm[j] is None else imm[j])
+                b = ii[site["pair_row"], :, site["pair_pos"]]                                # [n_pairs_s, B, d]
+                diff = torch.einsum("bkd,kd->bk", hrr[:, site["probe_pos"]].to(W.dtype), W[pk]) - T[pk, step].T
+                r_row[pk.cpu()] = (risk_scale * (diff ** 2).mean(0)).detach().double().cpu()
+                cot_r = {"official": diff}
+                if centered:
+                    cot_r["centered"] = diff - diff.mean(0, keepdim=True)
+                cot_r = [(risk_scale * 2.0 / diff.shape[0]) * c.detach().T[:, :, None] * W[pk][:, None, :]
+                         for c in cot_r.values()]                                              # [n_k, B, d] each
+                loss_cot = _at_positions(torch.cat([a, b]).to(h.dtype), site["pair_pos"].repeat(2), S)
+                risk_cot = _at_positions(torch.cat(cot_r).to(hrr.dtype), site["probe_pos"].repeat(len(cot_r)), S)
+                if hrr is h:
+                    rows = _batched_vjp(h, tensors, torch.cat([loss_cot, risk_cot]), chunk)
+                    rows_l, rows_r = rows[:loss_cot.shape[0]], rows[loss_cot.shape[0]:]
+                else:
+                    rows_l = _batched_vjp(h, tensors, loss_cot, chunk)
+                    rows_r = _batched_vjp(hrr, tensors, risk_cot, chunk)
+                n = len(pp)
+                through[pp], direct[pp] = rows_l[:n], rows_l[n:]
+                for q, r in enumerate(risks_of):
+                    gR[r][pk] = rows_r[q * len(pk):(q + 1) * len(pk)]
         risks.append(r_row)
-        for k, (_, s, p, _, _) in enumerate(probes):
-            gc = {c: _flat(decs[(s, p)][c]) for c in comps}
-            for c in comps:
-                m = moments[(s, p)][c]
-                if k == [i for i, pr in enumerate(probes) if (pr[1], pr[2]) == (s, p)][0]:
-                    m.mul_(b1).add_((1 - b1) * gc[c])       # update once per (site, position)
-                deltas = {"sgd": lr * gc[c], "adam": lr * (m / (1 - b1 ** (step + 1))) / denom}
-                for o, d in deltas.items():
-                    totals[o][c][k] += float(d @ r_grads[k])
-                    totals_c[o][c][k] += float(d @ rc_grads[k])
-        for tot, cur in ((totals, curves), (totals_c, curves_c)):
-            for o in tot:
-                tot[o]["full"] = sum(tot[o][c] for c in comps)
-                for c in tot[o]:
-                    cur[o][c].append(tot[o][c].clone())
-        v = v_new
+        G = torch.stack([direct, through - direct, full[None] - through], 1).to(acc_dtype)   # [pairs, 3, n]
+        v = b2 * v + (1 - b2) * full.to(acc_dtype) ** 2
+        denom = (v / (1 - b2 ** (step + 1))).sqrt() + eps
+        moments.mul_(b1).add_((1 - b1) * G)
+        deltas = {"sgd": lr * G, "adam": lr * (moments / (1 - b1 ** (step + 1))) / denom}
+        for r in risks_of:
+            grid = torch.zeros((len(pairs), n_slots, n_p), dtype=acc_dtype, device=dev)   # ∇R per (pair, slot)
+            grid[pair_of, slot] = gR[r].to(acc_dtype)
+            for o, d in deltas.items():
+                inf = torch.einsum("pcn,psn->pcs", d, grid)[pair_of, :, slot].double()    # [K, 3]
+                for ci, c in enumerate(comps):
+                    totals[r][o][c] += inf[:, ci]
+                totals[r][o]["full"] += inf.sum(1)
+                for c in totals[r][o]:
+                    curves[r][o][c].append(totals[r][o][c].clone())
         opt.zero_grad(set_to_none=False)
-        for t, g in zip(tensors, next(iter(decs.values())).full.values()):
-            t.grad = g.clone()
+        off = 0
+        for t in tensors:
+            t.grad = full[off:off + t.numel()].view_as(t).clone()
+            off += t.numel()
         opt.step()
-    return FeatureInfluence(probes=[(f, s, p) for f, s, p, _, _ in probes],
-                            influence={o: {c: t.clone() for c, t in d.items()} for o, d in totals.items()},
-                            curves={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves.items()},
-                            risk=torch.tensor(risks),
-                            influence_centered={o: {c: t.clone() for c, t in d.items()} for o, d in totals_c.items()},
-                            curves_centered={o: {c: torch.stack(x) for c, x in d.items()} for o, d in curves_c.items()})
+
+    def pack(d):
+        return {o: {c: x.clone().cpu() for c, x in cs.items()} for o, cs in d.items()}
+
+    def stack(d):
+        return {o: {c: torch.stack(x).cpu() for c, x in cs.items()} for o, cs in d.items()}
+    return FeatureInfluence(probes=[(f, s, int(p)) for f, s, p, _, _ in probes],
+                            influence=pack(totals["official"]), curves=stack(curves["official"]),
+                            risk=torch.stack(risks) if risks else torch.zeros((0, len(probes))),
+                            influence_centered=pack(totals["centered"]) if centered else None,
+                            curves_centered=stack(curves["centered"]) if centered else None,
+                            risk_scale=float(risk_scale))
 
 
 # ----------------------------------------------------------------------------------------- helpers

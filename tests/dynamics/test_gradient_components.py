@@ -360,12 +360,13 @@ def dataclasses_replace(cfg, **kw):
     return dataclasses.replace(cfg, **kw)
 
 
-@pytest.mark.parametrize("myopic", [False, True])
-def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
+@pytest.mark.parametrize("myopic,scale", [(False, 1.0), (True, 1.0), (False, 0.5)])
+def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic, scale):
     """Adam moments are linear in the gradient and the second moment is shared, so the three per-component Adam
     steps sum to the real Adam update: the 'full' influence must equal Σ_t (θ_t − θ_{t+1})·∇R(θ_t), computed here
     by an independent torch.optim.Adam run; SGD 'full' = Σ_t lr ∇L·∇R; the centred diagnostic likewise with
-    R_c = ½ var(⟨w,r⟩ − target). 3 layers, perturbed norms, float64. Myopic: training uses myopic gradients, ∇R
+    R_c = var(⟨w,r⟩ − target). The risk is the official ``mse_loss`` (scale 1; issue #33: until then ½·MSE, every
+    influence half the official one) or, as the named option, ½·MSE (scale 0.5). 3 layers, perturbed norms, float64. Myopic: training uses myopic gradients, ∇R
     the ordinary (eager) ones, as the official code (``risk_context``)."""
     import copy
 
@@ -384,8 +385,9 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
     probes = [(f"f{k}", s, p, torch.randn(d, generator=g, dtype=torch.float64),
                torch.randn(3, 4, generator=g, dtype=torch.float64)) for k, (s, p, _) in enumerate(spec)]
     lr = 1e-2
+    kw = {} if scale == 1.0 else {"risk_scale": scale}
     fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr,
-                              risk_context=lambda: attention_implementation(hf, "eager"))
+                              risk_context=lambda: attention_implementation(hf, "eager"), chunk=3, **kw)
     assert hf.config._attn_implementation == train_attn
 
     params = list(ref.parameters())
@@ -401,7 +403,8 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
         gr, grc = [], []
         for k, (_, _, hidx) in enumerate(spec):
             diff = out.hidden_states[hidx][:, spec[k][1]] @ probes[k][3] - probes[k][4][t]
-            for risk, acc in ((0.5 * (diff ** 2).mean(), gr), (0.5 * (diff - diff.mean()).pow(2).mean(), grc)):
+            mse = torch.nn.functional.mse_loss(out.hidden_states[hidx][:, spec[k][1]] @ probes[k][3], probes[k][4][t])
+            for risk, acc in ((scale * mse, gr), (scale * (diff - diff.mean()).pow(2).mean(), grc)):
                 gs = torch.autograd.grad(risk, params, retain_graph=True, allow_unused=True)
                 acc.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1) for p, x in zip(params, gs)]))
         before = torch.cat([p.detach().reshape(-1) for p in params])
@@ -421,6 +424,72 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic):
     for a, b in zip(hf.parameters(), ref.parameters()):        # the re-run trains exactly like Adam
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert fi.curves_centered["adam"]["direct"].shape == (3, 2) and "influence_centered" in fi.to_frame()
+
+
+def test_vectorised_influence_equals_per_probe_official_formula(gpt2):
+    """The vectorised accumulation (all sites, positions and features at once) against the official algorithm
+    written per probe: ``decompose_gradient`` (its own stop-gradient forwards and backward passes) per (site,
+    position), ``∇R`` of ``mse_loss(⟨w, r_θ⟩, target)`` per probe by its own backward, SGD ``lr·g_c`` and Adam
+    per-component first moments with the full gradient's second moment. Probes at three layers (the last one
+    too), two sharing a (site, position), one alone. Fails on the code before issue #33 (½ in the risk: every
+    component half of this reference)."""
+    import copy
+
+    from interp.dynamics.influence import train_with_influence
+    hf0, _ = gpt2
+    hf, ref = copy.deepcopy(hf0), copy.deepcopy(hf0)
+    V, d, lr = hf.config.vocab_size, hf.config.n_embd, 1e-2
+    batches = _ids(V, (3, 4, 9), seed=21)
+    g = torch.Generator().manual_seed(22)
+    spec = [("blocks.0.hook_resid_post", 3), ("blocks.0.hook_resid_post", 3), ("blocks.1.hook_resid_post", 6),
+            ("blocks.0.hook_resid_post", 5), ("blocks.2.hook_resid_post", 2)]
+    probes = [(f"f{k}", s, p, torch.randn(d, generator=g, dtype=torch.float64),
+               torch.randn(3, 4, generator=g, dtype=torch.float64)) for k, (s, p) in enumerate(spec)]
+    fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr,
+                              centered=False, chunk=4)
+    assert fi.influence_centered is None and fi.risk_scale == 1.0
+    model = interp.wrap(ref, backend="torch")
+    params = dict(ref.named_parameters())
+    ts = list(params.values())
+    opt = torch.optim.Adam(ts, lr=lr)
+    comps = ("direct", "precached", "shared")
+    pairs = list(dict.fromkeys(spec))
+    mom = {pp: {c: 0.0 for c in comps} for pp in pairs}
+    v = 0.0
+    want = {o: {c: torch.zeros(len(probes), dtype=torch.float64) for c in comps} for o in ("sgd", "adam")}
+
+    def flat(gs):
+        return torch.cat([x.reshape(-1) for x in gs.values()])
+    for t, ids in enumerate(batches):
+        decs = {pp: decompose_gradient(model, ids, pp[0], pp[1], params=params) for pp in pairs}
+        full = flat(decs[pairs[0]].full)
+        v = 0.999 * v + 0.001 * full ** 2
+        denom = (v / (1 - 0.999 ** (t + 1))).sqrt() + 1e-8
+        kept = {}
+        with model.intervene({s: (lambda t_, ctx: kept.setdefault(ctx.name, t_)) for s, _ in pairs}):
+            model.forward_with_grad(ids)
+        grs = []
+        for k, (s, p) in enumerate(spec):
+            R = torch.nn.functional.mse_loss(kept[s][:, p] @ probes[k][3], probes[k][4][t])
+            gg = torch.autograd.grad(R, ts, retain_graph=True, allow_unused=True)
+            grs.append(torch.cat([(torch.zeros_like(a) if x is None else x).reshape(-1) for a, x in zip(ts, gg)]))
+        for pp in pairs:
+            for c in comps:
+                mom[pp][c] = 0.9 * mom[pp][c] + 0.1 * flat(decs[pp][c])
+        for k, pp in enumerate(spec):
+            for c in comps:
+                want["sgd"][c][k] += lr * flat(decs[pp][c]) @ grs[k]
+                want["adam"][c][k] += (lr * mom[pp][c] / (1 - 0.9 ** (t + 1)) / denom) @ grs[k]
+        opt.zero_grad()
+        for a, x in zip(ts, decs[pairs[0]].full.values()):
+            a.grad = x.clone()
+        opt.step()
+    for o in want:
+        for c in comps:
+            torch.testing.assert_close(fi.influence[o][c], want[o][c], rtol=1e-8, atol=1e-12)
+        assert float(want[o]["direct"].abs().min()) > 1e-4      # a real comparison, not zeros
+    assert float(want["adam"]["precached"][:4].abs().min()) > 1e-5 and abs(float(want["adam"]["precached"][4])) < 1e-12
+    assert fi.risk.shape == (3, 5) and fi.curves["adam"]["shared"].shape == (3, 5)
 
 
 def test_recipe_configs_refuse_bad_values():
