@@ -106,15 +106,16 @@ class EditConfig:
       ``<|endoftext|>``), ``n`` continuations of ``length − 1`` new tokens for each ``(length, n)`` of
       ``context_template_length_params`` (ROME: ``((5, 10), (10, 10))``, 20 templates; TCPE: ``((10, 1),)``) with
       top-``template_top_k`` sampling, seeded by ``template_seed``; ``"seed_words"`` (ours before) samples
-      ``n_templates`` continuations of ``template_length`` tokens after the seed words ``The, Therefore, Because,
-      I, You``. Both add ``"{}"`` first.
+      ``n_templates`` (default 5) continuations of ``template_length`` (default 10) tokens after the seed words
+      ``The, Therefore, Because, I, You`` (setting either with the ROME scheme is an error, not ignored). Both add
+      ``"{}"`` first.
     * ``mom2_n_samples``: the number of TEXTS (ROME's ``mom2_n_samples`` = 100,000 Wikipedia texts of up to
       ``n_positions`` = 1,024 tokens; TCPE's 500,000) the second moment of :func:`rome`/:func:`tcpe` is estimated
       from when neither ``C`` nor ``texts`` is given (:func:`default_second_moment`).
     """
 
-    n_templates: int = 5
-    template_length: int = 10
+    n_templates: int | None = None
+    template_length: int | None = None
     template_seed: int = 0
     v_num_grad_steps: int = 20
     v_lr: float = 0.5
@@ -148,8 +149,19 @@ class EditConfig:
         return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
+        if self.template_scheme not in ("rome", "seed_words"):
+            raise ValueError(f"template_scheme must be 'rome' or 'seed_words', got {self.template_scheme!r}")
+        if self.template_scheme == "rome" and (self.n_templates is not None or self.template_length is not None):
+            raise ValueError("n_templates / template_length belong to template_scheme='seed_words' (ours); ROME's "
+                             "scheme (the default) samples context_template_length_params = ((length, count), ...) "
+                             "from the BOS token, e.g. () for the plain prompt only")
+        if self.template_scheme == "seed_words":
+            self.n_templates = 5 if self.n_templates is None else self.n_templates
+            self.template_length = 10 if self.template_length is None else self.template_length
         for name in ("n_templates", "template_length", "v_num_grad_steps", "template_top_k", "mom2_n_samples"):
             v = getattr(self, name)
+            if v is None and name in ("n_templates", "template_length"):
+                continue
             lo = 0 if name == "n_templates" else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")

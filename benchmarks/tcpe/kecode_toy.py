@@ -330,9 +330,9 @@ def outcomes(model, task: CodeTask, snippets: Sequence, clusters: ErrorClusters)
 
 
 def toy_edit_config(**overrides) -> EditConfig:
-    """ROME/TCPE settings for this toy (ROME's defaults otherwise): ``fact_token="last"`` and only the plain template ``"{}"`` (``n_templates=0``, ``context_template_length_params=()``).
+    """ROME/TCPE settings for this toy (ROME's defaults otherwise): ``fact_token="last"`` and only the plain template ``"{}"`` (``context_template_length_params=()``).
 
-    * ``n_templates=0``: ROME's context templates are natural-language prefixes sampled after ``The``,
+    * no sampled templates (``context_template_length_params=()``): ROME's context templates are natural-language prefixes sampled after ``The``,
       ``Therefore``, ... A model trained only on single ``<J> => <D>`` sequences has never seen a prefix: in
       a templated prompt it no longer translates (measured: the top-1 next token at the API slot is a source
       API ``A*`` instead of a ``B*`` in all 5 templates), so ``compute_v`` would fit ``δ`` to contexts the
@@ -343,7 +343,7 @@ def toy_edit_config(**overrides) -> EditConfig:
       identity has been moved to later positions by then. The key and ``δ`` are taken at the prompt's last
       token (ROME's other lookup option), where the translation is produced.
     """
-    return EditConfig(**{"fact_token": "last", "n_templates": 0, "context_template_length_params": (), **overrides})
+    return EditConfig(**{"fact_token": "last", "context_template_length_params": (), **overrides})
 
 
 def compare_kecode(model, task: CodeTask, transcoder: Transcoder, layer: int, taus: Sequence[float] = (0.5,),

@@ -73,7 +73,7 @@ def test_compare_kecode_plumbing(small):
     tests = task.test_set(48)
     before, ids0 = outcomes(model, task, tests, cl)
     try:
-        res = compare_kecode(model, task, tc, 1, taus=(0.0, 1e9), config=EditConfig(n_templates=1, v_num_grad_steps=3),
+        res = compare_kecode(model, task, tc, 1, taus=(0.0, 1e9), config=EditConfig(template_scheme="seed_words", n_templates=1, v_num_grad_steps=3),
                              ft_config=FineTuneConfig(steps=2), n_test=48, n_context=200)
     except RuntimeError as exc:  # 150 steps may not learn the planted error: then the comparison refuses
         assert "planted error" in str(exc)

@@ -11,7 +11,7 @@ from interp.testing import tiny_model
 interp.set_progress(False)
 TEXTS = [f"Note {i}: a person named Ann {i % 7} lives near the river {i * 3 % 11}." for i in range(24)]
 REQ = EditRequest("Fact: {} lives in", "Bob", " Xy")
-CFG = EditConfig(n_templates=0, v_num_grad_steps=5)
+CFG = EditConfig(context_template_length_params=(), v_num_grad_steps=5)
 TEMPLATES = ["{}", "Some context here. {}"]
 
 
@@ -127,7 +127,7 @@ def test_compute_v_moves_target_and_edit_changes_prediction(model, tc):
     # subject at the end of the prompt: in a random model only the predicting position's own MLP output
     # reliably moves its logits (attention from far positions is diffuse)
     req = EditRequest("Fact: {}", "Bob", " X")
-    cfg = EditConfig(n_templates=0, v_num_grad_steps=40, v_lr=0.5, clamp_norm_factor=50)
+    cfg = EditConfig(context_template_length_params=(), v_num_grad_steps=40, v_lr=0.5, clamp_norm_factor=50)
     e = rome(model, req, 1, texts=TEXTS, config=cfg, templates=TEMPLATES, apply=False)
     assert e.log["nll"][-1] < e.log["nll"][0] - 0.1
     tgt = model.to_tokens(req.target, prepend_bos=False)[0, 0]
@@ -284,7 +284,7 @@ def test_relative_ridge_on_the_second_moment(model):
     from interp.editing import rank_one
     site = MLPSite(model, 1)
     C = second_moment(site, TEXTS)
-    e = rank_one(site, REQ, C, EditConfig(n_templates=0, v_num_grad_steps=2, mom2_eps_rel=0.5), templates=TEMPLATES)
+    e = rank_one(site, REQ, C, EditConfig(context_template_length_params=(), v_num_grad_steps=2, mom2_eps_rel=0.5), templates=TEMPLATES)
     eps = 0.5 * float(C.diagonal().double().mean())
     ref = torch.linalg.solve(C.double() + eps * torch.eye(len(C), dtype=torch.float64), e.k_star.double())
     assert torch.allclose(e.u.double(), ref / ref.norm(), atol=1e-5)
