@@ -19,6 +19,12 @@ from .ce_world import FAMILIES, CEWorldConfig, build_ce_world_model, ce_world_de
     run_ce_world_monitor
 
 
+#: our earlier detector behaviour (issue #35): random window split, no class cap, best epoch, one joined span
+#: with an overlapping tail window, calibrated patience at inference, every calibration dialogue counted
+OURS = {"split": "random", "balance": "none", "restore": "best", "window_layout": "overlap",
+        "inference_patience": True, "calibration": "all"}
+
+
 def _detector(seed: int = 0, **kw) -> DetectorConfig:
     return DetectorConfig(**{"hidden": 64, "rnn_layers": 2, "lr": 3e-3, "max_epochs": 25, "seed": seed, **kw})
 
@@ -69,7 +75,7 @@ class GavelRecipe(Recipe):
         "full": GavelConfig(),
     }
     cost = {"quick": "about 10 s CPU",
-            "full": "about 40 s CPU, 4 min wall on the shared 2 cores (the SmolLM2 runs: about 1 h, not a preset)"}
+            "full": "about 45 s CPU (the detector trained twice: official and ours), 4 min wall on the shared 2 cores (the SmolLM2 runs: about 1 h, not a preset)"}
     code = ("interp.benchmarks.gavel", "interp.probes.gavel")
 
     def run_unit(self, config: GavelConfig, unit: None, stages) -> dict:
@@ -96,13 +102,18 @@ class GavelRecipe(Recipe):
         res = stages("validation", lambda: run_ce_world(model, n_train=config.n_train, n_cal=config.n_cal,
                                                         n_test=config.n_test, seed=config.seed,
                                                         detector_config=config.detector))
+        # the same run with every detector option at our earlier behaviour, reported beside the official one
+        ours = dataclasses.replace(config.detector, **OURS)
+        res_ours = stages("validation-ours", lambda: run_ce_world(model, n_train=config.n_train, n_cal=config.n_cal,
+                                                                  n_test=config.n_test, seed=config.seed,
+                                                                  detector_config=ours))
 
         def monitor():
             det = ce_world_detector(model, n_train=config.monitor_n_train, n_cal=config.monitor_n_cal,
                                     seed=config.seed, detector_config=config.detector)
             return run_ce_world_monitor(model, det, n_harmless=config.monitor_harmless)
         mon = stages("monitor", monitor)
-        return {"lm": lm, "validation": res, "monitor": mon}
+        return {"lm": lm, "validation": res, "validation_ours": res_ours, "monitor": mon}
 
     def combine(self, config: GavelConfig, outputs: list) -> Outcome:
         (out,) = outputs
@@ -121,12 +132,21 @@ class GavelRecipe(Recipe):
             "monitor_blocked_mid": float(bool(mon["blocked_mid"])),
             "monitor_harmless_fired_frac": mon["harmless_fired"] / mon["harmless"],
         }
+        go = {r["method"]: r for r in out["validation_ours"].rules}["gavel"]
+        measured.update({"ours_rule_auc": float(go["auc"]), "ours_fpr_hard": float(go["fpr_hard"]),
+                         "ours_tpr": float(go["tpr"]), "ours_balanced_accuracy": float(go["balanced_accuracy"]),
+                         "ours_min_window_auc": float(min(out["validation_ours"].window_auc.values()))})
         cols = ("method", "auc", "balanced_accuracy", "tpr", "fpr", "fpr_hard", "fpr_random")
         tables = {
             "window AUC per CE (test conversations)": [{"ce": c, "window_auc": v} for c, v in res.window_auc.items()],
             "rule all of {A} and 1 of {B, C}: GAVEL, monolithic GRU, keywords": [
                 {k: r[k] for k in cols if k in r} for r in res.rules],
-            "calibration (Youden's J)": [{"ce": c, "threshold": res.thresholds[c], "patience": res.patience[c]}
+            "GAVEL with the official detector protocol vs ours (issue #35)": [
+                {"protocol": name, **{k: r[k] for k in cols[1:] if k in r}}
+                for name, r in (("official (default)", g), ("ours (DetectorConfig options)", go))],
+            "calibration (Youden's J)": [{"ce": c, "threshold": res.thresholds[c], "patience": res.patience[c],
+                                          "threshold (ours)": out["validation_ours"].thresholds[c],
+                                          "patience (ours)": out["validation_ours"].patience[c]}
                                          for c in FAMILIES],
             "monitor (block inside model.generate)": [{
                 "steered positive: model completed the B phrase": bool(mon["completed_phrase"]),
