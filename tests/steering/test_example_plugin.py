@@ -90,3 +90,26 @@ def test_unknown_method_fails_before_the_model_loads(tmp_path):
                                    "steering.method=no_such_method", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "steering.method" in res.output and "no_such_method" in res.output
     assert "cannot load model" not in res.output and not (tmp_path / "r").exists()
+
+
+RECORD = ROOT / "docs" / "results" / "steering_normed_addition_sentiment.json"
+
+
+@pytest.mark.slow
+def test_example_plugin_on_smollm2_reproduces_the_record(plugin_site, tmp_path):
+    """The documented run (docs/steering.md, Audit): steering SmolLM2-135M-Instruct towards negative sentiment moves
+    the behaviour rate and the probe, and the numbers equal the committed record (~2 min on one thread)."""
+    out = tmp_path / "report"
+    run = _audit(plugin_site, "zoo:smollm2-135m", "--checks", "steering", "--set", "steering.method=normed_addition",
+                 "--set", "steering.scale=-0.25", "--set", "steering.layer=10", "--set", "steering.behaviour=sentiment",
+                 "--out", out, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ev = json.loads((out / "results.json").read_text())["checks"][0]["result"]["evaluation"]
+    none, steered = ev["conditions"]["none"], ev["conditions"]["steered"]
+    assert none["behaviour_rate"] - steered["behaviour_rate"] >= 0.5 and ev["probe_test_accuracy"] >= 0.8
+    assert steered["probe_score"] < 0.5 * none["probe_score"] and steered["continuation_ppl"] < 3 * none["continuation_ppl"]
+    want = json.loads(RECORD.read_text())["checks"][0]["result"]["evaluation"]
+    assert ev["kl_neutral"] == pytest.approx(want["kl_neutral"], rel=0.05)
+    for cond in ("none", "steered"):
+        for key in ("behaviour_rate", "behaviour_score", "continuation_ppl"):
+            assert ev["conditions"][cond][key] == pytest.approx(want["conditions"][cond][key], rel=0.05, abs=0.02)
