@@ -296,7 +296,7 @@ def moment_texts(docs: Sequence[str], n_tokens: int) -> list[str]:
     """The real text of the second moments: for ``n_tokens ≤ 8000`` the 75 passages ``docs[1700:1775]`` of the
     earlier runs (truncated to 128 tokens each: ~9,600 tokens); above, every passage from ``docs[1700]`` on split
     into its two halves (6 verses / 3 instructions each, ~1,300 pieces of ≤ 128 tokens, ~150k tokens), so that
-    ``n_tokens`` = 100,000 TOKENS is reached (about 800 pieces; not ROME's ``mom2_n_samples``, which counts
+    ``n_tokens`` = 100,000 TOKENS is reached (the first 784 pieces with SmolLM2's tokenizer; not ROME's ``mom2_n_samples``, which counts
     100,000 TEXTS of up to 1,024 tokens: docs/editing.md). None of it is in the transcoder's training
     store (its 160k tokens come from the first ~400 passages) or in the held-out text (Ruth)."""
     if n_tokens <= 8000:
