@@ -256,6 +256,8 @@ def digits_unit(cfg: DigitsConfig, p_drop: float, stages) -> dict:
         rows[f"k{k}"] = dict(run(f"k{k}", RaptorConfig.from_phases(pk.parts, **base)), parts=pk.parts)
     return dict(p_drop=p_drop, test_acc=test_acc, mean_offdiag_cos_distance=float(off.mean()),
                 mean_offdiag_similarity=float(1 - off.mean()), maxcut_k2=maxcut.parts, dp_k2=dp.parts,
+                maxcut_k2_other_rule=phases(dist, n_phases=2, method="maxcut", maxcut_rule=next(
+                    r for r in MAXCUT_RULES if r != cfg.maxcut_rule)).parts,
                 phases_frac01=phases(dist, frac=0.1, maxcut_rule=cfg.maxcut_rule).parts, runs=rows,
                 random_mean_r2=float(np.mean([r["mean_r2"] for r in rand])),
                 random_mean_r2_official=float(np.mean([r["mean_r2_official"] for r in rand])),

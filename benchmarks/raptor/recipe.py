@@ -104,6 +104,7 @@ class RaptorRecipe(Recipe):
         baselines = [{"p": d["p_drop"], "teacher test acc": d["test_acc"], "probe block input": d["probe_acc_input"],
                       "probe block-0 output": d["probe_acc_block0"], "probe last layer": d["probe_acc_last"],
                       "probe k2 rollout": d["runs"]["k2"]["probe_acc_raptor"], "max-cut k2": str(d["maxcut_k2"]),
+                      "max-cut k2, the other split rule": str(d["maxcut_k2_other_rule"]),
                       "off-diag. similarity": d["mean_offdiag_similarity"]} for d in digits]
         tables = {"Raptor fits per teacher (held-out digits)": table,
                   "teachers and linear-probe baselines": baselines}

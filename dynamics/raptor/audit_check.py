@@ -109,7 +109,9 @@ class RaptorCheck(Check):
         if jumps:
             out["cls speed jump ratio at boundaries"] = jumps["ratio"]
         if result.fit is not None:
-            out["Raptor mean R²"] = result.fit.mean_r2
+            out["Raptor R² official (last layer)"] = result.fit.end_r2_official
+            out["Raptor mean R² official"] = result.fit.mean_r2_official
+            out["Raptor mean R² (ours, per feature)"] = result.fit.mean_r2
             out["Raptor / teacher probe acc"] = result.fit.relative_acc
         return out
 
@@ -125,7 +127,7 @@ class RaptorCheck(Check):
         cfg: RaptorCheckConfig = self.config
         rows = [{"partition": k, "phases": str(v)} for k, v in result.phases.items()]
         text = (f"<p>{result.distances.n_images} real digit images at {cfg.image_size}px. Phases by recursive "
-                f"brute-force max-cut (official code) and exact contiguous DP. Speed jumps at the boundaries of "
+                f"brute-force max-cut (the official split rule) and exact contiguous DP. Speed jumps at the boundaries of "
                 f"{html.escape(str(result.phases[f'dp/k={cfg.k}']))}: "
                 + ", ".join(f"{g}: ratio {v['ratio']:.2f}" for g, v in result.trajectories.speed_jumps.items())
                 + ".</p>")
@@ -133,7 +135,9 @@ class RaptorCheck(Check):
                    ("Token dynamics over depth", result.trajectories.figure())]
         tables = [("Phases", pd.DataFrame(rows)), ("Dynamics per layer", result.trajectories.to_frame())]
         if result.fit is not None:
-            text += (f"<p>Raptor k = {cfg.k}: mean R² {result.fit.mean_r2:.3f}; linear-probe accuracy "
+            text += (f"<p>Raptor k = {cfg.k}: R² (the official definition) {result.fit.end_r2_official:.3f} at the "
+                     f"last layer, {result.fit.mean_r2_official:.3f} averaged over layers (ours, per feature: "
+                     f"{result.fit.mean_r2:.3f}); linear-probe accuracy "
                      f"{result.fit.probe_acc_raptor:.3f} vs the teacher's {result.fit.probe_acc_teacher:.3f}.</p>")
             figures.append(("Raptor per-layer R²", result.fit.figure()))
         return Rendered(text, figures, tables)

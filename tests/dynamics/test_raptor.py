@@ -321,6 +321,15 @@ def test_audit_check_on_a_tiny_vit(planted, tmp_path):
     assert torch.equal(back.trajectories.speed["cls"], res.trajectories.speed["cls"])
     assert back.trajectories.to_frame().equals(res.trajectories.to_frame())
     assert check.to_json(res)["schema"] == "interp.checks.raptor/1"
+    # with a (one-step) Raptor fit: the official R² is reported beside ours, and survives the save / load round trip
+    fitted = RaptorCheck(RaptorCheckConfig(n_images=12, image_size=32, fit=True, steps=1, batch_size=4))
+    res = fitted.run(planted, AuditData.builtin())
+    summ = fitted.summary(res)
+    assert summ["Raptor R² official (last layer)"] == res.fit.end_r2_official
+    assert summ["Raptor mean R² (ours, per feature)"] == res.fit.mean_r2
+    assert "official definition" in fitted.render(res).html
+    back = RaptorCheckResult.load(res.save(tmp_path / "raptor_fit"))
+    assert torch.equal(back.fit.r2_official, res.fit.r2_official)
 
 
 # ------------------------------------------------------------------------------------ data and recipe plumbing

@@ -134,6 +134,35 @@ def test_maxcut_n_phases_never_makes_an_empty_phase():
     assert maxcut_phases(D, n_phases=3).parts == [list(range(6))]
 
 
+#: The DINOv2-S / Fashion-MNIST cosine-distance matrix printed (2 decimals) in docs/raptor.md.
+DINOV2S_FASHION_COSINE = np.array([
+    [0.00, 0.23, 0.32, 0.38, 0.37, 0.39, 0.63, 0.76, 0.84, 0.84, 0.86, 0.99],
+    [0.23, 0.00, 0.23, 0.30, 0.33, 0.37, 0.65, 0.78, 0.82, 0.85, 0.88, 0.98],
+    [0.32, 0.23, 0.00, 0.13, 0.21, 0.28, 0.40, 0.51, 0.56, 0.58, 0.62, 1.07],
+    [0.38, 0.30, 0.13, 0.00, 0.11, 0.20, 0.37, 0.50, 0.53, 0.58, 0.62, 1.06],
+    [0.37, 0.33, 0.21, 0.11, 0.00, 0.11, 0.36, 0.50, 0.56, 0.63, 0.65, 1.05],
+    [0.39, 0.37, 0.28, 0.20, 0.11, 0.00, 0.33, 0.50, 0.56, 0.64, 0.66, 1.02],
+    [0.63, 0.65, 0.40, 0.37, 0.36, 0.33, 0.00, 0.15, 0.31, 0.38, 0.39, 1.30],
+    [0.76, 0.78, 0.51, 0.50, 0.50, 0.50, 0.15, 0.00, 0.23, 0.34, 0.35, 1.27],
+    [0.84, 0.82, 0.56, 0.53, 0.56, 0.56, 0.31, 0.23, 0.00, 0.20, 0.28, 1.16],
+    [0.84, 0.85, 0.58, 0.58, 0.63, 0.64, 0.38, 0.34, 0.20, 0.00, 0.17, 1.17],
+    [0.86, 0.88, 0.62, 0.62, 0.65, 0.66, 0.39, 0.35, 0.28, 0.17, 0.00, 1.18],
+    [0.99, 0.98, 1.07, 1.06, 1.05, 1.02, 1.30, 1.27, 1.16, 1.17, 1.18, 0.00],
+])
+
+
+def test_documented_dinov2_partitions_hold_under_the_official_rule():
+    """The max-cut partitions docs/raptor.md lists for DINOv2-S / Fashion-MNIST (measured with our former rule)
+    are what the official rule gives on the printed matrix too, and the official reference agrees."""
+    D = DINOV2S_FASHION_COSINE
+    want = {0.2: [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]], 0.1: [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11]],
+            0.09: [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11]], 0.05: [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9], [10, 11]]}
+    for frac, parts in want.items():
+        assert maxcut_phases(D, frac=frac).parts == parts, frac
+        assert maxcut_phases(D, frac=frac, rule="min_side").parts == parts, frac
+        assert _official_recursive_max_cut(D, eps=frac * D.sum() / 2) == parts, frac
+
+
 # ------------------------------------------------------------------------------------------------ R²
 def test_r2_score_official_by_hand():
     """The official ``overcomplete.metrics.r2_score(x, x_hat)``, called as ``r2_score(pred, a_end)``:
