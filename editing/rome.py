@@ -11,15 +11,16 @@ TC        transcoder features ``z`` [.., d_sae]        the spliced transcoder ou
 
 ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
 
-1. **Context templates**: ``"{}"`` plus ``n_templates`` prefixes sampled from the model (``template_length``
-   new tokens after each of ROME's seed words ``The, Therefore, Because, I, You``), each as ``"<prefix>. {}"``.
-   (TCPE's ``context_template_length_params=[[10, 1]]`` is UNCERTAIN in the digest; we use 5 samples of 10
-   tokens, one per seed word, ROME's own scheme.)
+1. **Context templates** (:func:`context_templates`): ``"{}"`` plus prefixes sampled from the model, each as
+   ``"<prefix>. {}"``: ROME's 20 (10 of 4 and 10 of 9 tokens after ``<|endoftext|>``, top-5 sampling, seeded) by
+   default; TCPE's one of 9 tokens with :meth:`EditConfig.tcpe`; ours before (``template_scheme="seed_words"``):
+   ``n_templates`` samples after ROME's seed words ``The, Therefore, Because, I, You``.
 2. **Key** ``k*``: the mean over templates of the key at the subject's last token of
    ``template.format(prompt.format(subject))`` (TCPE's ``fact_token="subject_last"``; ``EditConfig(fact_token=
    "last")`` uses the prompt's last token instead, ROME's other option, also for where ``δ`` is added).
-3. **Left vector** ``u = (C + εI)⁻¹ k*`` with ``C = E[k kᵀ]`` over every real token of real text
-   (:func:`second_moment`, cached per (model, key hook, transcoder, text) in memory and optionally on disk).
+3. **Left vector** ``u = (C + εI)⁻¹ k*`` with ``C = E[k kᵀ]`` over every real token of the first
+   ``n_samples`` real texts (:func:`second_moment`, ROME's text count; cached per (model, key hook, transcoder,
+   text) in memory and optionally on disk; without texts, :func:`default_second_moment`'s built-in corpus, stored).
    ``ε = mom2_eps`` defaults to 0 (TCPE's code: 0 or 1e-8); a singular ``C`` (dead features; the low-rank key
    space of a toy's layer-0 transcoder) is solved by least squares (:func:`left_vector`: QR, or the SVD
    minimum-norm solution where QR returns zero); when
@@ -29,15 +30,16 @@ ROME (Meng et al. 2022) and TCPE (digest §5), step by step:
    lives in directions text rarely visits, and ``r = (v* − W k*)/(uᵀk*)`` is large) and ``n_blind``, the key
    features never active in C's text.
 4. **Right vector**: ROME's ``compute_v``. ``δ`` is added to the site's output at the subject's last token
-   of every rewriting prompt ``template.format(prompt) + target[:-1]``; minimise
-   ``NLL(target) + kl_factor · KL(p₀ ‖ p_δ)`` (on ``kl_prompts``, "{} is a", at the subject's last token)
-   ``+ v_weight_decay · ‖δ‖² / ‖v₀‖²`` with Adam (``v_lr``, ``v_num_grad_steps``, early stop at NLL < 0.05),
-   clamping ``‖δ‖ ≤ clamp_norm_factor · ‖v₀‖`` after each step. ``v₀`` is the site output at the subject's
-   last token of the plain prompt; ``v* = v₀ + δ``. Defaults: ``kl_factor = 0.0625`` and
-   ``v_weight_decay = 1e-3`` (TCPE's ``run_tcpe.py``), ``v_lr = 0.5``, ``v_num_grad_steps = 25``,
-   ``clamp_norm_factor = 4`` (ROME's GPT-2 hyper-parameters; TCPE's are UNCERTAIN).
-5. **Rank-one update** ``ΔW = u rᵀ`` with ``r = (v* − (k* W + b)) / (uᵀ k*)``, so that ``k* W' + b = v*``.
-   (ROME's code evaluates ``r`` at the plain prompt's key; the digest's formula, used here, at ``k*``.)
+   of every rewriting prompt ``template.format(prompt) + target[:-1]`` and of the KL prompts; minimise
+   ``NLL(target) + kl_factor · KL(p_δ ‖ p₀)`` (on ``kl_prompts``, "{} is a", at the subject's last token)
+   ``+ v_weight_decay · ‖δ‖ / ‖v₀‖²`` with Adam, stopping when the total loss is < 0.05 (the last iteration
+   takes no step), clamping ``‖δ‖ ≤ clamp_norm_factor · ‖v₀‖`` after each step. ``v₀`` is the site output at
+   the subject's last token of the plain prompt; ``v* = v₀ + δ``. Defaults: ROME's GPT-2 hyper-parameters
+   (``hparams/ROME/gpt2-xl.json``: 20 iterations, ``v_lr`` 0.5, decay 0.5, clamp 4, ``kl_factor`` 0.0625);
+   :meth:`EditConfig.tcpe` gives TCPE's; ours before are named options (:class:`EditConfig`).
+5. **Rank-one update** ``ΔW = u rᵀ`` with ``r = (v* − (k W + b)) / (uᵀ k)``, so that ``k W' + b = v*``: ROME's
+   code takes ``k`` = the plain prompt's key (the default on an MLP), TCPE's code (and the digest's formula)
+   ``k = k*`` (the default on a transcoder); ``EditConfig.right_vector_key`` chooses.
 6. **TCPE mask**: ``S = {a : k*_a > 0 and k*_a ≥ τ}`` (the code keeps non-zero entries ``≥ lim``; ``τ < 0``
    keeps every feature: unmasked ROME on the transcoder). Rows of ``ΔW`` outside ``S`` are zeroed
    (``ablate=True`` zeroes the rows inside ``S`` instead, the paper's ablation).
@@ -178,7 +180,8 @@ class EditConfig:
         if any(not isinstance(p, str) or p.count("{}") != 1 for p in self.kl_prompts):
             raise ValueError(f"kl_prompts must be strings with one '{{}}' slot, got {self.kl_prompts!r}")
         for name, ok in (("stop_rule", ("rome", "tcpe", "nll", "none")), ("weight_decay_form", ("rome", "squared")),
-                         ("kl_direction", ("p_delta||p0", "p0||p_delta")), ("right_vector_key", (None, "prompt", "k_star")),
+                         ("kl_direction", ("p_delta||p0", "p0||p_delta")),
+                         ("right_vector_key", (None, "prompt", "k_star")),
                          ("template_scheme", ("rome", "seed_words"))):
             if getattr(self, name) not in ok:
                 raise ValueError(f"{name} must be one of {ok}, got {getattr(self, name)!r}")
@@ -314,7 +317,8 @@ def context_templates(model, config: EditConfig | None = None) -> list[str]:
                 ids = [t for t in g if t >= 0 and t not in special]
                 txt = unicodedata.normalize("NFKD", model.tokenizer.decode(ids, skip_special_tokens=True))
                 txt = txt.replace("\n\n", " ").replace("{", "{{").replace("}", "}}")
-                out.append(txt + (" . {}" if _has_unk(model, txt + ".") and not _has_unk(model, txt + " .") else ". {}"))
+                unk_dot = _has_unk(model, txt + ".") and not _has_unk(model, txt + " .")
+                out.append(txt + (" . {}" if unk_dot else ". {}"))
     elif cfg.n_templates:
         seeds = [SEED_WORDS[i % len(SEED_WORDS)] for i in range(cfg.n_templates)]
         gen = model.generate(seeds, max_new_tokens=cfg.template_length, do_sample=True, seed=cfg.template_seed,
@@ -948,9 +952,11 @@ def restrict(edit: Edit, tau: float | None, ablate: bool = False, site: _Site | 
 
 def default_texts(verses_per_text: int = 10) -> list[str]:
     """The built-in corpus of :func:`default_second_moment`: the King James Bible of :func:`interp.data.kjv_text`
-    (Ruth held out), as consecutive passages of ``verses_per_text`` verses (3,100 texts, about 1.0M GPT-2
-    tokens). ROME's corpus is Wikipedia, which this toolkit cannot fetch offline; any real text of the model's
-    language can be passed instead (``texts=`` of :func:`rome` / :func:`tcpe`)."""
+    (Ruth held out), as consecutive passages of ``verses_per_text`` verses (2,434 texts of up to ~1,300 tokens;
+    989k tokens with SmolLM2's tokenizer). ROME's corpus is Wikipedia, which this toolkit cannot fetch offline;
+    any real text of the model's language can be passed instead (``texts=`` of :func:`rome` / :func:`tcpe`)."""
+    if isinstance(verses_per_text, bool) or not isinstance(verses_per_text, int) or verses_per_text < 1:
+        raise ValueError(f"verses_per_text must be a positive integer, got {verses_per_text!r}")
     from interp.data import kjv_text
     lines = kjv_text().splitlines()
     return [" ".join(lines[i:i + verses_per_text]) for i in range(0, len(lines), verses_per_text)]
@@ -970,9 +976,11 @@ def default_second_moment(site: _Site, config: EditConfig | None = None, texts: 
     ``config`` are stored in the same run (stage ``"templates"``) and seeded (:func:`context_templates`).
 
     Cost: one forward pass up to the site's layer over every counted token: the whole built-in corpus (all
-    3,100 texts, ~1.0M tokens, whenever ``mom2_n_samples ≥ 3,100``; the default is ROME's 100,000) — for
-    GPT-2 small ~1-3 CPU-minutes per site, a few seconds for a tiny test model; set
-    ``EditConfig(mom2_n_samples=...)`` lower for a quicker, noisier ``C``.
+    2,434 texts, ~1M tokens, whenever ``mom2_n_samples ≥ 2,434``; the default is ROME's 100,000) —
+    ~1 h of 2 shared CPU cores for SmolLM2-135M (docs/editing.md), seconds for a tiny test model; set
+    ``EditConfig(mom2_n_samples=...)`` lower for a quicker, noisier ``C``. As ROME's cache, the stored ``C`` is
+    keyed by the model's name and the site's own input weights, not by earlier layers: after edits of earlier
+    layers it is the unedited model's ``C`` (ROME reuses it the same way).
     """
     from interp.stages import Stages
     cfg = config or EditConfig()
