@@ -21,7 +21,8 @@ from .base import (
 from .activations import collect, last_token, mean_difference
 from .diff_in_means import DiffInMeans, DiffInMeansConfig
 from .ablation import ABLATION_HOOKS, DirectionalAblation, DirectionalAblationConfig, ablation_vector, orthogonalize_weights
-from . import refusal
+from . import behaviour, refusal
+from .behaviour import LinearProbe, evaluate_behaviour
 from . import repit
 from .repit import RepIt, RepItConfig, isolate, localize
 
@@ -29,5 +30,5 @@ __all__ = [
     "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
     "available", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
-    "ablation_vector", "orthogonalize_weights", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
+    "ablation_vector", "orthogonalize_weights", "behaviour", "LinearProbe", "evaluate_behaviour", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
 ]

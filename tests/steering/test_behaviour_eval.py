@@ -208,3 +208,25 @@ def test_behaviour_section_on_a_tiny_model(llama, tmp_path):
     page = (tmp_path / "s" / "index.html").read_text()
     assert "Steering: method diff_in_means on uppercase" in page and "Behaviour before / after steering" in page
     assert "KL on neutral text" in page and "Greedy continuations" in page
+
+
+def test_user_data_without_markers_and_auto_fallback(llama, tmp_path):
+    """steering.data: a user's contrastive JSON set (no markers: no behaviour rate, the probe only); behaviour auto
+    on a model without a chat template: a non-RepIt method is judged on the built-in `sentiment`, saying why."""
+    f = tmp_path / "shout.json"
+    f.write_text(json.dumps({"name": "shout", "positive": ["HELLO THERE", "GOOD MORNING", "WATCH OUT", "STOP NOW"],
+                             "negative": ["hello there", "good morning", "watch out", "stop now"],
+                             "prompts": ["Well then", "So"]}))
+    small = {"method": "diff_in_means", "layer": "1", "max_new_tokens": "2", "neutral_texts": "2"}
+    rec = run_audit(llama, ["steering"], AuditData(["a b c", "d e"]), out=tmp_path / "u",
+                    options={"steering": {**small, "data": str(f)}}, keep_going=False).checks[0]
+    res = rec.result
+    assert rec.title == "Steering: method diff_in_means on shout" and res.behaviour == "shout"
+    assert res.evaluation["n_prompts"] == 2 and not res.evaluation["has_markers"]
+    assert "behaviour_rate" not in set(res.to_frame()["metric"]) and "probe_score" in set(res.to_frame()["metric"])
+    assert "not measured: this set has no markers" in (tmp_path / "u" / "index.html").read_text()
+    rec = run_audit(llama, ["steering"], AuditData(["a b c", "d e"]), out=tmp_path / "a",
+                    options={"steering": small}, keep_going=False).checks[0]
+    assert rec.result.behaviour == "sentiment" and "no chat template" in rec.result.note
+    assert rec.title == "Steering: method diff_in_means on sentiment"
+    assert "no chat template" in (tmp_path / "a" / "index.html").read_text()
