@@ -21,3 +21,14 @@ __all__ = ["load", "wrap", "Model", "ModelConfig", "Cache", "GradientResult", "B
            "Add", "Scale", "Ablate", "ProjectOut", "Patch", "Compose", "Intervention", "HookContext",
            "UnknownHookError", "HookNotFiredError", "progress", "set_progress", "Result"]
 __version__ = "0.1.0"
+
+#: submodules reachable as attributes without an import of their own, as TransformerLens users write
+#: ``transformer_lens.utils`` / ``transformer_lens.patching`` (loaded on first access)
+_LAZY_SUBMODULES = ("utils", "patching", "viz")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

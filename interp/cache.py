@@ -182,13 +182,18 @@ class Cache(Mapping[str, torch.Tensor]):
         return Cache({k: [p[0] for p in v] for k, v in self._data.items()}, model=self.model)
 
     def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False,
-                          pos_slice: Any = None, return_labels: bool = False):
+                          pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False):
         """The residual stream as it accumulates, TransformerLens's way: ``blocks.{l}.hook_resid_pre`` for
         ``l = 0..layer`` (``layer = None`` or ``-1``: every layer, then the final residual, label
-        ``final_post``), with ``hook_resid_mid`` after each pre when ``incl_mid``: ``[k, batch, pos, d]``.
-        ``pos_slice`` selects positions (an int drops the axis, as in TL; a tuple is a slice). With
-        ``apply_ln`` the final norm, with this run's scale (``ln_final.hook_scale``), weight and bias, is
-        applied to each entry: the logit lens."""
+        ``final_post``), with ``hook_resid_mid`` after each pre when ``incl_mid``, and after the last one when
+        ``mlp_input`` (the input of ``layer``'s MLP): ``[k, batch, pos, d]``. ``pos_slice`` selects positions
+        (an int drops the axis, as in TL; a tuple is a slice).
+
+        ``apply_ln`` as TransformerLens: for the final layer (the logit lens) each entry passes through the
+        final norm with its own, recomputed scale (weight and bias included, so ``entry @ W_U + b_U`` are the
+        logits that residual would give; the last entry gives the model's logits); for an earlier ``layer``,
+        through that block's ``ln1`` (``ln2`` with ``mlp_input``) with this run's cached scale, as
+        :meth:`apply_ln_to_stack`."""
         n = self._n_layers()
         layer = self._layer_arg(layer)
         names, labels = [], []
@@ -199,23 +204,27 @@ class Cache(Mapping[str, torch.Tensor]):
                 continue
             names.append(f"blocks.{l}.hook_resid_pre")
             labels.append(f"{l}_pre")
-            if incl_mid and l < layer:
+            if (incl_mid and l < layer) or (mlp_input and l == layer):
                 names.append(f"blocks.{l}.hook_resid_mid")
                 labels.append(f"{l}_mid")
         stack = torch.stack([self[nm] for nm in names])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, include_bias=True)
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input, recompute_ln=layer == n, include_bias=True)
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def decompose_resid(self, layer: int | None = None, mode: str = "all", incl_embeds: bool = True,
-                        apply_ln: bool = False, pos_slice: Any = None, return_labels: bool = False):
+    def decompose_resid(self, layer: int | None = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
+                        return_labels: bool = False):
         """The residual stream before ``layer`` (default ``None`` / ``-1``: the final one) as its additive parts:
         the embedding as it enters block 0 (``blocks.0.hook_resid_pre``: token embedding plus any learned
         position embedding or embedding scale; left out with ``incl_embeds=False``), then each layer's
         ``hook_attn_out`` and ``hook_mlp_out`` (``mode="attn"`` / ``"mlp"``: only those): ``[k, batch, pos, d]``;
-        the parts sum to the residual (pre-norm, sequential models). ``apply_ln`` passes them through the
-        final norm as :meth:`apply_ln_to_stack` does; ``pos_slice`` as in :meth:`accumulated_resid`."""
+        the parts sum to the residual (pre-norm, sequential models). ``mlp_input`` adds ``layer``'s
+        ``hook_attn_out`` (the parts then sum to the input of ``layer``'s MLP). ``apply_ln`` passes them through
+        the norm that reads them (the final norm, or ``layer``'s ``ln1`` / ``ln2`` with ``mlp_input``) as
+        :meth:`apply_ln_to_stack` does; ``pos_slice`` as in :meth:`accumulated_resid`. Arguments in
+        TransformerLens's order."""
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
         layer = self._layer_arg(layer)
@@ -227,9 +236,14 @@ class Cache(Mapping[str, torch.Tensor]):
             if mode != "attn":
                 names.append(f"blocks.{l}.hook_mlp_out")
                 labels.append(f"{l}_mlp_out")
+        if mlp_input and mode != "mlp":
+            if layer == self._n_layers():
+                raise ValueError("mlp_input needs a block's layer (0..n_layers-1): the final norm reads no MLP")
+            names.append(f"blocks.{layer}.hook_attn_out")
+            labels.append(f"{layer}_attn_out")
         stack = torch.stack([self[nm] for nm in names])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack)
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
@@ -254,13 +268,13 @@ class Cache(Mapping[str, torch.Tensor]):
             stack = torch.cat([stack, (total - stack.sum(0))[None]])
             labels.append("remainder")
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack)
+            stack = self.apply_ln_to_stack(stack, n)
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
-                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True, *,
-                          include_bias: bool = False) -> torch.Tensor:
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False, *, include_bias: bool = False) -> torch.Tensor:
         """Apply a norm as this run applied it to components ``stack [..., batch, pos, d]`` of the residual it
         normalised: centre each component (LayerNorm), divide by the run's ``hook_scale`` of that norm and
         multiply by the norm's weight. The norm is then linear in the components, so the components' logit
@@ -272,7 +286,9 @@ class Cache(Mapping[str, torch.Tensor]):
         layer is that block's ``ln1`` (the attention input), or its ``ln2`` with ``mlp_input=True``.
         ``pos_slice`` / ``batch_slice``: the stack holds only these
         positions / batch rows (the scale is sliced the same way); ``has_batch_dim=False`` for a stack without
-        the batch axis (a ``remove_batch_dim`` cache's scale has none either). Unlike TransformerLens (which
+        the batch axis (a ``remove_batch_dim`` cache's scale has none either). ``recompute_ln=True`` normalises
+        each component by its own scale instead of the run's (what the logit lens of
+        :meth:`accumulated_resid` does at the final layer). Unlike TransformerLens (which
         expects ``fold_ln`` to have moved the weight into ``W_U``) the norm's own weight is applied, so the
         result is right on an unfolded model."""
         model = self._need_model()
@@ -289,10 +305,15 @@ class Cache(Mapping[str, torch.Tensor]):
         x = stack.float()
         if kind == "layer":
             x = x - x.mean(-1, keepdim=True)
-        scale = self[scale_name].float()
-        if batch_slice is not None and has_batch_dim and scale.dim() >= 3:  # [batch, pos, 1]
-            scale = _pos(scale, batch_slice, dim=0)
-        x = x / _pos(scale, pos_slice, dim=-2).to(x.device)
+        if recompute_ln:
+            eps = (model._final_norm() if which == "ln_final" else model._block_norm(layer, which))[3]
+            scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+            x = x / scale
+        else:
+            scale = self[scale_name].float()
+            if batch_slice is not None and has_batch_dim and scale.dim() >= 3:  # [batch, pos, 1]
+                scale = _pos(scale, batch_slice, dim=0)
+            x = x / _pos(scale, pos_slice, dim=-2).to(x.device)
         if w is not None:
             x = x * w.float().to(x.device)
         if include_bias and b is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -82,6 +83,12 @@ class ModelConfig:
     is_causal_lm: bool
     modality: str  # "text" | "vision"
 
+    @property
+    def device(self) -> torch.device:
+        """The model's current device (TransformerLens's ``model.cfg.device``)."""
+        model = getattr(self, "_model", lambda: None)()
+        return model.device if model is not None else torch.device("cpu")
+
 
 @dataclass
 class GradientResult:
@@ -105,6 +112,7 @@ class Model:
     def __init__(self, tokenizer=None, cfg: ModelConfig | None = None) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
+        object.__setattr__(cfg, "_model", weakref.ref(self))  # cfg.device follows the model (not a field)
         self._run_lock = threading.RLock()  # runs of one model are serialised (see _locked)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -363,30 +371,31 @@ class Model:
         return x.to(resid.dtype)
 
     # ------------------------------------------------------------------ tokens (TransformerLens habits)
-    #: BOS rule of :meth:`to_tokens`: ``None`` (default) lets the tokenizer's own special-token rule decide,
-    #: as Hugging Face does (SmolLM2's adds none); ``True`` / ``False`` force a BOS / no BOS. Settable.
+    #: BOS rule of every text input (:meth:`tokenize`, so also ``model("text")``, ``run_with_cache``,
+    #: ``generate`` and :meth:`to_tokens`): ``None`` (default, on every backend) lets the tokenizer's own
+    #: special-token rule decide, as Hugging Face does (SmolLM2's adds none); ``True`` prepends the BOS token
+    #: to rows that do not start with it (TransformerLens's default: set ``model.prepend_bos = True`` to get
+    #: TransformerLens's tokens everywhere); ``False`` strips a leading BOS the tokenizer added. Settable.
     prepend_bos: bool | None = None
 
     def to_tokens(self, texts: str | Sequence[str], prepend_bos: bool | None = None,
                   padding_side: str | None = None) -> torch.Tensor:
-        """Token ids ``[batch, pos]`` (padded), with the BOS rule ``prepend_bos`` (default: the model's
-        :attr:`prepend_bos`): ``True`` prepends the BOS token to rows that do not start with it, ``False``
-        strips a leading BOS the tokenizer added, ``None`` keeps what the tokenizer did."""
-        ids = self.tokenize(texts, padding_side=padding_side or "right")["input_ids"]
-        want = self.prepend_bos if prepend_bos is None else prepend_bos
-        if want is None:
-            return ids
+        """Token ids ``[batch, pos]`` (padded right by default), with the BOS rule ``prepend_bos`` (default: the
+        model's :attr:`prepend_bos`; see there)."""
+        return self.tokenize(texts, padding_side=padding_side or "right",
+                             prepend_bos=self.prepend_bos if prepend_bos is None else prepend_bos)["input_ids"]
+
+    def _bos_rule(self, rows: list[torch.Tensor], want: bool) -> list[torch.Tensor]:
+        """Rows (unpadded ids) with a BOS prepended (``want``) or a leading BOS stripped (``not want``)."""
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if bos is None:
             if want:
-                raise ValueError("this tokenizer has no BOS token to prepend")
-            return ids
-        starts = bool((ids[:, 0] == bos).all())
-        if want and not starts:
-            return torch.cat([torch.full((ids.shape[0], 1), bos, dtype=ids.dtype), ids], 1)
-        if not want and starts:
-            return ids[:, 1:]
-        return ids
+                raise ValueError("this tokenizer has no BOS token to prepend (prepend_bos=True)")
+            return rows
+        head = torch.tensor([bos], dtype=torch.long)
+        if want:
+            return [r if len(r) and int(r[0]) == bos else torch.cat([head, r]) for r in rows]
+        return [r[1:] if len(r) and int(r[0]) == bos else r for r in rows]
 
     def pad_token_ids(self, seqs: Sequence[Sequence[int] | torch.Tensor]) -> dict[str, torch.Tensor]:
         """Right-pad token-id sequences into a batch: ``{"input_ids": [batch, pos], "attention_mask": [batch,
@@ -489,13 +498,16 @@ class Model:
 
     # ------------------------------------------------------------------ inputs
     def tokenize(self, texts: str | Sequence[str], padding_side: str | None = None,
-                 add_special_tokens: bool = True, max_length: int | None = None) -> dict[str, torch.Tensor]:
+                 add_special_tokens: bool = True, max_length: int | None = None,
+                 prepend_bos: Any = "model") -> dict[str, torch.Tensor]:
         """Tokenize with padding: ``{"input_ids": [batch, pos], "attention_mask": [batch, pos]}``.
 
         ``padding_side`` defaults to the tokenizer's. Either side gives the same results on real
         tokens, because position ids are computed from the attention mask. The tokenizer is only read,
         never written (its padding side and pad token stay as they are, also while other threads use it):
         rows are padded here, with the pad token (else the end-of-sequence, else the unknown token, else 0).
+        ``prepend_bos``: the BOS rule (default ``"model"``: :attr:`prepend_bos`); applied with
+        ``add_special_tokens`` only.
         """
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass token ids, or wrap(model, tokenizer=...)")
@@ -508,6 +520,9 @@ class Model:
         enc = tok(list(texts), padding=False, add_special_tokens=add_special_tokens,
                   truncation=max_length is not None, max_length=max_length)
         rows = [torch.as_tensor(r, dtype=torch.long) for r in enc["input_ids"]]
+        want = self.prepend_bos if isinstance(prepend_bos, str) and prepend_bos == "model" else prepend_bos
+        if add_special_tokens and want is not None:
+            rows = self._bos_rule(rows, bool(want))
         pad = next((int(p) for p in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None),
                                      getattr(tok, "unk_token_id", None)) if isinstance(p, int)), 0)
         n = max((len(r) for r in rows), default=0)

@@ -234,3 +234,28 @@ def test_block_norms_position_table_and_apply_ln_to_stack_per_block(arch, backen
     parts = cache.decompose_resid(layer=1)
     bias = m.blocks[1].ln1.b
     assert torch.allclose(cache.apply_ln_to_stack(parts, layer=1).sum(0) + bias, ref1, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prepend_bos_rules_every_text_input_as_transformer_lens(backend):
+    """``model.prepend_bos = True`` gives TransformerLens's tokens (the bridge's own ``to_tokens``) for every text
+    input: ``to_tokens``, ``model(text)``, ``run_with_cache(text)``; the default (``None``) is the tokenizer's
+    rule on every backend; ``False`` strips a BOS; the per-call argument wins over the attribute."""
+    hf, tok = tiny_model("llama", seed=5, n_layers=3, perturb_norms=True)
+    m = interp.wrap(hf, tok, backend=backend)
+    bos = tok.bos_token_id
+    plain = m.to_tokens([TEXT, "Hi"])
+    assert plain[0, 0] != bos  # the tiny tokenizer adds no BOS of its own
+    try:
+        m.prepend_bos = True
+        tl_ids = m.to_tokens([TEXT, "Hi"])
+        assert (tl_ids[:, 0] == bos).all() and torch.equal(tl_ids[0, 1:], plain[0])
+        assert torch.equal(m(TEXT), m(tl_ids[:1]))  # strings follow the same rule
+        _, cache = m.run_with_cache(TEXT)
+        assert cache["blocks.0.hook_resid_pre"].shape[1] == len(tl_ids[0])
+        assert torch.equal(m.to_tokens(TEXT, prepend_bos=False)[0], plain[0])
+        if backend == "transformer_lens":  # what the bridge itself gives
+            assert torch.equal(m.tl.to_tokens(TEXT, prepend_bos=True)[0], tl_ids[0])
+    finally:
+        m.prepend_bos = None
+    assert torch.equal(m.to_tokens([TEXT, "Hi"]), plain)

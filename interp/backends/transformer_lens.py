@@ -107,10 +107,19 @@ class TLModel(Model):
                 pass
         except Exception:  # noqa: BLE001 - e.g. an architecture without a per-head attention fork
             names = [n for n in names if _gated(n) is None]
-        hooks = [(self._points[n], lambda t, hook, n=n: fired.add(n)) for n in names]
+        # one filter hook, as in _forward: a bridge rebuilds its hook_dict for every string hook it is given
+        # (one hook per name made loading SmolLM2 take ~20 s, 8x the bridge's own boot)
+        by_reported: dict[str, list[str]] = {}
+        for n in names:
+            by_reported.setdefault(self._reported[n], []).append(n)
+        wanted = {self._points[n] for n in names}
+
+        def mark(tensor, hook):
+            fired.update(by_reported.get(hook.name, ()))
+
         with torch.no_grad(), warnings.catch_warnings(), self._gates_on(names):
             warnings.simplefilter("ignore")
-            self.tl.run_with_hooks(probe, fwd_hooks=hooks)
+            self.tl.run_with_hooks(probe, fwd_hooks=[(wanted.__contains__, mark)])
         return [n for n in self._names if n in fired]
 
     @contextlib.contextmanager
