@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import json
 import shutil
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, TypeVar
@@ -122,17 +123,19 @@ class Stages:
                 shutil.rmtree(d, ignore_errors=True)
             elif (d / "value.json").is_file():
                 return self._read(d)
+            t0 = time.perf_counter()
             value = compute()
-            self._write(d, value)
+            self._write(d, value, time.perf_counter() - t0)
             self.computed.append(stage)
             return value
 
-    def _write(self, d: Path, value: Any) -> None:
+    def _write(self, d: Path, value: Any, seconds: float) -> None:
         from .results import _flatten_tensors
 
         tensors: dict = {}
         skeleton = _flatten_tensors("value", value, tensors)
-        meta = {"schema": "interp.stage", "run": self.name, "key": self.key, "value": skeleton}
+        meta = {"schema": "interp.stage", "run": self.name, "key": self.key, "value": skeleton,
+                **_timing(seconds)}
         with replace_dir(d) as tmp:
             save_tensors_json(tmp, tensors, meta, tensor_file="value.safetensors", json_file="value.json")
 
@@ -154,10 +157,32 @@ class Stages:
             if (d / _DONE).is_file() and not (self.fresh and stage not in self.computed):
                 return d
             with replace_dir(d) as tmp:
+                t0 = time.perf_counter()
                 build(tmp)
-                (tmp / _DONE).write_text(json.dumps({"run": self.name, "key": self.key}))
+                (tmp / _DONE).write_text(json.dumps({"run": self.name, "key": self.key,
+                                                     **_timing(time.perf_counter() - t0)}))
             self.computed.append(stage)
             return d
+
+    def stored_seconds(self, before: float) -> float:
+        """Compute time (seconds) of this run's stored stages that were finished before the wall-clock time
+        ``before`` (``time.time()``): what a resumed run did not have to redo. Stages stored without timing
+        (older versions) count 0."""
+        total = 0.0
+        if not self.folder.is_dir():
+            return total
+        for d in self.folder.iterdir():
+            marker = d / "value.json" if (d / "value.json").is_file() else d / _DONE
+            if not marker.is_file():
+                continue
+            try:
+                meta = json.loads(marker.read_text()) if marker.name == _DONE else _read_timing(marker)
+            except (OSError, ValueError):
+                continue
+            finished, seconds = meta.get("finished"), meta.get("seconds")
+            if isinstance(finished, (int, float)) and isinstance(seconds, (int, float)) and finished < before:
+                total += float(seconds)
+        return total
 
     def forget(self, stage: str | None = None) -> None:
         """Delete one stored stage (or, with ``None``, every stage of this run)."""
@@ -165,6 +190,17 @@ class Stages:
 
     def __repr__(self) -> str:
         return f"Stages({self.name!r}, key={self.key})"
+
+
+def _timing(seconds: float) -> dict[str, float]:
+    """What a stage records about its computation: its compute time and when it finished (``time.time()``)."""
+    return {"seconds": round(float(seconds), 3), "finished": time.time()}
+
+
+def _read_timing(value_json: Path) -> dict:
+    """``seconds`` / ``finished`` of a stored value stage (its ``value.json`` meta)."""
+    meta = json.loads(value_json.read_text())
+    return {k: meta.get(k) for k in ("seconds", "finished")} if isinstance(meta, dict) else {}
 
 
 __all__ = ["Stages", "code_version", "stages_root"]

@@ -65,7 +65,7 @@ def claims_markdown(rec: ReproductionRecord) -> str:
         rows.append({"claim": v["claim"], "paper": f"{v['paper']} ({v['where']})", "our criterion": crit,
                      "ours": v["ours"], "verdict": f"**{v['verdict']}**"})
     rel = f"benchmarks/{rec.paper}/records/{rec.preset}/"
-    return (markdown_table(rows) + f"\nFrom the committed record `{rel}` ({rec.seconds:.0f} s, {rec.created[:10]}); "
+    return (markdown_table(rows) + f"\nFrom the committed record `{rel}` ({rec.duration()}, {rec.created[:10]}); "
             f"regenerate with `{rec.command} --update-record`, compare with `{rec.command} --check`.\n")
 
 

@@ -35,7 +35,10 @@ class ReproductionRecord(Result):
     tables: dict = field(default_factory=dict)
     notes: str = ""
     error: str | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  #: wall time of the run that wrote the record
+    #: compute time of the stored stages this run read back instead of computing (finished by an earlier,
+    #: interrupted or partial run): the record's full cost is ``seconds + resumed_seconds``
+    resumed_seconds: float = 0.0
     created: str = ""
     versions: dict = field(default_factory=dict)
     command: str = ""
@@ -54,6 +57,12 @@ class ReproductionRecord(Result):
                                marker_color=[VERDICT_COLOURS[v] for v in counts]))
         fig.update_layout(title=f"{self.paper} ({self.preset}): verdicts per claim", height=300)
         return fig
+
+    def duration(self) -> str:
+        """``"123 s"``, or with stages resumed from an earlier run ``"12 s (+ 111 s of stages resumed)"``."""
+        text = f"{self.seconds:.0f} s"
+        return text + (f" (+ {self.resumed_seconds:.0f} s of stages resumed from an earlier run)"
+                       if self.resumed_seconds >= 0.5 else "")
 
     def counts(self) -> dict[str, int]:
         out = {v: 0 for v in VERDICT_COLOURS}

@@ -64,7 +64,7 @@ def _section(run: Any, index: int) -> str:
     rec: ReproductionRecord = run.record
     parts = [f'<section id="paper-{html.escape(rec.paper)}" class="paper" data-paper="{html.escape(rec.paper)}">',
              f"<h2>{html.escape(rec.paper)}: {html.escape(rec.title)}</h2>",
-             f'<p class="muted">preset <b>{html.escape(rec.preset)}</b> · {rec.seconds:.1f} s · {rec.summary()} · '
+             f'<p class="muted">preset <b>{html.escape(rec.preset)}</b> · {html.escape(rec.duration())} · {rec.summary()} · '
              f"rerun: <code>{html.escape(rec.command)}</code> · record: <a href=\"{html.escape(rec.paper)}/result.json\">"
              f"{html.escape(rec.paper)}/result.json</a></p>"]
     if run.differences is not None:
@@ -102,7 +102,7 @@ def render_html(runs: Sequence[Any]) -> str:
         rec = r.record
         cells = ", ".join(f"{n} {_verdict(v)}" for v, n in rec.counts().items())
         overview.append(f'<tr><td><a href="#paper-{html.escape(rec.paper)}">{html.escape(rec.paper)}</a></td>'
-                        f'<td class="left">{html.escape(rec.title)}</td><td>{rec.preset}</td><td>{rec.seconds:.1f} s</td>'
+                        f'<td class="left">{html.escape(rec.title)}</td><td>{rec.preset}</td><td>{html.escape(rec.duration())}</td>'
                         f'<td class="left">{cells}</td></tr>')
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
              f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}{_EXTRA_CSS}</style>',

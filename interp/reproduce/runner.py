@@ -99,7 +99,7 @@ def run_recipe(name: str, preset: str = "quick", config: Any = None, engine: str
     cfg = recipe.preset(preset) if config is None else config
     if not isinstance(cfg, recipe.Config):
         raise TypeError(f"recipe {name!r} takes a {recipe.Config.__name__}, got {type(cfg).__name__}")
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     outcome: Outcome | None = None
     error = None
     try:
@@ -113,6 +113,7 @@ def run_recipe(name: str, preset: str = "quick", config: Any = None, engine: str
         error = traceback.format_exc(limit=20)
         outcome = None
     seconds = time.perf_counter() - t0
+    resumed = 0.0 if fresh else _stages(recipe, cfg).stored_seconds(before=started)
     measured = config_to_dict(outcome.measured) if outcome is not None else {}
     record = ReproductionRecord(
         paper=recipe.name, title=recipe.title, preset=preset, config=config_to_dict(cfg),
@@ -122,6 +123,7 @@ def run_recipe(name: str, preset: str = "quick", config: Any = None, engine: str
                               None if error is None else error.strip().splitlines()[-1]),
         tables=config_to_dict(outcome.tables) if outcome is not None else {},
         notes=outcome.notes if outcome is not None else "", error=error, seconds=round(seconds, 1),
+        resumed_seconds=round(resumed, 1),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), versions=_versions(),
         command=command_line(name, preset, engine))
     run = Run(record, list(outcome.figures) if outcome is not None else [])

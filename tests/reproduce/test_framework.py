@@ -358,3 +358,26 @@ def test_claims_yaml_key_given_twice_is_an_error(tmp_path):
     f.write_text("paper: x\ndigest: y\ntolerances:\n  a: {rel: 1}\n  a: {abs: 2}\nclaims: []\n")
     with pytest.raises(ClaimsError, match=r"line 5.*given twice|given twice.*line 5|line 5"):
         load_claims(f)
+
+
+def test_a_resumed_run_reports_the_stored_stages_compute_time(toy):
+    """A run that reads stages back from an earlier (interrupted) run records their compute time beside its own
+    wall time, so its cost is not understated; a fresh run resumes nothing."""
+    import time as _time
+
+    class SlowToy(ToyRecipe):
+        name = "toy-slow-recipe"
+
+        def run_unit(self, config, seed, stages):
+            return stages(f"seed-{seed}", lambda: (_time.sleep(0.2), {"value": config.scale + seed})[1])
+
+    RECIPES.register(SlowToy, replace=True)
+    try:
+        first = run_recipe(SlowToy.name, "full").record
+        assert first.resumed_seconds == 0.0 and "resumed" not in first.duration()
+        again = run_recipe(SlowToy.name, "full").record
+        assert again.resumed_seconds >= 0.6 - 0.05 and "of stages resumed" in again.duration()
+        assert again.seconds < first.seconds
+        assert run_recipe(SlowToy.name, "full", fresh=True).record.resumed_seconds == 0.0
+    finally:
+        RECIPES.unregister(SlowToy.name)
