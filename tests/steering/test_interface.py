@@ -196,8 +196,12 @@ def test_same_effect_on_every_backend(llama):
     for v in vecs:
         with v.apply(llama):
             ref.append((llama(texts), llama.generate(texts, max_new_tokens=3)))
+    import copy
+
     for backend in ("nnsight", "transformer_lens"):
-        other = interp.wrap(llama.hf_model, llama.tokenizer, backend=backend)
+        # the bridge rewires the HF module in place: give it a copy, so the session's model stays usable
+        hf = copy.deepcopy(llama.hf_model) if backend == "transformer_lens" else llama.hf_model
+        other = interp.wrap(hf, llama.tokenizer, backend=backend)
         for v, (logits, gen) in zip(vecs, ref):
             with v.apply(other):
                 assert torch.allclose(other(texts), logits, atol=1e-5)
