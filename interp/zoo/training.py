@@ -2,9 +2,10 @@
 
 :func:`word_level_tokenizer` builds the fast tokenizer of a synthetic task (a fixed vocabulary of
 whitespace-separated words, ``<bos>`` prepended). :func:`train_lm` is the training loop of the zoo's small
-language models and of the recipes' toy models: AdamW, linear warm-up then cosine decay, gradient clipping, a
-progress bar, and (with ``checkpoint=``) resumption after an interruption that gives the same weights as an
-uninterrupted run.
+language models and of the recipes' toy models (toy-grammar, the planning models, toy-refusal, the GAVEL CE
+world): AdamW, linear warm-up then cosine decay (or torch's one-cycle schedule), gradient clipping, a progress
+bar, and (with ``checkpoint=``) resumption after an interruption that gives the same weights as an uninterrupted
+run.
 """
 from __future__ import annotations
 
@@ -21,12 +22,17 @@ _CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "train_state.json")
 
 def word_level_tokenizer(vocab: Mapping[str, int] | Sequence[str], *, bos: str | None = "<bos>",
                          eos: str | None = "<eos>", pad: str | None = "<pad>", unk: str = "<unk>",
-                         add_bos: bool = True):
+                         add_bos: bool = True, split_punctuation: bool = False, cleanup: bool = False,
+                         additional_special_tokens: Sequence[str] = ()):
     """A ``PreTrainedTokenizerFast`` over a fixed word vocabulary (whitespace-split; ``<bos>`` prepended when
     ``add_bos``; decoding joins words with spaces).
 
     ``vocab``: ``{word: id}`` (ids as given), or a list of words (ids in list order). Every special token named
-    must be in the vocabulary: a missing one is a ``ValueError`` naming it (``unk`` always).
+    (``additional_special_tokens`` included) must be in the vocabulary: a missing one is a ``ValueError`` naming
+    it (``unk`` always). ``split_punctuation``: split runs of punctuation off words as well (the ``Whitespace``
+    pre-tokenizer, ``"help."`` -> ``help .``) instead of splitting on white space only. ``cleanup``: decoding
+    also removes the space before punctuation and in contractions (``"a ."`` -> ``"a."``, the WordPiece
+    decoder's cleanup).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -34,25 +40,38 @@ def word_level_tokenizer(vocab: Mapping[str, int] | Sequence[str], *, bos: str |
     ids = dict(vocab) if isinstance(vocab, Mapping) else {w: i for i, w in enumerate(vocab)}
     if len(set(ids.values())) != len(ids):
         raise ValueError("word_level_tokenizer: two words share an id")
-    missing = [t for t in (bos, eos, pad, unk) if t is not None and t not in ids]
+    extra = list(additional_special_tokens)
+    missing = [t for t in (bos, eos, pad, unk, *extra) if t is not None and t not in ids]
     if missing:
         raise ValueError(f"word_level_tokenizer: special token(s) {missing} are not in the vocabulary")
     tok = Tokenizer(models.WordLevel(vocab=ids, unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace() if split_punctuation else pre_tokenizers.WhitespaceSplit()
     if add_bos and bos is not None:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
                                                            special_tokens=[(bos, ids[bos])])
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    named = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk))
-             if v is not None}
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=cleanup)
+    named: dict[str, Any] = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad),
+                                               ("unk_token", unk)) if v is not None}
+    if extra:
+        named["additional_special_tokens"] = extra
     return PreTrainedTokenizerFast(tokenizer_object=tok, **named)
+
+
+#: the learning-rate schedules of :class:`LMTrainConfig`
+SCHEDULES = ("warmup_cosine", "one_cycle")
 
 
 @dataclass(frozen=True)
 class LMTrainConfig:
-    """The optimisation of :func:`train_lm`: AdamW(``lr``, ``betas``, ``weight_decay``), ``warmup`` steps of
-    linear warm-up then cosine decay to ``floor * lr`` at ``steps``, gradient norm clipped to ``clip``
-    (``None``: no clipping)."""
+    """The optimisation of :func:`train_lm`: AdamW(``lr``, ``betas``, ``weight_decay``), a learning-rate
+    schedule, gradient norm clipped to ``clip`` (``None``: no clipping).
+
+    ``schedule="warmup_cosine"`` (default): ``warmup`` steps of linear warm-up then cosine decay to
+    ``floor * lr`` at ``steps`` (:func:`warmup_cosine`). ``schedule="one_cycle"``: torch's ``OneCycleLR``
+    (max ``lr``, ``pct_start`` of the steps rising from ``lr / 25``, then cosine annealing to ``lr / 25e4``; it
+    also cycles AdamW's first beta between 0.95 and 0.85, so ``betas[0]`` is unused); ``warmup`` and ``floor``
+    are then unused, as ``pct_start`` is with the default schedule.
+    """
 
     steps: int
     lr: float = 3e-3
@@ -61,10 +80,26 @@ class LMTrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     clip: float | None = 1.0
     floor: float = 0.05
+    schedule: str = "warmup_cosine"
+    pct_start: float = 0.1
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0 or not self.lr > 0:
             raise ValueError(f"LMTrainConfig needs steps >= 1, warmup >= 0 and lr > 0, got {self}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"LMTrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 < self.pct_start < 1:
+            raise ValueError(f"LMTrainConfig.pct_start must be in (0, 1), got {self.pct_start}")
+
+    def scheduler(self, optimizer: Any):
+        """The learning-rate scheduler of this config on ``optimizer`` (stepped once per training step)."""
+        import torch
+
+        if self.schedule == "one_cycle":
+            return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=self.steps,
+                                                       pct_start=self.pct_start)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_cosine(s, self.warmup, self.steps, self.floor))
 
 
 def warmup_cosine(step: int, warmup: int, steps: int, floor: float = 0.05) -> float:
@@ -103,7 +138,7 @@ def train_lm(model: Any, batches: Iterable[Any], cfg: LMTrainConfig, *, params: 
 
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.warmup, cfg.steps, cfg.floor))
+    sched = cfg.scheduler(opt)
     losses: list[float] = []
     start = 0
     ckpt = Path(checkpoint) if checkpoint is not None else None
@@ -193,4 +228,4 @@ def _load_checkpoint(folder: Path, model: Any, opt: Any, sched: Any) -> tuple[in
     return step, losses
 
 
-__all__ = ["LMTrainConfig", "SPECIALS", "default_loss", "train_lm", "warmup_cosine", "word_level_tokenizer"]
+__all__ = ["LMTrainConfig", "SCHEDULES", "SPECIALS", "default_loss", "train_lm", "warmup_cosine", "word_level_tokenizer"]

@@ -25,6 +25,24 @@ def test_word_level_tokenizer():
         word_level_tokenizer({"<unk>": 0, "<bos>": 0})
 
 
+def test_word_level_tokenizer_options():
+    """The options the recipes' tokenizers need: punctuation split off (toy-refusal), the decoder's clean-up (the
+    GAVEL CE world), extra special tokens (toy-refusal's ``<eoi>``)."""
+    words = VOCAB + [".", "<eoi>"]
+    plain = word_level_tokenizer(words, add_bos=False)
+    split = word_level_tokenizer(words, add_bos=False, split_punctuation=True)
+    assert plain("the cat.")["input_ids"] == [4, 3]  # "cat." is one (unknown) word
+    assert split("the cat.")["input_ids"] == [4, 5, 10]
+    assert plain.decode([4, 5, 10]) == "the cat ."
+    assert word_level_tokenizer(words, cleanup=True).decode([4, 5, 10]) == "the cat."
+    tok = word_level_tokenizer(words, additional_special_tokens=["<eoi>"])
+    assert "<eoi>" in tok.all_special_tokens and tok.convert_tokens_to_ids("<eoi>") == 11
+    assert tok.decode(tok("the cat <eoi>")["input_ids"], skip_special_tokens=True) == "the cat"
+    assert plain.decode(plain("the cat <eoi>")["input_ids"], skip_special_tokens=True) == "the cat <eoi>"
+    with pytest.raises(ValueError, match=r"\['<sep>'\]"):
+        word_level_tokenizer(words, additional_special_tokens=["<sep>"])
+
+
 def _tiny_lm(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -43,33 +61,44 @@ def _batches(seed: int = 0):
 CFG = LMTrainConfig(steps=12, lr=1e-2, warmup=3)
 
 
+def _hand_written_loop(ref, opt, sched, batches, steps: int, loss_fn=None, clip_params=None) -> list[float]:
+    """The loop the builders used to write by hand: loss, zero_grad, backward, clip to norm 1, step, schedule."""
+    losses = []
+    for _ in range(steps):
+        batch = next(batches)
+        loss = loss_fn(ref, batch) if loss_fn else ref(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clip_params if clip_params is not None else ref.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _assert_same_weights(a, b) -> None:
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), k
+
+
 def test_train_lm_is_the_zoo_loop_bit_for_bit():
     """The loop the zoo builders used to write by hand (AdamW betas (0.9, 0.98), warm-up + cosine, clip 1.0)."""
     ref = _tiny_lm()
     opt = torch.optim.AdamW(ref.parameters(), lr=CFG.lr, weight_decay=CFG.weight_decay, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, CFG.warmup, CFG.steps))
-    data = _batches()
-    ref_losses = []
-    for _ in range(CFG.steps):
-        ids = next(data)
-        loss = ref(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        ref_losses.append(float(loss))
+    ref_losses = _hand_written_loop(ref, opt, sched, _batches(), CFG.steps)
     model = _tiny_lm()
     losses = train_lm(model, _batches(), CFG)
     assert losses == ref_losses
-    for (k, a), b in zip(ref.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), k
+    _assert_same_weights(ref, model)
     assert losses[-1] < losses[0]
 
 
-def test_train_lm_resumes_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize("cfg", [CFG, LMTrainConfig(steps=12, lr=1e-2, schedule="one_cycle", pct_start=0.25)],
+                         ids=["warmup_cosine", "one_cycle"])
+def test_train_lm_resumes_to_the_same_weights(tmp_path, cfg):
     full = _tiny_lm()
-    full_losses = train_lm(full, _batches(), CFG)
+    full_losses = train_lm(full, _batches(), cfg)
 
     class Stop(Exception):
         pass
@@ -80,13 +109,12 @@ def test_train_lm_resumes_to_the_same_weights(tmp_path):
 
     part = _tiny_lm()
     with pytest.raises(Stop):
-        train_lm(part, _batches(), CFG, checkpoint=tmp_path / "ckpt", every=5, on_step=stop_at_8)
+        train_lm(part, _batches(), cfg, checkpoint=tmp_path / "ckpt", every=5, on_step=stop_at_8)
     assert (tmp_path / "ckpt" / "train_state.json").is_file()
     resumed = _tiny_lm(seed=1)  # other initial weights: the checkpoint replaces them
-    losses = train_lm(resumed, _batches(), CFG, checkpoint=tmp_path / "ckpt", every=5)
+    losses = train_lm(resumed, _batches(), cfg, checkpoint=tmp_path / "ckpt", every=5)
     assert losses == full_losses
-    for (k, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
-        assert torch.equal(a, b), k
+    _assert_same_weights(full, resumed)
     assert not (tmp_path / "ckpt").exists()  # removed once training completed
 
 
@@ -108,3 +136,68 @@ def test_train_lm_keeps_the_users_files_in_the_checkpoint_folder(tmp_path):
     train_lm(_tiny_lm(), _batches(), CFG, checkpoint=tmp_path, every=5)
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "train_state.json").exists() and not (tmp_path / "model.safetensors").exists()
+
+
+def test_train_lm_one_cycle_is_the_hand_written_loop():
+    """``schedule="one_cycle"``: the GAVEL CE world's loop (AdamW betas (0.9, 0.999), torch's OneCycleLR with
+    pct_start 0.1, which also cycles the first beta, clip 1.0), bit for bit."""
+    cfg = LMTrainConfig(steps=12, lr=1e-2, betas=(0.9, 0.999), schedule="one_cycle", pct_start=0.1)
+    ref = _tiny_lm()
+    opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+    ref_losses = _hand_written_loop(ref, opt, sched, _batches(), cfg.steps)
+    model = _tiny_lm()
+    seen = []
+    losses = train_lm(model, _batches(), cfg, on_step=lambda step, loss: seen.append(step))
+    assert losses == ref_losses and seen == list(range(cfg.steps))
+    _assert_same_weights(ref, model)
+    sgd = torch.optim.SGD(_tiny_lm().parameters(), lr=1e-2)
+    assert cfg.scheduler(sgd).get_last_lr()[0] == pytest.approx(cfg.lr / 25)  # one-cycle starts at lr / 25
+    assert LMTrainConfig(steps=12, lr=1e-2, warmup=3).scheduler(torch.optim.SGD(_tiny_lm().parameters(), lr=1e-2)) \
+        .get_last_lr()[0] == pytest.approx(1e-2 / 3)  # the default warm-up + cosine starts at lr / warmup
+
+
+def test_train_lm_masked_labels_frozen_layers_and_extra_params_bit_for_bit():
+    """The toy-refusal and planning loops: a batch dict with labels masked by -100, a frozen module (never in the
+    optimizer; its missing gradient leaves the clipping norm unchanged), and extra trained parameters outside the
+    model with a custom loss (the planning MTP heads)."""
+    extra = torch.nn.Parameter(torch.full((len(VOCAB),), 0.1))
+
+    def make():
+        model = _tiny_lm()
+        model.model.layers[0].mlp.requires_grad_(False)
+        return model
+
+    def batches():
+        for ids in _batches():
+            labels = ids.clone()
+            labels[:, :5] = -100
+            yield {"input_ids": ids, "labels": labels}
+
+    def loss_fn(model, batch):
+        out = model(**batch)
+        return out.loss + 0.1 * (out.logits[:, -1] * extra).mean().abs()
+
+    ref = make()
+    params = [p for p in ref.parameters() if p.requires_grad] + [extra]
+    opt = torch.optim.AdamW(params, lr=CFG.lr, weight_decay=CFG.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, CFG.warmup, CFG.steps))
+    ref_losses = _hand_written_loop(ref, opt, sched, batches(), CFG.steps, loss_fn=loss_fn,
+                                    clip_params=list(ref.parameters()) + [extra])  # frozen ones included: no grad
+    ref_extra = extra.detach().clone()
+    with torch.no_grad():
+        extra.fill_(0.1)
+    model = make()
+    frozen = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    losses = train_lm(model, batches(), CFG, params=list(model.parameters()) + [extra], loss_fn=loss_fn)
+    assert losses == ref_losses and torch.equal(extra, ref_extra)
+    assert not torch.equal(extra, torch.full_like(extra, 0.1))  # the extra parameters were trained
+    _assert_same_weights(ref, model)
+    assert torch.equal(model.model.layers[0].mlp.up_proj.weight, frozen)
+
+
+def test_lm_train_config_rejects_unknown_schedules():
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        LMTrainConfig(steps=10, schedule="linear")
+    with pytest.raises(ValueError, match="pct_start"):
+        LMTrainConfig(steps=10, schedule="one_cycle", pct_start=1.0)
