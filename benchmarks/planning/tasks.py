@@ -437,15 +437,7 @@ def task_vocab(task: Any) -> tuple[str, ...]:
 def make_tokenizer(task_or_vocab: Any):
     """A word-level ``PreTrainedTokenizerFast`` over a task's vocabulary (or a word sequence) that
     prepends ``<bos>``; unknown words map to ``<unk>``; ``decode`` joins words with single spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from interp.zoo.training import word_level_tokenizer
 
     vocab = task_vocab(task_or_vocab) if not isinstance(task_or_vocab, (list, tuple)) else tuple(task_or_vocab)
-    ids = {w: i for i, w in enumerate(vocab)}
-    tok = Tokenizer(models.WordLevel(vocab=ids, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
-                                                       special_tokens=[("<bos>", ids["<bos>"])])
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    return word_level_tokenizer(vocab)

@@ -13,13 +13,13 @@ task specification under ``params["task"]`` (``{"kind": ..., **fields}``), so
 Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 64, 4 heads, MLP 256, untied embeddings,
 word-level tokenizer over the task vocabulary (``<bos>`` prepended).
 
-Training: fresh examples every step (``task.examples(batch_size, seed=f(seed, step))``), documents are
-``<bos> prompt target``. Path finding (recipe choice, ``followup_queries``): each document continues with
-sub-queries of the same graph and their answers (``PathFinding.training_examples``), which multiply the
-in-context edge lookups per example; evaluation prompts are main queries only (a prefix of a training
-document). Loss on the target words only (``loss_on="target"``: the prompts of the horizon toy and of path
-finding are random, there is nothing to learn there) or on every word (``loss_on="all"``: the grammar, whose
-prompts are grammar text as well).
+Training (:func:`interp.zoo.training.train_lm`: AdamW, warm-up + cosine, clipping): fresh examples every step
+(``task.examples(batch_size, seed=f(seed, step))``), documents are ``<bos> prompt target``. Path finding
+(recipe choice, ``followup_queries``): each document continues with sub-queries of the same graph and their
+answers (``PathFinding.training_examples``), which multiply the in-context edge lookups per example;
+evaluation prompts are main queries only (a prefix of a training document). Loss on the target words only
+(``loss_on="target"``: the prompts of the horizon toy and of path finding are random, there is nothing to learn
+there) or on every word (``loss_on="all"``: the grammar, whose prompts are grammar text as well).
 
 MTP (multi-token prediction, Gloeckle et al. 2024 style, UNCERTAIN head count in the paper): ``mtp_heads = k``
 extra heads on the shared trunk; head ``j`` (1..k) maps the trunk's final (normed) hidden state ``h`` to
@@ -375,8 +375,8 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.progress import progress
-    from interp.zoo._util import quiet_transformers, warmup_cosine_schedule
+    from interp.zoo._util import quiet_transformers
+    from interp.zoo.training import LMTrainConfig, train_lm
 
     from .tasks import make_tokenizer, task_from_params
 
@@ -401,46 +401,48 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     if cfg.objective == "mtp":
         mtp = _MTPHeads(cfg.d_model, cfg.d_mlp, cfg.mtp_heads, config.rms_norm_eps)
         params += list(mtp.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
-    model.train()
-    losses: list[float] = []
     curve: list[list[float]] = []
     curve_examples = task.examples(n_curve, seed=3_000_000_019 + cfg.seed) if eval_every else []
     name = f"planning-{task.name}-{cfg.objective}"
-    for step in progress(range(cfg.steps), desc=f"{name}: training", total=cfg.steps):
-        seed = cfg.seed * 1_000_003 + step
-        if aided:
-            batch = task.training_examples(cfg.batch_size, seed=seed, followups=cfg.followup_queries,
-                                           backward=cfg.backward_queries)
-        else:
-            batch = task.examples(cfg.batch_size, seed=seed)
-        ids, mask, lab = _encode(tokenizer, batch, cfg.loss_on)
+
+    def batches():
+        for step in range(cfg.steps):
+            seed = cfg.seed * 1_000_003 + step
+            examples = (task.training_examples(cfg.batch_size, seed=seed, followups=cfg.followup_queries,
+                                               backward=cfg.backward_queries) if aided
+                        else task.examples(cfg.batch_size, seed=seed))
+            yield _encode(tokenizer, examples, cfg.loss_on)  # (input_ids, attention_mask, labels) [B, S]
+
+    def loss_fn(lm, batch):
+        ids, mask, lab = batch
         if mtp is None:
-            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
-        else:
-            hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            logits = model.lm_head(hidden)
-            ntp = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                    lab[:, 1:].reshape(-1), ignore_index=-100)
-            extra = mtp.losses(hidden, model.lm_head, lab)
-            loss = (ntp + sum(extra)) / (1 + len(extra))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if eval_every and (step + 1) % eval_every == 0:
-            model.eval()
-            m = evaluate_planning(model, tokenizer, task, curve_examples)
-            acc = m["greedy_accuracy"]
-            window = losses[-eval_every:]
-            curve.append([step + 1, acc, sum(window) / len(window)])
-            steps_acc = " ".join(f"{a:.2f}" for a in m["step_accuracy"])
-            print(f"{name} step {step + 1}: greedy accuracy {acc:.3f}, loss {curve[-1][2]:.4f}, "
-                  f"teacher-forced per step {steps_acc}", flush=True)
-            model.train()
+            return lm(input_ids=ids, attention_mask=mask, labels=lab).loss
+        hidden = lm.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        logits = lm.lm_head(hidden)
+        ntp = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                lab[:, 1:].reshape(-1), ignore_index=-100)
+        extra = mtp.losses(hidden, lm.lm_head, lab)
+        return (ntp + sum(extra)) / (1 + len(extra))
+
+    seen: list[float] = []
+
+    def on_step(step: int, loss: float) -> None:  # the learning curve: held-out greedy accuracy every eval_every
+        seen.append(loss)
+        if not eval_every or (step + 1) % eval_every:
+            return
+        model.eval()
+        m = evaluate_planning(model, tokenizer, task, curve_examples)
+        acc = m["greedy_accuracy"]
+        window = seen[-eval_every:]
+        curve.append([step + 1, acc, sum(window) / len(window)])
+        steps_acc = " ".join(f"{a:.2f}" for a in m["step_accuracy"])
+        print(f"{name} step {step + 1}: greedy accuracy {acc:.3f}, loss {curve[-1][2]:.4f}, "
+              f"teacher-forced per step {steps_acc}", flush=True)
+        model.train()
+
+    losses = train_lm(model, batches(), LMTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup,
+                                                      weight_decay=cfg.weight_decay),
+                      params=params, loss_fn=loss_fn, desc=f"{name}: training", on_step=on_step)
     model.eval()
     train_s = time.perf_counter() - t0
     eval_examples = task.examples(cfg.n_eval, seed=2_000_000_011 + cfg.seed)  # seeds never used in training
