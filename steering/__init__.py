@@ -12,6 +12,7 @@ from .base import (
     SteeringMethod,
     SteeringVector,
     available,
+    default_data,
     get,
     register,
     reload_entry_points,
@@ -28,7 +29,7 @@ from .repit import RepIt, RepItConfig, isolate, localize
 
 __all__ = [
     "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
-    "available", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
+    "available", "default_data", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
     "ablation_vector", "orthogonalize_weights", "behaviour", "LinearProbe", "evaluate_behaviour", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import SteeringData, SteeringMethod, SteeringVector, register
+from .base import SteeringData, SteeringMethod, SteeringVector, default_data, register
 from .diff_in_means import fit_direction
 
 #: The hooks at which :class:`DirectionalAblation` projects the direction out (every layer).
@@ -43,8 +43,11 @@ class DirectionalAblation(SteeringMethod):
     name = "directional_ablation"
     config_class = DirectionalAblationConfig
 
-    def fit(self, model, data: SteeringData, val: SteeringData | None = None) -> SteeringVector:
+    def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
+        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.base.default_data`);
+        ``val`` is unused."""
         c = self.config
+        data = default_data(model) if data is None else data
         layer = model.cfg.n_layers // 2 if c.layer is None else int(c.layer)
         r, mu_pos, mu_neg = fit_direction(model, data, layer, c.position, c.hook, c.batch_size)
         return ablation_vector(r, source_layer=layer, position=c.position, hook=c.hook,

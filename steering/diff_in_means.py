@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .activations import collect, mean_difference
-from .base import SteeringData, SteeringMethod, SteeringVector, register
+from .base import SteeringData, SteeringMethod, SteeringVector, default_data, register
 
 
 @dataclass
@@ -49,8 +49,11 @@ class DiffInMeans(SteeringMethod):
     name = "diff_in_means"
     config_class = DiffInMeansConfig
 
-    def fit(self, model, data: SteeringData, val: SteeringData | None = None) -> SteeringVector:
+    def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
+        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.base.default_data`);
+        ``val`` is unused."""
         c = self.config
+        data = default_data(model) if data is None else data
         layer = model.cfg.n_layers // 2 if c.layer is None else int(c.layer)
         r, mu_pos, mu_neg = fit_direction(model, data, layer, c.position, c.hook, c.batch_size)
         return SteeringVector(

@@ -56,7 +56,8 @@ from interp.progress import progress
 from interp.results import Result
 
 from .activations import collect, resid_names
-from .base import SteeringData, SteeringMethod, SteeringVector, n_prompts, register, spread
+from .base import (SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template, n_prompts, register,
+                   spread)
 from .refusal import kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
 
 REWEIGHTS = ("invnorm", "uniform", "sim")
@@ -584,7 +585,8 @@ class RepItConfig:
     skip the search when set. ``nontarget_ceiling``: max non-target ASR in the rho search (paper: 0.1);
     ``nontarget_retain``: if set, the ceiling is instead ``1 - retain * baseline non-target refusal rate``.
     ``refusal_tokens``: ids that start a refusal (``None``: :func:`steering.refusal.refusal_token_ids`).
-    ``n_eoi``: end-of-instruction positions (``None``: from the chat template, at most 5).
+    ``n_eoi``: end-of-instruction positions (``None``: from the chat template, at most 5; the last token alone
+    when the tokenizer has no chat template).
     ``exclude_threshold``: the optional near-duplicate filter (sin theta < threshold dropped; ``None``: off).
     ``top_k``: keep only the top-k dims of the correction (tail-only vector; ``None``: full correction).
     ``intervention``: ``"affine"`` (the paper: single-layer affine ablation) or ``"ablation"`` (the vector projected
@@ -633,8 +635,14 @@ class RepIt(SteeringMethod):
     name = "repit"
     config_class = RepItConfig
 
-    def fit(self, model, data: SteeringData, val: SteeringData | None = None) -> SteeringVector:
+    def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
+        """Fit on ``data``, select and search on ``val``. ``data=None``: the built-in categorised refusal set
+        (:func:`steering.base.default_data`, train split) and, unless given, ``val`` its val split; otherwise
+        ``val=None`` reuses ``data``."""
         c = self.config
+        if data is None:
+            data = default_data(model)
+            val = default_data(model, "val") if val is None else val
         val = val if val is not None else data
         if data.categories is None or val.categories is None:
             raise ValueError("RepIt needs category labels on the harmful prompts (SteeringData.categories)")
@@ -658,7 +666,8 @@ class RepIt(SteeringMethod):
             if model.tokenizer is None:
                 raise ValueError("set RepItConfig.n_eoi for models without a tokenizer")
             from .refusal import eoi_length
-            n_eoi = eoi_length(model.tokenizer)
+            # without a chat template there are no end-of-instruction tokens: the last prompt token alone
+            n_eoi = eoi_length(model.tokenizer) if has_chat_template(model.tokenizer) else 1
 
         cap = c.max_select_prompts
         val_t = spread(val.of_category(*targets), cap)

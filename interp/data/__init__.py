@@ -5,6 +5,8 @@
   (``kjv_text``, ``heldout_text``: the King James Bible from a package, with the Book of Ruth held out);
 * :mod:`.behaviours` — small contrastive behaviour sets (``sentiment``, ``uppercase``) with neutral prompts and
   marker continuations, for fitting and judging any steering method (``get_behaviour``, ``load_behaviour``);
+* :mod:`.corpus` — the default real-text corpus of methods given no text (``text_passages``: KJV passages spread
+  over the book);
 * :mod:`.digits` — real images: the scikit-learn handwritten digits as ViT-ready tensors (``digits_images``).
 
 (The language of ``zoo:toy-refusal``, which only the RepIt reproduction uses, is
@@ -14,12 +16,13 @@ Nothing here imports a model or a training recipe; the recipes in :mod:`interp.z
 """
 from __future__ import annotations
 
-from . import behaviours, digits, refusal
+from . import behaviours, corpus, digits, refusal
 from .behaviours import BEHAVIOURS, Behaviour, behaviour_names, get_behaviour, load_behaviour
+from .corpus import text_passages
 from .digits import digits_images
 from .refusal import (HARMFUL_CATEGORIES, REFUSAL_OPENERS, Instruction, category_names, category_tasks, format_chat,
                       heldout_text, is_refusal, kjv_text, refusal_instructions, refusal_response)
 
-__all__ = ["behaviours", "Behaviour", "BEHAVIOURS", "behaviour_names", "get_behaviour", "load_behaviour", "digits", "digits_images", "refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
+__all__ = ["behaviours", "Behaviour", "BEHAVIOURS", "behaviour_names", "get_behaviour", "load_behaviour", "corpus", "text_passages", "digits", "digits_images", "refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
            "category_tasks", "refusal_instructions", "refusal_response", "is_refusal", "format_chat", "kjv_text",
            "heldout_text"]

@@ -33,8 +33,8 @@ from interp.progress import progress
 from interp.results import Result
 
 from .scores import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTIONS, THRESHOLD_CONVENTIONS, HeadScores,
-                     _batches, check_choice, head_statistics, output_weights, resolve_scores, score_heads,
-                     scores_from_statistics)
+                     _batches, check_choice, head_statistics, output_weights, resolve_inputs, resolve_scores,
+                     score_heads, scores_from_statistics)
 
 HeadSet = Any  # Iterable[(layer, head)] | BoolTensor [n_layers, n_heads] | BoolTensor [batch, n_layers, n_heads]
 
@@ -115,8 +115,9 @@ class HeadAblation(_InterventionMap):
         return f"HeadAblation({self.method}, heads={n}, layers={sorted(self._items)})"
 
 
-def head_means(model: Model, inputs: Any, batch_size: int | None = None) -> torch.Tensor:
-    """Mean head output ``[n_layers, n_heads, d_head]`` of ``hook_z`` over the real tokens of ``inputs``."""
+def head_means(model: Model, inputs: Any = None, batch_size: int | None = None) -> torch.Tensor:
+    """Mean head output ``[n_layers, n_heads, d_head]`` of ``hook_z`` over the real tokens of ``inputs``
+    (``None``: the built-in inputs, :func:`~.scores.default_inputs`)."""
     total: torch.Tensor | None = None
     count = 0.0
     for batch in _batches(model, inputs, batch_size, None, None):
@@ -141,7 +142,11 @@ def ablate_heads(model: Model, heads: HeadSet, method: str = "zero",
             ``[batch, n_layers, n_heads]`` mask (then every forward inside the block must have that batch).
         method: ``"zero"`` (the paper) or ``"mean"`` (replace by the head's mean output).
         mean_from: for ``"mean"``: inputs to average over, a :class:`~interp.Cache` holding
-            ``attn.hook_z``, or a tensor ``[n_layers, n_heads, d_head]``.
+            ``attn.hook_z``, or a tensor ``[n_layers, n_heads, d_head]`` (e.g. ``head_means(model)``, the mean over
+            the built-in inputs).
+
+    ``heads`` has no default: which heads to ablate is the caller's question (e.g.
+    ``score_heads(model).inactive()`` for the paper's per-input inactive heads).
 
     Returns a :class:`HeadAblation` mapping usable as ``with model.intervene(ablate_heads(...)):``.
     """
@@ -152,7 +157,7 @@ def ablate_heads(model: Model, heads: HeadSet, method: str = "zero",
     if method == "mean":
         if mean_from is None:
             raise ValueError("method='mean' needs mean_from=<inputs, a Cache with attn.hook_z, or a "
-                             "[n_layers, n_heads, d_head] tensor>")
+                             "[n_layers, n_heads, d_head] tensor such as head_means(model) (built-in inputs)>")
         if isinstance(mean_from, torch.Tensor) and mean_from.is_floating_point() and mean_from.dim() == 3:
             means = mean_from
         elif isinstance(mean_from, Cache):
@@ -251,11 +256,12 @@ def dynamic_zeroing(model: Model, score: str = BEST_SCORE, threshold: float | No
                     calibration: HeadScores | None = None, fraction: float = 0.1,
                     convention: str = "official", padded_queries: str = "drop") -> DynamicZeroing:
     """Interventions for the paper's dynamic zeroing; ``threshold`` or τ_fraction of ``calibration`` (read off
-    its empirical CDF with ``convention``, see :meth:`HeadScores.threshold`)."""
+    its empirical CDF with ``convention``, see :meth:`HeadScores.threshold`). With neither, ``calibration`` is
+    ``score_heads(model, scores=score)`` on the built-in inputs (:func:`~.scores.default_inputs`)."""
     check_choice("convention", convention, THRESHOLD_CONVENTIONS)
     if threshold is None:
         if calibration is None:
-            raise ValueError("dynamic_zeroing needs threshold=τ or calibration=<HeadScores> (with fraction)")
+            calibration = score_heads(model, None, score, padded_queries=padded_queries)
         threshold = calibration.threshold(score, fraction, convention)
     return DynamicZeroing(model, score, threshold, padded_queries)
 
@@ -378,7 +384,7 @@ class AblationResult(Result):
         return fig
 
 
-def evaluate_ablation(model: Model, inputs: Any, heads: HeadSet, n_random: int = 5, seed: int = 0,
+def evaluate_ablation(model: Model, inputs: Any = None, heads: HeadSet | None = None, n_random: int = 5, seed: int = 0,
                       method: str = "zero", mean_from: Any = None, metric: str | Callable = "loss",
                       batch_size: int | None = 8, max_length: int | None = None, label: str = "selected"
                       ) -> AblationResult:
@@ -386,9 +392,17 @@ def evaluate_ablation(model: Model, inputs: Any, heads: HeadSet, n_random: int =
 
     ``heads`` is a fixed head set or a per-input mask ``[n_inputs, n_layers, n_heads]`` (then the random
     sets keep each input's count). Metrics are pooled over every real next-token target.
+
+    Defaults: ``inputs=None`` evaluates on the built-in inputs (:func:`~.scores.default_inputs`, 128 tokens
+    each); ``heads=None`` ablates the paper's per-input inactive heads of those inputs
+    (``score_heads(model, inputs).inactive()``: :data:`~.scores.BEST_SCORE`, 10 % target fraction).
     """
     fn = _metric_fn(metric)
+    inputs, batch_size, max_length = resolve_inputs(model, inputs, batch_size, max_length)
     batches = _batches(model, inputs, batch_size, max_length, None)
+    if heads is None:
+        heads = score_heads(model, inputs, BEST_SCORE, batch_size=batch_size, max_length=max_length).inactive()
+        label = label if label != "selected" else f"inactive ({BEST_SCORE}, 10%)"
     mask = head_mask(model, heads)
     n_inputs = sum(b[next(iter(b))].shape[0] for b in batches)
     if mask.dim() == 3 and mask.shape[0] != n_inputs:
@@ -479,7 +493,7 @@ class SweepResult(Result):
         return fig
 
 
-def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions: Sequence[float] = PAPER_FRACTIONS,
+def inactive_sweep(model: Model, inputs: Any = None, score: str = BEST_SCORE, fractions: Sequence[float] = PAPER_FRACTIONS,
                    calibration: HeadScores | None = None, n_random: int = 3, seed: int = 0,
                    metric: str = "loss", tolerance: float = 0.01, batch_size: int | None = 8,
                    max_length: int | None = None, convention: str = "official",
@@ -494,6 +508,7 @@ def inactive_sweep(model: Model, inputs: Any, score: str = BEST_SCORE, fractions
     ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
     (may drop by 0.01, the paper's "within 1 point"). ``convention`` reads τ_p off the CDF (the official
     inverse CDF by default, or ``"quantile"``); ``padded_queries`` is the padding rule of the pattern scores.
+    ``inputs=None``: the built-in inputs (:func:`~.scores.default_inputs`: 100 real-text passages, 128 tokens).
     """
     check_choice("convention", convention, THRESHOLD_CONVENTIONS)
     check_choice("padded_queries", padded_queries, PADDED_QUERIES)

@@ -336,13 +336,47 @@ def scores_from_statistics(stats: Mapping[str, torch.Tensor], names: Sequence[st
     return {n: make[n]().transpose(0, 1).contiguous() for n in names}
 
 
+#: Defaults of every head analysis called without ``inputs``: the paper builds its score CDFs on 100 FineWeb-Edu
+#: samples; here :data:`DEFAULT_N_INPUTS` real-text passages of :func:`interp.data.text_passages` (KJV, spread
+#: over the book; a vision model gets as many real digit images, :func:`interp.data.digits_images` at
+#: :data:`DEFAULT_IMAGE_SIZE` px), cut at :data:`DEFAULT_MAX_LENGTH` tokens, :data:`DEFAULT_BATCH_SIZE` per pass.
+DEFAULT_N_INPUTS = 100
+DEFAULT_MAX_LENGTH = 128
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_IMAGE_SIZE = 56
+
+
+def default_inputs(model: Model, n: int = DEFAULT_N_INPUTS) -> Any:
+    """The built-in inputs of the head analyses: ``n`` texts (``list[str]``) for a text model, or ``n`` real
+    digit images ``[n, 3, 56, 56]`` (ImageNet-normalised, the first ``n`` of a fixed permutation) for a vision
+    model."""
+    if model.cfg.modality == "vision":
+        from interp.data import digits_images
+        x, _ = digits_images(DEFAULT_IMAGE_SIZE)
+        idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:n]
+        return x[idx]
+    from interp.data import text_passages
+    return text_passages(n)
+
+
+def resolve_inputs(model: Model, inputs: Any, batch_size: int | None, max_length: int | None
+                   ) -> tuple[Any, int | None, int | None]:
+    """``(inputs, batch_size, max_length)`` with the built-in defaults filled in when ``inputs`` is None."""
+    if inputs is None:
+        return (default_inputs(model), DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+                DEFAULT_MAX_LENGTH if max_length is None else max_length)
+    return inputs, batch_size, max_length
+
+
 def _batches(model: Model, inputs: Any, batch_size: int | None, max_length: int | None,
              padding_side: str | None) -> list[dict[str, torch.Tensor]]:
-    """Forward-ready batches (texts tokenized per batch), from the capture layer's :meth:`Model.batches`."""
+    """Forward-ready batches (texts tokenized per batch), from the capture layer's :meth:`Model.batches`;
+    ``inputs=None``: the built-in inputs (:func:`default_inputs`)."""
+    inputs, batch_size, max_length = resolve_inputs(model, inputs, batch_size, max_length)
     return list(model.batches(inputs, batch_size, padding_side=padding_side, max_length=max_length))
 
 
-def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = None,
+def score_heads(model: Model, inputs: Any = None, scores: str | Iterable[str] | None = None,
                 batch_size: int | None = None, max_length: int | None = None,
                 padding_side: str | None = None, padded_queries: str = "drop") -> "HeadScores":
     """Compute the inactive-head score functions for every input, layer and head.
@@ -353,7 +387,9 @@ def score_heads(model: Model, inputs: Any, scores: str | Iterable[str] | None = 
 
     Args:
         model: a wrapped model (any backend, any supported architecture, grouped-query attention included).
-        inputs: text(s), token ids ``[batch, pos]``, a dict with ``input_ids``/``attention_mask``, or images.
+        inputs: text(s), token ids ``[batch, pos]``, a dict with ``input_ids``/``attention_mask``, or images;
+            ``None`` (default): the built-in inputs (:func:`default_inputs`: 100 real-text passages cut at 128
+            tokens, 8 per pass, or 100 digit images for a vision model).
         scores: score names (see :data:`SCORE_FUNCTIONS`); ``None`` computes all of them.
         batch_size: inputs per forward pass (bounds memory; patterns are ``[layers, batch, heads, pos, pos]``).
         max_length: truncate texts to this many tokens.
