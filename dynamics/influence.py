@@ -281,7 +281,7 @@ def train_with_influence(model, params: Mapping[str, torch.Tensor], batches,
                          probes: list[tuple[str, str, int, torch.Tensor, torch.Tensor]],
                          lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                          risk_context=None, risk_scale: float = 1.0, centered: bool = True,
-                         chunk: int = 64) -> FeatureInfluence:
+                         chunk: int = 8) -> FeatureInfluence:
     """Re-run Adam training on ``batches`` and accumulate the feature-mismatch influence of each component.
 
     ``probes``: ``(feature_name, site, position, w, r_star)`` with ``w`` ``[d]`` a probe direction fitted on the
@@ -487,21 +487,57 @@ def attention_implementation(hf, name: str):
         hf.set_attn_implementation(old)
 
 
+def ridge_fit(X: torch.Tensor, Y: torch.Tensor, alpha: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sklearn.linear_model.Ridge(alpha)`` with intercept, in closed form and batched: ``X`` ``[..., n, d]``,
+    ``Y`` ``[..., n, F]`` (or ``[..., n]``) -> ``(coef [..., F, d], intercept [..., F])`` (float64), with
+    ``coef = (XcᵀXc + αI)⁻¹ XcᵀYc`` on the centred data (sklearn's dense ``cholesky`` solver; equal to sklearn up
+    to rounding, tested). One solve for every leading index (e.g. all positions of a layer)."""
+    if not alpha > 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    X = torch.as_tensor(X).detach().double()
+    Y = torch.as_tensor(Y).detach().double()
+    if Y.dim() == X.dim() - 1:
+        Y = Y[..., None]
+    if X.dim() < 2 or Y.shape[:-1] != X.shape[:-1]:
+        raise ValueError(f"X [..., n, d] and Y [..., n, F] must share their leading shape, got {tuple(X.shape)} "
+                         f"and {tuple(Y.shape)}")
+    xm, ym = X.mean(-2, keepdim=True), Y.mean(-2, keepdim=True)
+    Xc, Yc = X - xm, Y - ym
+    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    coef = torch.linalg.solve(Xc.transpose(-1, -2) @ Xc + alpha * eye, Xc.transpose(-1, -2) @ Yc)   # [..., d, F]
+    intercept = ym.squeeze(-2) - (xm @ coef).squeeze(-2)
+    return coef.transpose(-1, -2), intercept
+
+
 def ridge_probe(X: torch.Tensor, Y: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """The official influence probe: ``sklearn.linear_model.Ridge(alpha)`` (with intercept) of the features ``Y``
-    ``[n, n_features]`` (0/1) on the residual ``X`` ``[n, d]``; returns ``coef_`` ``[n_features, d]`` (float32),
-    row ``f`` being the direction ``w`` of feature ``f`` (``probe.coef_[feature_id]`` in the official code)."""
-    from sklearn.linear_model import Ridge
-    X = torch.as_tensor(X).detach().double().numpy()
-    Y = torch.as_tensor(Y).detach().double().numpy()
-    if Y.ndim == 1:
-        Y = Y[:, None]
-    return torch.tensor(Ridge(alpha=alpha).fit(X, Y).coef_, dtype=torch.float32).reshape(Y.shape[1], -1)
+    ``[..., n, n_features]`` (0/1) on the residual ``X`` ``[..., n, d]``; returns ``coef_`` ``[..., n_features, d]``
+    (float32), row ``f`` being the direction ``w`` of feature ``f`` (``probe.coef_[feature_id]`` in the official
+    code). Batched over leading dimensions (:func:`ridge_fit`)."""
+    return ridge_fit(X, Y, alpha)[0].float()
+
+
+def ridge_pearson(X_train: torch.Tensor, Y_train: torch.Tensor, X_test: torch.Tensor, Y_test: torch.Tensor,
+                  alpha: float = 1.0) -> torch.Tensor:
+    """The official probing metric (``src/probing.py``): fit ``Ridge(alpha)`` on the train split, predict the test
+    split and take Pearson's r between each feature and its prediction. ``X_* [..., n, d]``, ``Y_* [..., n, F]`` ->
+    ``[..., F]`` (float64; NaN where a feature or its prediction is constant on the test split, as
+    ``scipy.stats.pearsonr``). The official per-(layer, position) number is the mean over features."""
+    coef, b = ridge_fit(X_train, Y_train, alpha)
+    Xt = torch.as_tensor(X_test).detach().double()
+    Yt = torch.as_tensor(Y_test).detach().double()
+    if Yt.dim() == Xt.dim() - 1:
+        Yt = Yt[..., None]
+    pred = Xt @ coef.transpose(-1, -2) + b[..., None, :]
+    yc, pc = Yt - Yt.mean(-2, keepdim=True), pred - pred.mean(-2, keepdim=True)
+    den = (yc.pow(2).sum(-2) * pc.pow(2).sum(-2)).sqrt()
+    r = (yc * pc).sum(-2) / den
+    return torch.where(den > 0, r, torch.full_like(r, float("nan")))
 
 
 def bootstrap_ci(values, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: percentile bootstrap CI of the mean over seeds (vectorised resampling)."""
-    x = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(-1)
+    x = torch.tensor(np.array(values, dtype=np.float64)).reshape(-1)
     if x.numel() < 2:
         raise ValueError("bootstrap_ci needs at least two values")
     if not 0 < level < 1:

@@ -319,40 +319,87 @@ def test_ridge_probe_closed_form():
     assert W.shape == (3, 6)
     torch.testing.assert_close(W.double(), ref, rtol=1e-5, atol=1e-6)
     assert ridge_probe(X, Y[:, 0], 1.0).shape == (1, 6)
+    from sklearn.linear_model import Ridge                      # the official probe itself
+    sk = Ridge(alpha=5.0).fit(X.numpy(), Y.double().numpy())
+    torch.testing.assert_close(W.double(), torch.tensor(sk.coef_), rtol=1e-5, atol=1e-6)
+    # batched over a leading (position) axis: the same as one fit per position
+    Wb = ridge_probe(torch.stack([X, 2 * X]), torch.stack([Y, Y]), alpha=5.0)
+    torch.testing.assert_close(Wb[1], ridge_probe(2 * X, Y, alpha=5.0))
+
+
+def test_ridge_pearson_is_the_official_probe_metric():
+    """Issue #33: the official probing metric is Pearson r between each feature and the Ridge(alpha) prediction on
+    the test split (src/probing.py: Ridge(...).fit, predict, scipy.stats.pearsonr per feature); not the accuracy
+    of a logistic probe, which gives other numbers on the same data (checked here too)."""
+    from scipy.stats import pearsonr
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    from interp.dynamics.influence import ridge_pearson
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(2, 300, 5, generator=g, dtype=torch.float64)
+    Y = ((X[..., :2] + 0.8 * torch.randn(2, 300, 2, generator=g, dtype=torch.float64)) > 0).long()
+    r = ridge_pearson(X[:, :200], Y[:, :200], X[:, 200:], Y[:, 200:], alpha=1.0)
+    assert r.shape == (2, 2)
+    for k in range(2):
+        pred = Ridge(alpha=1.0).fit(X[k, :200].numpy(), Y[k, :200].numpy()).predict(X[k, 200:].numpy())
+        for f in range(2):
+            assert float(r[k, f]) == pytest.approx(pearsonr(Y[k, 200:, f].numpy(), pred[:, f])[0], abs=1e-10)
+    acc = LogisticRegression(max_iter=2000).fit(X[0, :200].numpy(), Y[0, :200, 0].numpy()).score(
+        X[0, 200:].numpy(), Y[0, 200:, 0].numpy())
+    assert abs(acc - float(r[0, 0])) > 0.05
+    const = ridge_pearson(X[0, :200], Y[0, :200], X[0, 200:], torch.zeros(100, 2))
+    assert torch.isnan(const).all()                     # a constant feature: NaN, as pearsonr
 
 
 def test_majority_record_influence_rows_sum_to_full():
-    """A tiny Majority run's record: probe accuracy at the five input positions, and influence rows that sum per
-    optimizer and position to 'full' (direct + pre-cached + shared); the running sums are kept every 10 steps."""
-    from interp.benchmarks.influence.majority import MajorityConfig, majority_record, mean_probe_accuracy
-    cfg = MajorityConfig(d_model=8, n_heads=2, steps=3, batch=4, n_probe=64, influence_steps=3, seed=2)
+    """A tiny Majority run's record: probe Pearson r (official) and logistic accuracy (ours) at the five input
+    positions; the influence covers every training step, both layers, every feature and positions 2-19 (the
+    official sweep: 2 x 3 x 18 = 108 probes) with rows that sum per optimizer and probe to 'full'; the running
+    sums are kept every 10 steps."""
+    from interp.benchmarks.influence.majority import (MajorityConfig, majority_record, mean_probe_accuracy,
+                                                      mean_probe_pearson)
+    cfg = MajorityConfig(d_model=8, n_heads=2, steps=3, batch=4, n_probe=64, seed=2, influence_centered=False)
     rec = majority_record(cfg, track_influence=True)
-    assert set(rec["probe_accuracy"]) == {"5", "6", "7", "8", "9"}
+    assert set(rec["probe_accuracy"]) == set(rec["probe_pearson"]) == {"5", "6", "7", "8", "9"}
     assert mean_probe_accuracy(rec) == pytest.approx(sum(rec["probe_accuracy"].values()) / 5)
-    rows = rec["influence"]
-    for o in ("sgd", "adam"):
-        for p in cfg.influence_positions:
-            parts = {r["component"]: r["influence"] for r in rows if r["optimizer"] == o and r["position"] == p}
-            assert abs(parts["direct"] + parts["precached"] + parts["shared"] - parts["full"]) <= 1e-6 * (1 + abs(parts["full"]))
-    assert rec["curves"]["steps"] == [3] and len(rec["curves"]["adam/direct"][0]) == 2
+    assert mean_probe_pearson(rec) == pytest.approx(sum(rec["probe_pearson"].values()) / 5)
+    assert all(-1 <= r <= 1 for r in rec["probe_pearson"].values())
+    import pandas as pd
+    df = pd.DataFrame(rec["influence"])
+    assert len(df[(df.optimizer == "adam") & (df.component == "full")]) == 108
+    assert set(df.position) == set(range(2, 20)) and set(df.feature) == {"is_majority_0", "is_majority_1",
+                                                                          "is_majority_2"}
+    assert set(df.site) == {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
+    wide = df.pivot_table(index=["optimizer", "feature", "site", "position"], columns="component", values="influence")
+    err = (wide.direct + wide.precached + wide.shared - wide.full).abs() / (1 + wide.full.abs())
+    assert float(err.max()) <= 1e-6
+    last = wide.xs("blocks.1.hook_resid_post", level="site")       # no attention after the last layer
+    assert float(last.precached.abs().max()) <= 1e-6 * (1 + float(last.full.abs().max()))
+    assert rec["curves"]["steps"] == [3] and len(rec["curves"]["adam/direct"][0]) == 108
+    assert df.influence_centered.isna().all()
     assert majority_record(dataclasses_replace(cfg, variant="myopic"), track_influence=False)["influence"] is None
 
 
 def test_influence_summary_bootstrap_by_hand():
-    """influence_summary: per (component, position) the mean over seeds with a bootstrap CI, and pre-cached +
-    shared summed per seed before the CI (two seeds whose rows are set by hand)."""
-    from interp.benchmarks.influence.majority import influence_summary
+    """influence_summary: per (feature, site, position, component) the mean over seeds with a bootstrap CI, and
+    pre-cached + shared summed per seed before the CI (two seeds whose rows are set by hand)."""
+    from interp.benchmarks.influence.majority import influence_summary, summary_row
     from interp.dynamics import bootstrap_ci
 
     def rec(d, pc, sh):
-        return {"influence": [{"optimizer": o, "component": c, "position": 8, "influence": v,
-                               "influence_centered": v / 10} for o in ("adam", "sgd")
+        return {"influence": [{"optimizer": o, "component": c, "feature": f, "site": "s", "position": 8,
+                               "influence": v * (1 if f == "a" else 100), "influence_centered": v / 10}
+                              for o in ("adam", "sgd") for f in ("a", "b")
                               for c, v in (("direct", d), ("precached", pc), ("shared", sh), ("full", d + pc + sh))]}
-    rows = {r["quantity"]: r for r in influence_summary([rec(1.0, -1.0, 3.0), rec(3.0, 0.5, 0.5)], n_boot=200)}
-    assert rows["influence_direct@8"]["mean"] == pytest.approx(2.0)
-    assert rows["influence_precached+shared@8"]["mean"] == pytest.approx(1.5)
-    assert rows["influence_precached+shared@8"]["lo"] == pytest.approx(bootstrap_ci([2.0, 1.0], n_boot=200)[1])
-    assert rows["centered_influence_full@8"]["mean"] == pytest.approx((3.0 + 4.0) / 2 / 10)
+    rows = influence_summary([rec(1.0, -1.0, 3.0), rec(3.0, 0.5, 0.5)], n_boot=200)
+    assert summary_row(rows, "direct", 8, "s", "a")["mean"] == pytest.approx(2.0)
+    assert summary_row(rows, "direct", 8, "s", "b")["mean"] == pytest.approx(200.0)
+    both = summary_row(rows, "precached+shared", 8, "s", "a")
+    assert both["mean"] == pytest.approx(1.5)
+    assert both["lo"] == pytest.approx(bootstrap_ci([2.0, 1.0], n_boot=200)[1])
+    assert summary_row(rows, "full", 8, "s", "a", quantity="centered_influence")["mean"] == pytest.approx(0.35)
+    with pytest.raises(KeyError, match="position 9"):
+        summary_row(rows, "direct", 9, "s", "a")
 
 
 def dataclasses_replace(cfg, **kw):
@@ -501,6 +548,13 @@ def test_recipe_configs_refuse_bad_values():
         InfluenceConfig(variants=("standard", "myopic"))
     with pytest.raises(ValueError, match="conditioned.task"):
         InfluenceConfig(conditioned=MajorityConfig())
+    with pytest.raises(ValueError, match="influence_layers"):
+        MajorityConfig(influence_layers=(3,))
+    with pytest.raises(ValueError, match="influence_features"):
+        MajorityConfig(influence_features=(3,))
+    with pytest.raises(ValueError, match="influence_risk_scale"):
+        MajorityConfig(influence_risk_scale=0)
+    assert MajorityConfig().influence_steps is None and MajorityConfig().influence_positions == tuple(range(2, 20))
     with pytest.raises(ValueError, match="q_position"):
         QDomainsConfig(q_length=8, q_position=8)
     with pytest.raises(ValueError, match="n_ctx"):
