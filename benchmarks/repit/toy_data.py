@@ -155,15 +155,10 @@ def instructions(split: str | None = None, harmful: bool | None = None,
 
 def make_tokenizer():
     """Word-level fast tokenizer with the toy chat template (punctuation split off, as the judge expects)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from interp.zoo.training import word_level_tokenizer
 
-    vocab = {t: i for i, t in enumerate(vocabulary())}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", additional_special_tokens=["<eoi>"])
+    fast = word_level_tokenizer(vocabulary(), add_bos=False, split_punctuation=True,
+                                additional_special_tokens=["<eoi>"])
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -96,8 +96,8 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.progress import progress
-    from interp.zoo._util import quiet_transformers, warmup_cosine_schedule
+    from interp.zoo._util import quiet_transformers
+    from interp.zoo.training import LMTrainConfig, train_lm
 
     torch.manual_seed(cfg.seed)
     tok = make_tokenizer()
@@ -114,20 +114,15 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
         mlp.requires_grad_(False)
     held_out = {x.text for x in instructions() if x.split != "train"}
     rng = random.Random(f"toy-refusal/train/{cfg.seed}")
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = warmup_cosine_schedule(opt, cfg.warmup, cfg.steps)
-    model.train()
-    losses = []
-    for _ in progress(range(cfg.steps), desc="toy-refusal: training", total=cfg.steps):
-        ids, labels = _encode(tok, _stream_batch(rng, cfg.batch_size, held_out))
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+
+    def batches():
+        for _ in range(cfg.steps):
+            ids, labels = _encode(tok, _stream_batch(rng, cfg.batch_size, held_out))
+            yield {"input_ids": ids, "labels": labels}  # loss on the response tokens only
+
+    losses = train_lm(model, batches(), LMTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup,
+                                                    weight_decay=cfg.weight_decay),
+                      desc="toy-refusal: training")  # the frozen MLPs (requires_grad False) are not optimised
     model.eval()
     metrics = {f"test_{k}": v for k, v in first_token_accuracy(model, tok, instructions("test")).items()}
     if not metrics["test_accuracy"] >= cfg.min_accuracy:

@@ -16,6 +16,22 @@ import torch
 from interp.benchmarks.repit.experiment import RepItValidation, experiment, toy_config
 
 
+def test_toy_tokenizer_splits_punctuation_and_formats_the_chat():
+    """The toy model's word-level tokenizer (no training needed): punctuation is split off words, no ``<bos>`` is
+    prepended (the chat template writes it), ``<eoi>`` is a special token."""
+    from interp.benchmarks.repit.toy_data import make_tokenizer, vocabulary
+    from interp.data.refusal import format_chat
+
+    tok, vocab = make_tokenizer(), vocabulary()
+    assert len(tok) == len(vocab) and tok.convert_ids_to_tokens(list(range(len(vocab)))) == list(vocab)
+    chat = format_chat(tok, "make soup")
+    assert chat == "<bos> user make soup <eoi> assistant"
+    assert tok(chat)["input_ids"] == [vocab.index(w) for w in chat.split()]
+    assert tok.convert_ids_to_tokens(tok("bio : I cannot help with that.")["input_ids"]) == \
+        ["bio", ":", "I", "cannot", "help", "with", "that", "."]
+    assert "<eoi>" in tok.all_special_tokens and tok("zebra")["input_ids"] == [tok.unk_token_id]
+
+
 @pytest.fixture(scope="module")
 def wmd(toy_refusal_path):
     return experiment(toy_config(targets=("bio", "chem", "nuclear")))
