@@ -473,18 +473,24 @@ def test_train_with_influence_adam_steps_sum_to_real_update(gpt2, myopic, scale)
     assert fi.curves_centered["adam"]["direct"].shape == (3, 2) and "influence_centered" in fi.to_frame()
 
 
-def test_vectorised_influence_equals_per_probe_official_formula(gpt2):
+@pytest.mark.parametrize("myopic", [False, True])
+def test_vectorised_influence_equals_per_probe_official_formula(gpt2, myopic):
     """The vectorised accumulation (all sites, positions and features at once) against the official algorithm
     written per probe: ``decompose_gradient`` (its own stop-gradient forwards and backward passes) per (site,
     position), ``∇R`` of ``mse_loss(⟨w, r_θ⟩, target)`` per probe by its own backward, SGD ``lr·g_c`` and Adam
     per-component first moments with the full gradient's second moment. Probes at three layers (the last one
-    too), two sharing a (site, position), one alone. Fails on the code before issue #33 (½ in the risk: every
-    component half of this reference)."""
+    too), two sharing a (site, position), one alone. Myopic: the components come from the myopic graph, ``∇R``
+    from ordinary attention (``risk_context``), as the official code. Fails on the code before issue #33 (½ in
+    the risk: every component half of this reference)."""
     import copy
 
-    from interp.dynamics.influence import train_with_influence
+    from interp.dynamics.influence import attention_implementation, train_with_influence
     hf0, _ = gpt2
     hf, ref = copy.deepcopy(hf0), copy.deepcopy(hf0)
+    attn = register_myopic_attention() if myopic else "eager"
+    for m_ in (hf, ref):
+        m_.set_attn_implementation(attn)
+    risk_ctx = (lambda: attention_implementation(hf, "eager")) if myopic else None
     V, d, lr = hf.config.vocab_size, hf.config.n_embd, 1e-2
     batches = _ids(V, (3, 4, 9), seed=21)
     g = torch.Generator().manual_seed(22)
@@ -493,7 +499,7 @@ def test_vectorised_influence_equals_per_probe_official_formula(gpt2):
     probes = [(f"f{k}", s, p, torch.randn(d, generator=g, dtype=torch.float64),
                torch.randn(3, 4, generator=g, dtype=torch.float64)) for k, (s, p) in enumerate(spec)]
     fi = train_with_influence(interp.wrap(hf, backend="torch"), dict(hf.named_parameters()), batches, probes, lr=lr,
-                              centered=False, chunk=4)
+                              centered=False, chunk=4, risk_context=risk_ctx)
     assert fi.influence_centered is None and fi.risk_scale == 1.0
     model = interp.wrap(ref, backend="torch")
     params = dict(ref.named_parameters())
@@ -513,7 +519,8 @@ def test_vectorised_influence_equals_per_probe_official_formula(gpt2):
         v = 0.999 * v + 0.001 * full ** 2
         denom = (v / (1 - 0.999 ** (t + 1))).sqrt() + 1e-8
         kept = {}
-        with model.intervene({s: (lambda t_, ctx: kept.setdefault(ctx.name, t_)) for s, _ in pairs}):
+        with model.intervene({s: (lambda t_, ctx: kept.setdefault(ctx.name, t_)) for s, _ in pairs}), \
+                attention_implementation(ref, "eager"):
             model.forward_with_grad(ids)
         grs = []
         for k, (s, p) in enumerate(spec):
@@ -535,7 +542,10 @@ def test_vectorised_influence_equals_per_probe_official_formula(gpt2):
         for c in comps:
             torch.testing.assert_close(fi.influence[o][c], want[o][c], rtol=1e-8, atol=1e-12)
         assert float(want[o]["direct"].abs().min()) > 1e-4      # a real comparison, not zeros
-    assert float(want["adam"]["precached"][:4].abs().min()) > 1e-5 and abs(float(want["adam"]["precached"][4])) < 1e-12
+    if myopic:      # no pre-caching at all, by construction
+        assert float(want["adam"]["precached"].abs().max()) < 1e-10
+    else:
+        assert float(want["adam"]["precached"][:4].abs().min()) > 1e-5 and abs(float(want["adam"]["precached"][4])) < 1e-12
     assert fi.risk.shape == (3, 5) and fi.curves["adam"]["shared"].shape == (3, 5)
 
 
