@@ -72,7 +72,7 @@ class InfluenceRecipe(Recipe):
     notebook = "notebooks/influence.ipynb"
     Config = InfluenceConfig
     presets = {"quick": QUICK, "full": InfluenceConfig()}
-    cost = {"quick": "about 11 CPU-s (one thread; 8 CPU-s before issue #33's full influence coverage); its influence "
+    cost = {"quick": "about 10 CPU-s (one thread; 8 CPU-s before issue #33's full influence coverage); its influence "
                      "re-run subsamples: the first 4 of 20 steps (all 108 probes)",
             "full": "about 3.2 CPU-hours (one thread; pieces measured 2026-12-02): 10 Majority seeds with the "
                     "influence re-run at 108 probes over all 200 steps (~3.8 CPU-s per step, ~13 CPU-min per seed), "
