@@ -31,6 +31,10 @@ __all__ = ["directions", "convergence", "angular_speed", "stable_rank", "update_
            "speed_jumps", "class_basin_accuracy", "token_groups", "Trajectories", "trajectory_metrics",
            "BasinPerturbation", "basin_perturbation", "residual_stream"]
 
+def _images(model, images: torch.Tensor | None) -> torch.Tensor:
+    from interp.data import digits_sample
+    return digits_sample(model)[0] if images is None else images
+
 
 def directions(x: torch.Tensor) -> torch.Tensor:
     """``x / ‖x‖`` along the last dimension (zero vectors stay zero)."""
@@ -111,8 +115,10 @@ def token_groups(n_tokens: int, n_registers: int = 0) -> dict[str, slice]:
 
 
 @torch.no_grad()
-def residual_stream(model, images: torch.Tensor, batch_size: int = 32) -> torch.Tensor:
-    """``[L + 1, N, tokens, d]``: ``blocks.0.hook_resid_pre`` and every ``blocks.{l}.hook_resid_post``."""
+def residual_stream(model, images: torch.Tensor | None = None, batch_size: int = 32) -> torch.Tensor:
+    """``[L + 1, N, tokens, d]``: ``blocks.0.hook_resid_pre`` and every ``blocks.{l}.hook_resid_post``
+    (``images=None``: the built-in digits, :func:`interp.data.digits_sample`: 200 real digits at 56 px)."""
+    images = _images(model, images)
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         raise ValueError(f"images must be a float tensor [N, C, H, W]; got {getattr(images, 'shape', type(images))}")
     names = ["blocks.0.hook_resid_pre"] + model.hook_names("blocks.*.hook_resid_post")
@@ -185,11 +191,16 @@ def trajectory_metrics(model=None, images: torch.Tensor | None = None, stream: t
 
     Give ``model`` and ``images [N, C, H, W]`` (captured through the capture layer) or a precomputed
     ``stream [L + 1, N, tokens, d]``. ``labels [N]`` adds the class-basin accuracy; ``phases`` (contiguous,
-    0-based block indices) adds the speed jumps at the phase boundaries per token type.
+    0-based block indices) adds the speed jumps at the phase boundaries per token type. ``model`` alone runs on
+    the built-in digits (:func:`interp.data.digits_sample`: 200 real digits at 56 px) and their labels (unless ``labels`` is given).
     """
     if stream is None:
-        if model is None or images is None:
-            raise ValueError("give model and images, or a precomputed stream")
+        if model is None:
+            raise ValueError("give model and images (images=None: the built-in digits), or a precomputed stream")
+        if images is None:
+            from interp.data import digits_sample
+            images, default_labels = digits_sample(model)
+            labels = default_labels if labels is None else labels
         stream = residual_stream(model, images, batch_size)
     if stream.dim() != 4:
         raise ValueError(f"stream must be [L + 1, N, tokens, d]; got {tuple(stream.shape)}")
@@ -239,10 +250,15 @@ class BasinPerturbation(Result):
 
 
 @torch.no_grad()
-def basin_perturbation(model, images: torch.Tensor, layers: list[int] | None = None, sigma: float = 0.3,
-                       labels=None, seed: int = 0) -> BasinPerturbation:
+def basin_perturbation(model, images: torch.Tensor | None = None, layers: list[int] | None = None,
+                       sigma: float = 0.3, labels=None, seed: int = 0) -> BasinPerturbation:
     """Perturb the block output at each layer in ``layers`` (0-based) and measure where the final CLS direction
-    ends up (protocol in the module docstring). ``sigma``: noise norm relative to each token's norm."""
+    ends up (protocol in the module docstring). ``sigma``: noise norm relative to each token's norm.
+    ``images=None``: the built-in digits and their labels (:func:`interp.data.digits_sample`: 200 real digits at 56 px; ``labels`` overrides)."""
+    if images is None:
+        from interp.data import digits_sample
+        images, default_labels = digits_sample(model)
+        labels = default_labels if labels is None else labels
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     L = model.cfg.n_layers

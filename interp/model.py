@@ -82,6 +82,8 @@ class ModelConfig:
     d_vocab: int | None
     is_causal_lm: bool
     modality: str  # "text" | "vision"
+    #: input image side in pixels that a vision model's position embeddings were built for (None: text model)
+    image_size: int | None = None
 
     @property
     def device(self) -> torch.device:

@@ -100,15 +100,20 @@ def _boundaries(parts: list[list[int]] | None) -> list[int]:
 
 
 @torch.no_grad()
-def layer_distances(model, images: torch.Tensor, batch_size: int = 32, n_registers: int = 0) -> LayerDistances:
+def layer_distances(model, images: torch.Tensor | None = None, batch_size: int = 32,
+                    n_registers: int = 0) -> LayerDistances:
     """Cosine-distance and MSE matrices between all block outputs of a vision model.
 
-    ``images``: ``[N, C, H, W]`` pixel values as the model expects them. ``n_registers``: number of register
-    tokens after CLS (DINOv2-with-registers: 4; ``zoo:dinov2-s14``: 0). Runs through the public capture layer
+    ``images``: ``[N, C, H, W]`` pixel values as the model expects them; ``None``: the built-in digits
+    (:func:`interp.data.digits_sample`: 200 real digit images at 56 px, or the model's own image size).
+    ``n_registers``: number of register tokens after CLS (DINOv2-with-registers: 4; ``zoo:dinov2-s14``: 0). Runs through the public capture layer
     (``run_with_cache(names="blocks.*.hook_resid_post")``) in batches; works on any backend.
     """
     if getattr(model.cfg, "modality", "vision") != "vision":
         raise ValueError(f"layer_distances needs a vision model (CLS + patch tokens); got modality {model.cfg.modality!r}")
+    if images is None:
+        from interp.data import digits_sample
+        images = digits_sample(model)[0]
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         raise ValueError(f"images must be a float tensor [N, C, H, W]; got {getattr(images, 'shape', type(images))}")
     if batch_size < 1:

@@ -106,9 +106,13 @@ def weighted_mse(pred: torch.Tensor, target: torch.Tensor, weights: Sequence[flo
 
 
 @torch.no_grad()
-def teacher_activations(model, images: torch.Tensor, batch_size: int = 32) -> torch.Tensor:
+def teacher_activations(model, images: torch.Tensor | None = None, batch_size: int = 32) -> torch.Tensor:
     """Teacher stream ``[L + 1, N, tokens, d]``: the block input ``a_0`` (``blocks.0.hook_resid_pre``) and every
-    block output, captured through the public capture layer in batches (any backend)."""
+    block output, captured through the public capture layer in batches (any backend). ``images=None``: the
+    built-in digits (:func:`interp.data.digits_sample`)."""
+    if images is None:
+        from interp.data import digits_sample
+        images = digits_sample(model)[0]
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         raise ValueError(f"images must be a float tensor [N, C, H, W]; got {getattr(images, 'shape', type(images))}")
     names = ["blocks.0.hook_resid_pre"] + model.hook_names("blocks.*.hook_resid_post")

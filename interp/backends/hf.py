@@ -16,6 +16,14 @@ from ..run import current_pass
 from .attention import ImplSwitch, Slots
 
 
+def _image_size(hf_cfg: Any, modality: str) -> int | None:
+    """A vision config's ``image_size`` as one int (None for text models or when the config has none)."""
+    size = getattr(hf_cfg, "image_size", None) if modality == "vision" else None
+    if isinstance(size, (tuple, list)):
+        size = size[0]
+    return int(size) if isinstance(size, int) else None
+
+
 class HFModel(Model):
     """A Model over a ``transformers`` module with an :class:`ArchSpec` locating the canonical hooks."""
 
@@ -30,7 +38,7 @@ class HFModel(Model):
         modality = "vision" if self.spec.family in ("vit", "dinov2") else "text"
         super().__init__(tokenizer, ModelConfig(self.spec.family, self.spec.n_layers, self.spec.n_heads,
                                                 self.spec.n_kv_heads, self.spec.d_model, self.spec.d_head,
-                                                vocab, bool(is_lm), modality))
+                                                vocab, bool(is_lm), modality, _image_size(hf_cfg, modality)))
 
     #: causal LMs generate with the key-value cache (see Model._generate_ids)
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..model import HookSet, Model, ModelConfig
+from .hf import _image_size
 from ..names import BLOCK_HOOKS, order_key
 
 
@@ -87,7 +88,9 @@ class TLModel(Model):
         super().__init__(tokenizer if tokenizer is not None else own,
                          ModelConfig(str(family), c.n_layers, c.n_heads, n_kv, c.d_model, c.d_head,
                                      getattr(c, "d_vocab", None), not self._vision,
-                                     "vision" if self._vision else "text"))
+                                     "vision" if self._vision else "text",
+                                     _image_size(getattr(self.hf_model, "config", None),
+                                                 "vision" if self._vision else "text")))
         self._attention_bridges: list[Any] | None = None  # found on the first cached generation step
         if self.is_bridge:
             self._names = self._firing_names()

@@ -7,7 +7,8 @@
   marker continuations, for fitting and judging any steering method (``get_behaviour``, ``load_behaviour``);
 * :mod:`.corpus` — the default real-text corpus of methods given no text (``text_passages``: KJV passages spread
   over the book);
-* :mod:`.digits` — real images: the scikit-learn handwritten digits as ViT-ready tensors (``digits_images``).
+* :mod:`.digits` — real images: the scikit-learn handwritten digits as ViT-ready tensors (``digits_images``;
+  ``digits_sample``: the vision analyzers' default sample at a side the model takes).
 
 (The language of ``zoo:toy-refusal``, which only the RepIt reproduction uses, is
 :mod:`interp.benchmarks.repit.toy_data`.)
@@ -19,10 +20,10 @@ from __future__ import annotations
 from . import behaviours, corpus, digits, refusal
 from .behaviours import BEHAVIOURS, Behaviour, behaviour_names, get_behaviour, load_behaviour
 from .corpus import text_passages
-from .digits import digits_images
+from .digits import digits_images, digits_sample
 from .refusal import (HARMFUL_CATEGORIES, REFUSAL_OPENERS, Instruction, category_names, category_tasks, format_chat,
                       heldout_text, is_refusal, kjv_text, refusal_instructions, refusal_response)
 
-__all__ = ["behaviours", "Behaviour", "BEHAVIOURS", "behaviour_names", "get_behaviour", "load_behaviour", "corpus", "text_passages", "digits", "digits_images", "refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
+__all__ = ["behaviours", "Behaviour", "BEHAVIOURS", "behaviour_names", "get_behaviour", "load_behaviour", "corpus", "text_passages", "digits", "digits_images", "digits_sample", "refusal", "Instruction", "HARMFUL_CATEGORIES", "REFUSAL_OPENERS", "category_names",
            "category_tasks", "refusal_instructions", "refusal_response", "is_refusal", "format_chat", "kjv_text",
            "heldout_text"]

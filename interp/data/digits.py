@@ -40,4 +40,39 @@ def digits_images(size: int = 56, channels: int = 3, normalize: bool = True) -> 
     return x, d.target
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "N_DIGITS", "digits_images"]
+#: the default sample of vision analyzers called without images (the ``raptor`` audit check's): images and side
+DEFAULT_N_IMAGES = 200
+DEFAULT_IMAGE_SIZE = 56
+
+
+def _accepts(model, size: int) -> bool:
+    try:
+        model(torch.zeros(1, 3, size, size))
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
+def digits_sample(model=None, n: int = DEFAULT_N_IMAGES, size: int | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """``(images [n, 3, s, s], labels [n])``: the first ``n`` digits of a fixed permutation
+    (``numpy.random.default_rng(0)``), ImageNet-normalised, with their labels (0-9): the built-in images of the
+    vision analyzers called without images.
+
+    The side ``s``: ``size`` when given; else :data:`DEFAULT_IMAGE_SIZE` (56 px, a multiple of the patch sizes 8
+    and 14) when ``model`` is None or takes it (one probe forward: DINOv2 interpolates its position embeddings),
+    else the ``model.cfg.image_size`` its position embeddings were built for (an HF ViT takes only that).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if size is None:
+        size = DEFAULT_IMAGE_SIZE
+        own = getattr(getattr(model, "cfg", None), "image_size", None)
+        if model is not None and own and own != size and not _accepts(model, size):
+            size = int(own)
+    x, y = digits_images(size)
+    idx = np.random.default_rng(0).permutation(len(y))[:n]
+    return x[idx], y[idx]
+
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "N_DIGITS", "DEFAULT_N_IMAGES", "DEFAULT_IMAGE_SIZE", "digits_images",
+           "digits_sample"]

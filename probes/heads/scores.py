@@ -338,23 +338,19 @@ def scores_from_statistics(stats: Mapping[str, torch.Tensor], names: Sequence[st
 
 #: Defaults of every head analysis called without ``inputs``: the paper builds its score CDFs on 100 FineWeb-Edu
 #: samples; here :data:`DEFAULT_N_INPUTS` real-text passages of :func:`interp.data.text_passages` (KJV, spread
-#: over the book; a vision model gets as many real digit images, :func:`interp.data.digits_images` at
-#: :data:`DEFAULT_IMAGE_SIZE` px), cut at :data:`DEFAULT_MAX_LENGTH` tokens, :data:`DEFAULT_BATCH_SIZE` per pass.
+#: over the book; a vision model gets as many real digit images, :func:`interp.data.digits_sample`), cut at :data:`DEFAULT_MAX_LENGTH` tokens, :data:`DEFAULT_BATCH_SIZE` per pass.
 DEFAULT_N_INPUTS = 100
 DEFAULT_MAX_LENGTH = 128
 DEFAULT_BATCH_SIZE = 8
-DEFAULT_IMAGE_SIZE = 56
 
 
 def default_inputs(model: Model, n: int = DEFAULT_N_INPUTS) -> Any:
-    """The built-in inputs of the head analyses: ``n`` texts (``list[str]``) for a text model, or ``n`` real
-    digit images ``[n, 3, 56, 56]`` (ImageNet-normalised, the first ``n`` of a fixed permutation) for a vision
-    model."""
+    """The built-in inputs of the head analyses: ``n`` texts (``list[str]``, :func:`interp.data.text_passages`)
+    for a text model, or ``n`` real digit images ``[n, 3, s, s]`` (:func:`interp.data.digits_sample`: 56 px, or
+    the model's own image size) for a vision model."""
     if model.cfg.modality == "vision":
-        from interp.data import digits_images
-        x, _ = digits_images(DEFAULT_IMAGE_SIZE)
-        idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:n]
-        return x[idx]
+        from interp.data import digits_sample
+        return digits_sample(model, n)[0]
     from interp.data import text_passages
     return text_passages(n)
 
