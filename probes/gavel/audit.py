@@ -31,8 +31,7 @@ from interp.results import Result
 
 from . import library as lib
 from .ce import CELibrary
-from .detector import CalibrationLabels, DetectorConfig
-from .evaluation import gavel_rule_outputs, rule_metrics, train_text_detector
+from .evaluation import gavel_rule_outputs, rule_metrics, template_detector
 from .features import FeatureSpec, conversation_features
 from .rules import load_rules
 
@@ -94,26 +93,6 @@ def _default_layers(model) -> tuple[int, int]:
     return (max(0, int(0.2 * n)), max(1, int(0.5 * n)))
 
 
-def _train_template_library(model, spec: FeatureSpec, n: int, seed: int):
-    """The built-in template library's detector (:mod:`.library`'s training templates, ``n`` texts per CE plus
-    ``n`` CE-free ones, every window of a text labelled with its CE), calibrated on ``n // 3`` more per CE."""
-    rng = random.Random(f"gavel-audit/{seed}")
-    ces = list(lib.CE_TEMPLATES)
-    cfg = DetectorConfig(hidden=64, rnn_layers=2, lr=1e-3, max_epochs=20, seed=seed)
-    convs, labels = [], []
-    for ce in ces + [None]:
-        for conv in lib.ce_conversations(rng, ce, n, "train"):
-            convs.append(conv)
-            labels.append([ce] if ce is not None else [])
-    cal_c, cal_l = [], []
-    for ce in ces + [None]:
-        for conv in lib.ce_conversations(rng, ce, max(2, n // 3), "train"):
-            cal_c.append(conv)
-            cal_l.append(CalibrationLabels(required={ce} if ce is not None else set()))
-    return train_text_detector(conversation_features(model, convs, spec), labels, ces, cfg, spec=spec,
-                               cal_feats=conversation_features(model, cal_c, spec), cal_labels=cal_l)
-
-
 class GavelCheck(Check):
     name: ClassVar[str] = "gavel"
     title: ClassVar[str] = "GAVEL rule-based activation monitoring"
@@ -135,7 +114,7 @@ class GavelCheck(Check):
             det.spec.check(model)
         else:
             a, b = (int(x) for x in cfg.layers.split(":")) if cfg.layers else _default_layers(model)
-            det = _train_template_library(model, FeatureSpec.range(a, b), cfg.train_per_ce, cfg.seed)
+            det = template_detector(model, FeatureSpec.range(a, b), cfg.train_per_ce, cfg.seed)
         rules = load_rules(cfg.rules, known_ces=det.ces)
         if cfg.conversations:
             path = Path(cfg.conversations)

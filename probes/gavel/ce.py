@@ -129,14 +129,28 @@ class CELibrary:
 
 
 @torch.no_grad()
-def elicit(model, ce: str | CE, texts: Sequence[str], spec: FeatureSpec, max_new_tokens: int = 64,
+def elicit(model, ce: str | CE, texts: Sequence[str] | None = None, spec: FeatureSpec | None = None,
+           max_new_tokens: int = 64,
            template: str = ERI_TEMPLATE, batch_size: int = 8, **generate_kwargs) -> tuple[list[str], list[torch.Tensor]]:
     """ERI: have the model rewrite each text in the manner of ``ce``; return the generated texts and the
     readout features ``[T_i, width]`` of the generated tokens (each read in the pass that feeds it back; the
-    last token of a row is never fed back, and tokens after end-of-sequence are dropped)."""
+    last token of a row is never fed back, and tokens after end-of-sequence are dropped).
+
+    Defaults: ``texts=None`` rewrites the built-in CE-free sentences (:data:`.library.NEUTRAL`, slots filled
+    with a fixed seed); ``spec=None``
+    reads the paper's layer range mapped to the model (:meth:`FeatureSpec.official`). ``ce`` has no default:
+    it names the cognitive element to elicit."""
     name = ce.name if isinstance(ce, CE) else str(ce)
+    if texts is None:
+        import random
+
+        from .library import NEUTRAL, _fill
+        rng = random.Random("gavel/elicit")
+        texts = [_fill(rng, t) for t in NEUTRAL]
     if not texts:
         raise ValueError("elicit needs at least one text")
+    from .features import default_spec
+    spec = default_spec(model, spec)
     spec.check(model)
     names = spec.names()
     eos = getattr(model.tokenizer, "eos_token_id", None)

@@ -116,6 +116,64 @@ def train_text_detector(feats: Sequence[torch.Tensor], labels: Sequence[Sequence
     return det
 
 
+#: Detector of :func:`template_detector` (small: the template library is a few hundred short texts).
+TEMPLATE_DETECTOR = DetectorConfig(hidden=64, rnn_layers=2, lr=1e-3, max_epochs=20)
+
+
+def template_detector(model, spec=None, n_per_ce: int = 12, seed: int = 0, config: DetectorConfig | None = None,
+                      cache: bool = True) -> CEDetector:
+    """The built-in CE detector of ``model``: trained on the template library (:mod:`.library`, 10 CEs), with
+    no data from the caller.
+
+    ``n_per_ce`` training texts per CE plus as many CE-free ones (every window of a text labelled with its CE,
+    :func:`train_text_detector`), calibrated (Youden's J, patience 1-2) on ``max(2, n_per_ce // 3)`` more per CE
+    and CE-free, all from the training templates (templates 6-7 stay held out for testing). ``spec=None``: the
+    paper's layer range mapped to the model (:meth:`~.features.FeatureSpec.official`); ``config``:
+    :data:`TEMPLATE_DETECTOR` with ``seed``.
+
+    Cached (``cache=True``): trained once per (model weights, spec, sizes, seed, GAVEL code version) and stored
+    as a resumable stage (:class:`interp.stages.Stages` ``"gavel/template-detector"`` under the interp cache
+    folder); later calls, in any process, load it. A model whose weights cannot be fingerprinted is not cached.
+    """
+    import random
+    from dataclasses import asdict, replace
+
+    from . import library as lib
+    from .features import conversation_features, default_spec
+
+    if isinstance(n_per_ce, bool) or not isinstance(n_per_ce, int) or n_per_ce < 1:
+        raise ValueError(f"n_per_ce must be a positive integer, got {n_per_ce!r}")
+    spec = default_spec(model, spec)
+    spec.check(model)
+    cfg = config or replace(TEMPLATE_DETECTOR, seed=seed)
+
+    def train() -> CEDetector:
+        rng = random.Random(f"gavel-audit/{seed}")
+        ces = list(lib.CE_TEMPLATES)
+        convs, labels = [], []
+        for ce in ces + [None]:
+            for conv in lib.ce_conversations(rng, ce, n_per_ce, "train"):
+                convs.append(conv)
+                labels.append([ce] if ce is not None else [])
+        cal_c, cal_l = [], []
+        for ce in ces + [None]:
+            for conv in lib.ce_conversations(rng, ce, max(2, n_per_ce // 3), "train"):
+                cal_c.append(conv)
+                cal_l.append(CalibrationLabels(required={ce} if ce is not None else set()))
+        return train_text_detector(conversation_features(model, convs, spec), labels, ces, cfg, spec=spec,
+                                   cal_feats=conversation_features(model, cal_c, spec), cal_labels=cal_l)
+
+    from interp.store.harvest import weights_fingerprint
+    weights = weights_fingerprint(model) if cache else None
+    if weights is None:
+        return train()
+    from interp.stages import Stages
+    key = {"schema": 1, "weights": weights, "layers": list(spec.layers), "group_kv": spec.group_kv,
+           "n_per_ce": n_per_ce, "seed": seed, "config": asdict(cfg)}
+    st = Stages("gavel/template-detector", key, code=["interp.probes.gavel"])
+    return CEDetector.load(st.path("detector", lambda d: train().save(d / "detector", overwrite=True)) / "detector")
+
+
 def gavel_rule_outputs(detector: CEDetector, rule: Rule, probs: Sequence[torch.Tensor]
                        ) -> tuple[np.ndarray, np.ndarray]:
     """``(decisions, scores)`` of ``rule`` on conversations given by their window probabilities."""

@@ -233,7 +233,12 @@ def _features_of_ids(model, spec: FeatureSpec, seqs: list[torch.Tensor], batch_s
     return out
 
 
-def conversation_features(model, convs: Sequence[Conversation], spec: FeatureSpec,
+def default_spec(model, spec: "FeatureSpec | None" = None) -> "FeatureSpec":
+    """``spec``, or when None the paper's readout mapped to the model: ``FeatureSpec.official(n_layers)``."""
+    return FeatureSpec.official(model.cfg.n_layers) if spec is None else spec
+
+
+def conversation_features(model, convs: Sequence[Conversation], spec: FeatureSpec | None = None,
                           roles: Sequence[str] = ("assistant",), batch_size: int = 8,
                           max_length: int | None = None, mask: str = "content", truncation: str = "left",
                           return_runs: bool = False):
@@ -242,8 +247,11 @@ def conversation_features(model, convs: Sequence[Conversation], spec: FeatureSpe
     ``max_length``/``truncation``/``mask``: as :func:`encode_conversation` (defaults official: no
     truncation, content tokens only; the paper's 256-token training cut keeps the END: ``max_length=256``).
     ``return_runs=True`` also returns, per conversation, the lengths of its scored runs (one per assistant
-    turn; :func:`scored_runs`), for :meth:`CEDetector.sequence_probs`.
+    turn; :func:`scored_runs`), for :meth:`CEDetector.sequence_probs`. ``spec=None``: the paper's layer range
+    mapped to the model (:meth:`FeatureSpec.official`). ``convs`` has no default: they are what is monitored
+    (the built-in labelled set is :mod:`.library`, e.g. ``ce_conversations``).
     """
+    spec = default_spec(model, spec)
     spec.check(model)
     enc = [encode_conversation(model, c, roles, max_length, mask, truncation) for c in convs]
     feats = _features_of_ids(model, spec, [e[0] for e in enc], batch_size)
@@ -261,7 +269,8 @@ def conversation_runs(model, convs: Sequence[Conversation], roles: Sequence[str]
     return [scored_runs(encode_conversation(model, c, roles, max_length, mask, truncation)[1]) for c in convs]
 
 
-def text_features(model, texts: Sequence[str], spec: FeatureSpec, batch_size: int = 8,
+def text_features(model, texts: Sequence[str], spec: FeatureSpec | None = None, batch_size: int = 8,
                   max_length: int | None = None) -> list[torch.Tensor]:
-    """Features ``[T, width]`` of every token of each plain text (tokenised without special tokens)."""
+    """Features ``[T, width]`` of every token of each plain text (tokenised without special tokens);
+    ``spec=None``: :meth:`FeatureSpec.official` of the model."""
     return conversation_features(model, list(texts), spec, batch_size=batch_size, max_length=max_length)

@@ -110,10 +110,20 @@ class Monitor:
     ``model``: an :class:`interp.Model` with the readout the detector was trained on (``detector.spec``);
     ``rules``: a :class:`RuleSet` or a list of rules (their CEs must be the detector's);
     ``history``: the conversation-level sliding window, in detector windows.
+
+    Defaults: ``detector=None`` is the built-in template detector of ``model``
+    (:func:`~.evaluation.template_detector`: the template library's 10 CEs, trained once per model and cached);
+    ``rules=None`` the template library's scenario rules over those CEs (:func:`~.library.library_rules`).
     """
 
-    def __init__(self, model, detector: CEDetector, rules: RuleSet | Sequence[Rule], history: int = 8,
-                 score_prompt: bool | str = False):
+    def __init__(self, model, detector: CEDetector | None = None, rules: RuleSet | Sequence[Rule] | None = None,
+                 history: int = 8, score_prompt: bool | str = False):
+        if detector is None:
+            from .evaluation import template_detector
+            detector = template_detector(model)
+        if rules is None:
+            from .library import library_rules
+            rules = library_rules()
         if detector.spec is None:
             raise ValueError("the detector has no FeatureSpec (train it with spec=...) so the monitor cannot know "
                              "which layers to read")
