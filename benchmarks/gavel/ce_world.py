@@ -53,17 +53,10 @@ def words() -> list[str]:
 
 
 def make_tokenizer():
-    """Word-level fast tokenizer of the CE world (64 tokens)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """Word-level fast tokenizer of the CE world (64 tokens; ``<bos>`` is not prepended: callers add it)."""
+    from interp.zoo.training import word_level_tokenizer
 
-    vocab = {t: i for i, t in enumerate(["<bos>", "<eos>", "<pad>", "<unk>"] + words())}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    from tokenizers import decoders
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    return word_level_tokenizer(["<bos>", "<eos>", "<pad>", "<unk>"] + words(), add_bos=False, cleanup=True)
 
 
 def make_conversation(rng: random.Random, ces: Sequence[str], length: int = 40, n_decoys: int = 3,
@@ -141,7 +134,8 @@ def build_ce_world_model(out: Path, params: Mapping[str, Any]) -> dict:
     """Zoo builder: train the CE-world LM; raise if it does not learn phrase continuations."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.progress import progress
+    from interp.zoo.training import LMTrainConfig, train_lm
+
     cfg = CEWorldConfig(**params)
     torch.manual_seed(cfg.seed)
     tok = make_tokenizer()
@@ -152,20 +146,12 @@ def build_ce_world_model(out: Path, params: Mapping[str, Any]) -> dict:
                          pad_token_id=tok.pad_token_id, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
     model = LlamaForCausalLM(config)
     rng = random.Random(f"gavel-ce-world/{cfg.seed}")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-    model.train()
-    losses = []
-    for _ in progress(range(cfg.steps), desc="gavel-ce-world: training"):
-        ids = _lm_batch(rng, tok, cfg.batch_size, cfg.length)
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    model.eval()
+    batches = (_lm_batch(rng, tok, cfg.batch_size, cfg.length) for _ in range(cfg.steps))
+    # the one-cycle schedule and AdamW's default betas this entry was always trained with (its cache key and the
+    # committed gavel records rest on them)
+    losses = train_lm(model, batches, LMTrainConfig(steps=cfg.steps, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.999),
+                                                    schedule="one_cycle", pct_start=0.1),
+                      desc="gavel-ce-world: training")
     # sanity: inside a phrase the next family word is predictable
     test_rng = random.Random("gavel-ce-world/check")
     hits = total = 0

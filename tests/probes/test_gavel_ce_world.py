@@ -2,7 +2,7 @@
 are the claims of ``interp reproduce gavel`` (benchmarks/gavel/claims.yaml)."""
 import random
 
-from interp.benchmarks.gavel.ce_world import FAMILIES, _window_labels, make_conversation
+from interp.benchmarks.gavel.ce_world import FAMILIES, _window_labels, make_conversation, make_tokenizer
 
 
 def test_conversations_have_phrases_and_isolated_decoys():
@@ -44,3 +44,14 @@ def test_zoo_entry_is_declared_not_registered_at_import():
     assert ep.value == "interp.benchmarks.gavel.ce_world:CE_WORLD"
     assert get_entry("gavel-ce-world") is ce_world.CE_WORLD
     assert recipe_hash("gavel-ce-world") == "0f646423e7d29ddd"  # the key the entry had in probes/gavel/
+
+
+def test_tokenizer_ids():
+    """The CE world's 64 word ids (specials first, then w0..w39, a0..a4, ..., d0..d4); ``<bos>`` is not prepended
+    (the callers add it), unknown words are ``<unk>``."""
+    tok = make_tokenizer()
+    assert len(tok) == 64 and tok.convert_ids_to_tokens([0, 1, 2, 3]) == ["<bos>", "<eos>", "<pad>", "<unk>"]
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    ids = tok("w0 w39 a1 d4 zebra")["input_ids"]
+    assert ids == [4, 43, 45, 63, 3]
+    assert tok.decode(ids) == "w0 w39 a1 d4 <unk>"
