@@ -3,9 +3,9 @@
 :func:`word_level_tokenizer` builds the fast tokenizer of a synthetic task (a fixed vocabulary of
 whitespace-separated words, ``<bos>`` prepended). :func:`train_lm` is the training loop of the zoo's small
 language models and of the recipes' toy models (toy-grammar, the planning models, toy-refusal, the GAVEL CE
-world): AdamW, linear warm-up then cosine decay (or torch's one-cycle schedule), gradient clipping, a progress
-bar, and (with ``checkpoint=``) resumption after an interruption that gives the same weights as an uninterrupted
-run.
+world, the TCPE facts and code toys, the CopyPaste toy): AdamW, linear warm-up then cosine decay (or torch's
+one-cycle schedule, or a step -> factor function of one's own), gradient clipping, a progress bar, and (with
+``checkpoint=``) resumption after an interruption that gives the same weights as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ class LMTrainConfig:
     ``floor * lr`` at ``steps`` (:func:`warmup_cosine`). ``schedule="one_cycle"``: torch's ``OneCycleLR``
     (max ``lr``, ``pct_start`` of the steps rising from ``lr / 25``, then cosine annealing to ``lr / 25e4``; it
     also cycles AdamW's first beta between 0.95 and 0.85, so ``betas[0]`` is unused); ``warmup`` and ``floor``
-    are then unused, as ``pct_start`` is with the default schedule.
+    are then unused, as ``pct_start`` is with the default schedule. ``schedule`` may also be a function
+    ``step -> factor`` (0-based step; the learning rate is ``lr * factor``, torch's ``LambdaLR``) for a schedule
+    of one's own; ``warmup``, ``floor`` and ``pct_start`` are then unused.
     """
 
     steps: int
@@ -80,14 +82,15 @@ class LMTrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     clip: float | None = 1.0
     floor: float = 0.05
-    schedule: str = "warmup_cosine"
+    schedule: str | Callable[[int], float] = "warmup_cosine"
     pct_start: float = 0.1
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0 or not self.lr > 0:
             raise ValueError(f"LMTrainConfig needs steps >= 1, warmup >= 0 and lr > 0, got {self}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"LMTrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not callable(self.schedule) and self.schedule not in SCHEDULES:
+            raise ValueError(f"LMTrainConfig.schedule must be one of {SCHEDULES} or a function step -> factor, "
+                             f"got {self.schedule!r}")
         if not 0 < self.pct_start < 1:
             raise ValueError(f"LMTrainConfig.pct_start must be in (0, 1), got {self.pct_start}")
 
@@ -95,6 +98,8 @@ class LMTrainConfig:
         """The learning-rate scheduler of this config on ``optimizer`` (stepped once per training step)."""
         import torch
 
+        if callable(self.schedule):
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         if self.schedule == "one_cycle":
             return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=self.steps,
                                                        pct_start=self.pct_start)

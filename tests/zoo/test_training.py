@@ -1,6 +1,7 @@
 """The shared small-LM trainer and word-level tokenizer builder (interp.zoo.training)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -61,15 +62,18 @@ def _batches(seed: int = 0):
 CFG = LMTrainConfig(steps=12, lr=1e-2, warmup=3)
 
 
-def _hand_written_loop(ref, opt, sched, batches, steps: int, loss_fn=None, clip_params=None) -> list[float]:
-    """The loop the builders used to write by hand: loss, zero_grad, backward, clip to norm 1, step, schedule."""
+def _hand_written_loop(ref, opt, sched, batches, steps: int, loss_fn=None, clip_params=None,
+                       clip: float | None = 1.0) -> list[float]:
+    """The loop the builders used to write by hand: loss, zero_grad, backward, clip to norm ``clip`` (``None``:
+    no clipping), step, schedule."""
     losses = []
     for _ in range(steps):
         batch = next(batches)
         loss = loss_fn(ref, batch) if loss_fn else ref(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(clip_params if clip_params is not None else ref.parameters(), 1.0)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(clip_params if clip_params is not None else ref.parameters(), clip)
         opt.step()
         sched.step()
         losses.append(loss.item())
@@ -94,8 +98,9 @@ def test_train_lm_is_the_zoo_loop_bit_for_bit():
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("cfg", [CFG, LMTrainConfig(steps=12, lr=1e-2, schedule="one_cycle", pct_start=0.25)],
-                         ids=["warmup_cosine", "one_cycle"])
+@pytest.mark.parametrize("cfg", [CFG, LMTrainConfig(steps=12, lr=1e-2, schedule="one_cycle", pct_start=0.25),
+                                 LMTrainConfig(steps=12, lr=1e-2, schedule=lambda s: 0.9 ** s)],
+                         ids=["warmup_cosine", "one_cycle", "function"])
 def test_train_lm_resumes_to_the_same_weights(tmp_path, cfg):
     full = _tiny_lm()
     full_losses = train_lm(full, _batches(), cfg)
@@ -194,6 +199,58 @@ def test_train_lm_masked_labels_frozen_layers_and_extra_params_bit_for_bit():
     assert not torch.equal(extra, torch.full_like(extra, 0.1))  # the extra parameters were trained
     _assert_same_weights(ref, model)
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight, frozen)
+
+
+def _padded_batches(seed: int = 0):
+    """Batches of a tokenizer's padded output: labels are the ids with the padding masked by -100."""
+    rng = random.Random(seed)
+    while True:
+        lengths = [rng.randrange(3, 12) for _ in range(4)]
+        ids = torch.zeros(4, max(lengths), dtype=torch.long)  # <pad> = 0, on the right
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(lengths):
+            ids[i, :n] = torch.tensor([rng.randrange(4, len(VOCAB)) for _ in range(n)])
+            mask[i, :n] = 1
+        yield {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def test_train_lm_is_the_tcpe_toys_loop_bit_for_bit():
+    """The TCPE facts / code toys' loop: AdamW (betas (0.9, 0.999)), torch's OneCycleLR with pct_start 0.05, no
+    gradient clipping, padded batches with the padding masked."""
+    cfg = LMTrainConfig(steps=12, lr=1e-2, betas=(0.9, 0.999), clip=None, schedule="one_cycle", pct_start=0.05)
+    ref = _tiny_lm()
+    opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
+    ref_losses = _hand_written_loop(ref, opt, sched, _padded_batches(), cfg.steps, loss_fn=lambda m, b: m(**b).loss,
+                                    clip=None)
+    model = _tiny_lm()
+    assert train_lm(model, _padded_batches(), cfg) == ref_losses
+    _assert_same_weights(ref, model)
+    clipped = _tiny_lm()  # the clipping is really off: with it the weights differ
+    train_lm(clipped, _padded_batches(), dataclasses.replace(cfg, clip=1e-3))
+    assert not torch.equal(clipped.lm_head.weight, model.lm_head.weight)
+
+
+def test_train_lm_schedule_function_is_the_copypaste_toys_loop_bit_for_bit():
+    """``schedule=`` a function: the CopyPaste toy's loop (AdamW betas (0.9, 0.999), ``LambdaLR`` of
+    ``interp.models.common.warmup_cosine``, which reaches its floor at the last step, unlike
+    :func:`interp.zoo.training.warmup_cosine`; clip 1.0; padded batches), bit for bit."""
+    from interp.models.common import warmup_cosine as fractional_warmup_cosine
+
+    steps = 12
+    factor = lambda s: fractional_warmup_cosine(s, steps, 0.25, 0.05)  # noqa: E731
+    ref = _tiny_lm()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    ref_losses = _hand_written_loop(ref, opt, sched, _padded_batches(), steps, loss_fn=lambda m, b: m(**b).loss)
+    cfg = LMTrainConfig(steps=steps, lr=1e-2, betas=(0.9, 0.999), schedule=factor)
+    model = _tiny_lm()
+    assert train_lm(model, _padded_batches(), cfg) == ref_losses
+    _assert_same_weights(ref, model)
+    # not the default schedule with the same warm-up (3 steps): that one reaches its floor a step after the end
+    assert factor(steps - 1) == pytest.approx(0.05) and warmup_cosine(steps - 1, 3, steps) > 0.07
+    sched = cfg.scheduler(torch.optim.SGD(_tiny_lm().parameters(), lr=1e-2))
+    assert sched.get_last_lr()[0] == pytest.approx(1e-2 / 3)  # factor(0): first of 3 warm-up steps
 
 
 def test_lm_train_config_rejects_unknown_schedules():
