@@ -5,7 +5,7 @@ compressed to discrete codes with a set VQ-VAE (:mod:`.vqvae`) and compared with
 (:mod:`.mi`). The three analyses (:mod:`.analyses`) ask how far ahead a model plans (:func:`horizon_curve`),
 whether it keeps the path it did not take (:func:`branch_awareness`), and where in depth and position
 decision information lives (:func:`block_layer_map`). :mod:`.tasks` holds the task protocol any user task
-follows. The paper's task families (goal-token horizon toy, context-free grammar, path finding), the toy models
+follows and the built-in real-text task (:class:`TextContinuation`) that the analyses use when given none. The paper's task families (goal-token horizon toy, context-free grammar, path finding), the toy models
 trained on them (``zoo:planning-*``), the estimator sanity check and the validation runs are the reproduction,
 :mod:`interp.benchmarks.planning` (``interp reproduce planning``).
 """
@@ -16,7 +16,7 @@ from .vqvae import SetVQVAE, TrainConfig, VQVAEConfig, train_vqvae
 from .analyses import (BlockMapConfig, BlockMapResult, BranchConfig, BranchResult, CodeConfig, HorizonConfig,
                        HorizonResult, block_layer_map, block_map_from_sets, branch_awareness, fit_codes,
                        horizon_curve, mi_with_null)
-from .tasks import PlanningExample, PlanningTask
+from .tasks import PlanningExample, PlanningTask, TextContinuation
 
 __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "shuffled_null", "null_corrected_mi",
            "normalized_mi", "miller_madow_bias", "MIEstimate", "relabel",
@@ -25,4 +25,4 @@ __all__ = ["mutual_information", "conditional_mutual_information", "entropy", "s
            "CodeConfig", "HorizonConfig", "BranchConfig", "BlockMapConfig", "HorizonResult", "BranchResult",
            "BlockMapResult", "horizon_curve", "branch_awareness", "block_layer_map", "block_map_from_sets",
            "fit_codes", "mi_with_null",
-           "PlanningExample", "PlanningTask"]
+           "PlanningExample", "PlanningTask", "TextContinuation"]

@@ -227,12 +227,16 @@ def _continuations(model: Model, task, examples, config: HorizonConfig, n_new: i
     return conts, acc
 
 
-def horizon_curve(model: Model, task, config: HorizonConfig | None = None) -> HorizonResult:
+def horizon_curve(model: Model, task=None, config: HorizonConfig | None = None) -> HorizonResult:
     """The horizon analysis on ``task`` (see the module docstring); returns a :class:`HorizonResult`.
 
     Accuracy is measured on the same continuations when they are generated (``"sample"``/``"greedy"``) and
-    on greedy generations for ``"target"``."""
+    on greedy generations for ``"target"``. ``task=None``: the built-in real-text task
+    (:class:`~.tasks.TextContinuation`: 24-word KJV prompts)."""
     config = config or HorizonConfig()
+    if task is None:
+        from .tasks import TextContinuation
+        task = TextContinuation()
     examples = task.examples(config.n_examples, seed=config.seed)
     prompt_ids = _prompt_ids(model, [e.prompt for e in examples], config.batch_size)
     n_target = max(len(e.target.split()) for e in examples)
@@ -339,14 +343,21 @@ class BranchResult(Result):
         return fig
 
 
-def branch_awareness(model: Model, task, config: BranchConfig | None = None) -> BranchResult:
+def branch_awareness(model: Model, task=None, config: BranchConfig | None = None) -> BranchResult:
     """The branch-awareness analysis on a task whose examples have two (or more) ``answers`` and a ``decoy``.
 
     The model continues each prompt greedily by as many tokens as the longest answer has; a continuation whose
     first words (or first tokens) are one answer's is *solved* and the first other answer is its alternative; only those
     examples enter the MIs (accuracy = ``task.is_correct`` over all examples). With
     ``config.continuation="target"`` every example enters, its reference ``target`` taken as the generated path and
-    the first other answer as the alternative (accuracy is still that of the greedy continuations)."""
+    the first other answer as the alternative (accuracy is still that of the greedy continuations).
+
+    ``task`` has no default: branching needs a task with two known correct paths and a decoy per prompt, which
+    real text does not have (the path-finding task of the reproduction, ``interp.benchmarks.planning.tasks``,
+    is one)."""
+    if task is None:
+        raise ValueError("branch_awareness needs task=<a PlanningTask whose examples have >= 2 answers and a decoy>, "
+                         "e.g. the path-finding task of interp.benchmarks.planning.tasks")
     config = config or BranchConfig()
     if config.continuation not in ("greedy", "target"):
         raise ValueError(f"BranchConfig.continuation must be 'greedy' or 'target', got {config.continuation!r}")
@@ -502,10 +513,15 @@ def _text_anchors(model: Model, texts: Sequence[str], config: BlockMapConfig):
     return seqs, anchors
 
 
-def block_layer_map(model: Model, data, config: BlockMapConfig | None = None) -> BlockMapResult:
+def block_layer_map(model: Model, data=None, config: BlockMapConfig | None = None) -> BlockMapResult:
     """Block x layer maps on a task (prompt + reference target, anchor = last prompt token) or on plain
-    texts (a list of strings; ``anchors_per_text`` random anchors per text with room for every block)."""
+    texts (a list of strings; ``anchors_per_text`` random anchors per text with room for every block).
+    ``data=None``: the built-in real text, ``ceil(n_examples / anchors_per_text)`` passages of
+    :func:`interp.data.text_passages`."""
     config = config or BlockMapConfig()
+    if data is None:
+        from interp.data import text_passages
+        data = text_passages(-(-config.n_examples // config.anchors_per_text))
     need = config.n_blocks * config.block_size
     if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
         seqs, anchors = _text_anchors(model, data, config)
