@@ -51,8 +51,7 @@ class CityNetworksRecipe(Recipe):
         "full": CityNetworksRun(),
     }
     cost = {"quick": "about 30 s from an empty cache",
-            "full": "about 2 hours on 2 loaded cores (synthetic ~60 min, Helsinki ~60 min at a load of ~15; "
-                    "roughly 40-60 CPU-minutes)"}
+            "full": "about 14 minutes on 2 shared cores (the committed record: 828 s of stages, 2026-12-02)"}
     code = ("interp.benchmarks.city_networks", "interp.models.city_networks", "interp.models.common")
 
     def units(self, config: CityNetworksRun) -> list:
