@@ -16,6 +16,9 @@ import dataclasses
 
 import torch
 
+#: examples a generator draws when called without ``n``
+DEFAULT_N = 1024
+
 
 @dataclasses.dataclass
 class TaskBatch:
@@ -29,7 +32,7 @@ class TaskBatch:
     output_positions: tuple[int, ...] = ()
 
 
-def majority(n: int, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
+def majority(n: int = DEFAULT_N, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
     """Majority task. ``tokens`` ``[n, 1 + n_in + n_out]`` (BOS = ``n_vocab``), ``features[b, p, v]`` = token ``v``
     is a (possibly tied) majority of the tokens up to and including position ``p`` (0 at BOS)."""
     for name, v, lo in (("n", n, 1), ("n_vocab", n_vocab, 2), ("n_in", n_in, 1), ("n_out", n_out, 1)):
@@ -55,7 +58,7 @@ def majority(n: int, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: in
 PLUS, EQ, BOS_ADD = 10, 11, 12
 
 
-def addition(n: int, n_digits: int = 3, seed: int = 0) -> TaskBatch:
+def addition(n: int = DEFAULT_N, n_digits: int = 3, seed: int = 0) -> TaskBatch:
     """3-digit addition ``BOS a + b = c`` on ``n`` uniformly drawn operand pairs: see :func:`addition_problems`."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
@@ -103,7 +106,7 @@ def addition_problems(a: torch.Tensor, b: torch.Tensor, n_digits: int = 3) -> Ta
                      output_positions=tuple(range(start, S)))
 
 
-def conditioned_majority(n: int, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
+def conditioned_majority(n: int = DEFAULT_N, n_vocab: int = 3, n_in: int = 10, n_out: int = 10, seed: int = 0) -> TaskBatch:
     """Conditioned Majority: ``n_in`` uniform tokens, then ``n_out`` tokens each drawn uniformly among the
     majority of the input tokens that *follow the key token 0* (all tokens tie when none does). Outputs do not
     change the counts. Features ``prev_is_v`` (one-hot of the previous game token; 0 at BOS and the first token)
