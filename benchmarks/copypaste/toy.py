@@ -11,7 +11,6 @@ city for the entity; the judge prefers the faithful one, ties broken by kappa).
 """
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass, field
 
@@ -19,7 +18,6 @@ import numpy as np
 import torch
 
 import interp
-from interp.progress import progress
 from interp.results import Result
 
 from interp.models.common import set_seed, warmup_cosine
@@ -75,19 +73,12 @@ class ToyConfig:
 
 
 def word_tokenizer(words):
-    """A whitespace word-level ``transformers`` tokenizer over ``words`` plus ``<unk>``, ``<pad>``, ``<eos>``."""
-    import tempfile
+    """A whitespace word-level ``transformers`` tokenizer over ``words`` (duplicates dropped) plus ``<unk>``,
+    ``<pad>``, ``<eos>`` (ids 0-2; no ``<bos>``, nothing prepended; decoding joins words with spaces), built by
+    :func:`interp.zoo.training.word_level_tokenizer`."""
+    from interp.zoo.training import word_level_tokenizer
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<eos>", *dict.fromkeys(words)])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
-    folder = tempfile.mkdtemp(prefix="interp-copypaste-tok-")
-    tok.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    return word_level_tokenizer(["<unk>", "<pad>", "<eos>", *dict.fromkeys(words)], bos=None, add_bos=False)
 
 
 class World:
@@ -141,8 +132,12 @@ def final_city(text: str) -> str | None:
 
 
 def pretrain(cfg: ToyConfig, world: World, tok) -> torch.nn.Module:
-    """Train a tiny Llama-architecture LM from scratch on the toy corpus (loss on every real token)."""
+    """Train a tiny Llama-architecture LM from scratch on the toy corpus (loss on every real token) with
+    :func:`interp.zoo.training.train_lm`: AdamW betas (0.9, 0.999), linear warm-up over 5% of the steps then
+    cosine decay to 5% at the last step (:func:`interp.models.common.warmup_cosine`), gradient norm clipped to 1."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from interp.zoo.training import LMTrainConfig, train_lm
 
     set_seed(cfg.seed)
     hf_cfg = LlamaConfig(vocab_size=len(tok), hidden_size=cfg.d_model, intermediate_size=2 * cfg.d_model,
@@ -150,19 +145,17 @@ def pretrain(cfg: ToyConfig, world: World, tok) -> torch.nn.Module:
                          max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                          bos_token_id=tok.eos_token_id, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
     model = LlamaForCausalLM(hf_cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.pretrain_steps, 0.05, 0.05))
-    model.train()
-    for _ in progress(range(cfg.pretrain_steps), desc="toy pre-training", total=cfg.pretrain_steps):
-        lines = [world.pretrain_line() + " <eos>" for _ in range(cfg.pretrain_batch)]
-        batch = tok(lines, return_tensors="pt", padding=True)
-        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        loss = model(**batch, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+
+    def batches():  # drawn from the world's generator one step at a time, as training goes
+        for _ in range(cfg.pretrain_steps):
+            lines = [world.pretrain_line() + " <eos>" for _ in range(cfg.pretrain_batch)]
+            enc = tok(lines, return_tensors="pt", padding=True)
+            yield {**enc, "labels": enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)}
+
+    steps = cfg.pretrain_steps
+    train_lm(model, batches(), LMTrainConfig(steps=steps, lr=cfg.pretrain_lr, weight_decay=0.01, betas=(0.9, 0.999),
+                                             clip=1.0, schedule=lambda s: warmup_cosine(s, steps, 0.05, 0.05)),
+             desc="toy pre-training")
     return model.eval()
 
 

@@ -175,6 +175,20 @@ def test_sequence_logprobs_scores_only_response_tokens():
     assert torch.allclose(sequence_logprobs(logits, ids, mask), want)
 
 
+
+def test_toy_word_tokenizer_ids():
+    """``<unk> <pad> <eos>`` are ids 0-2, the words follow in order (a repeated word keeps its first id); nothing is
+    prepended (no ``<bos>``), unknown words are ``<unk>``, decoding joins words with spaces, padding on the right."""
+    tok = word_tokenizer(["where", "paris", "where", "e1"])
+    assert len(tok) == 6 and tok.bos_token is None
+    assert (tok.unk_token_id, tok.pad_token_id, tok.eos_token_id) == (0, 1, 2)
+    ids = tok("where paris e1 zebra <eos>")["input_ids"]
+    assert ids == [3, 4, 5, 0, 2]
+    assert tok.decode(ids) == "where paris e1 <unk> <eos>" and tok.decode(ids, skip_special_tokens=True) == "where paris e1"
+    enc = tok(["paris", "where e1"], padding=True)
+    assert enc["input_ids"] == [[4, 1], [3, 5]] and enc["attention_mask"] == [[1, 0], [1, 1]]
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
     from transformers import LlamaConfig, LlamaForCausalLM
