@@ -62,16 +62,11 @@ class FactsTask:
 
 def word_tokenizer(words: Sequence[str]):
     """A word-level tokenizer over ``words`` plus ``<pad> <bos> <eos> <unk>`` (ids 0-3); ``<bos>`` is prepended,
-    decoding joins words with spaces, padding on the right."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"] + list(words))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                  unk_token="<unk>")
+    decoding joins words with spaces (no space before ``.``), padding on the right
+    (:func:`interp.zoo.training.word_level_tokenizer`)."""
+    from interp.zoo.training import SPECIALS, word_level_tokenizer
+
+    tok = word_level_tokenizer([*SPECIALS, *words], cleanup=True)
     tok.padding_side = "right"
     return tok
 
@@ -94,22 +89,21 @@ def word_lm(tok, d_model: int, d_mlp: int, n_layers: int, n_positions: int, seed
 
 def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed: int, d_model: int, d_mlp: int,
                   n_layers: int, lr: float, batch: int, n_positions: int, desc: str):
-    """Train :func:`word_lm` on ``texts(batch, step_seed)`` with the loss on every real position (AdamW,
-    one-cycle schedule); returns the interp Model (torch backend)."""
+    """Train :func:`word_lm` on ``texts(batch, step_seed)`` with the loss on every real position
+    (:func:`interp.zoo.training.train_lm`: AdamW betas (0.9, 0.999), torch's one-cycle schedule with
+    ``pct_start`` 0.05, no gradient clipping); returns the interp Model (torch backend)."""
     import interp
+    from interp.zoo.training import LMTrainConfig, train_lm
+
     hf = word_lm(tok, d_model, d_mlp, n_layers, n_positions, seed)
-    opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    hf.train()
-    for step in progress(range(steps), desc=desc):
-        enc = tok(texts(batch, seed * 100_003 + step), return_tensors="pt", padding=True)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-        loss = hf(**enc, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    hf.eval()
+
+    def batches():
+        for step in range(steps):
+            enc = tok(texts(batch, seed * 100_003 + step), return_tensors="pt", padding=True)
+            yield {**enc, "labels": enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)}
+
+    train_lm(hf, batches(), LMTrainConfig(steps=steps, lr=lr, weight_decay=0.01, betas=(0.9, 0.999), clip=None,
+                                          schedule="one_cycle", pct_start=0.05), desc=desc)
     return interp.wrap(hf, tok, backend="torch")
 
 

@@ -3,7 +3,7 @@ the edit plan over other relations, and the validations' preconditions on the fu
 criteria themselves are the claims of ``interp reproduce tcpe``)."""
 import pytest
 
-from interp.benchmarks.tcpe.facts import N_REL, N_SUBJ, FactsTask, facts_relations
+from interp.benchmarks.tcpe.facts import N_REL, N_SUBJ, FactsTask, facts_relations, facts_tokenizer
 from interp.benchmarks.tcpe.real_facts import RELATIONS, Fact, RealConfig, all_facts, edit_plan
 
 
@@ -18,6 +18,22 @@ def test_facts_relations_are_the_tasks_facts():
     assert f.prompt == task.prompt(7, 1) and f.paraphrase == task.prompt(7, 1, paraphrase=True)
     req = f.request(" o3")
     assert (req.prompt, req.subject, req.target) == ("{} r1", "s7", " o3")
+
+
+
+def test_facts_tokenizer_ids():
+    """The facts model's 100 word ids (``<pad> <bos> <eos> <unk>``, then s0..s49, r0..r3, p0..p3, o0..o29 and the
+    extra words); ``<bos>`` is prepended, unknown words are ``<unk>``, decoding drops the space before ``.``,
+    padding goes on the right (the TCPE code toy's tokenizer is the same builder)."""
+    tok = facts_tokenizer(FactsTask(0))
+    assert len(tok) == 100 and tok.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<bos>", "<eos>", "<unk>"]
+    assert tok.convert_ids_to_tokens([4, 53, 54, 58, 62, 91, 92, 99]) == ["s0", "s49", "r0", "p0", "o0", "o29", ".",
+                                                                          "You"]
+    ids = tok("s7 r1 o3 . s0 p3 o29 zebra")["input_ids"]
+    assert ids == [1, 11, 55, 65, 92, 4, 61, 91, 3]
+    assert tok.decode(ids) == "<bos> s7 r1 o3. s0 p3 o29 <unk>"
+    assert tok.decode(ids, skip_special_tokens=True) == "s7 r1 o3. s0 p3 o29"
+    assert tok(["s0", "s0 r0"], padding=True)["input_ids"] == [[1, 4, 0], [1, 4, 54]]
 
 
 def test_builtin_facts_keep_their_form_and_plan_draws_from_the_relation():
