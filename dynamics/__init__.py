@@ -3,7 +3,7 @@
 ViT block-recurrence (Raptor), POLCA loss decomposition and gradient-component influence on features.
 """
 
-from .influence import (GradientDecomposition, decompose_gradient, myopic_attention,  # noqa: F401
+from .influence import (GradientDecomposition, decompose_gradient, default_tokens, myopic_attention,  # noqa: F401
                         register_myopic_attention, stop_gradient_at)
 from .influence import (FeatureInfluence, QProxy, attention_implementation, bootstrap_ci, q_proxy,  # noqa: F401
                         ridge_fit, ridge_pearson, ridge_probe, train_with_influence)

@@ -103,24 +103,44 @@ def _per_position_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tenso
     return nll * (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
 
 
-def decompose_gradient(model, tokens: torch.Tensor, site: str, position: int,
-                       attention_mask: torch.Tensor | None = None,
+def default_tokens(model, n: int = 8, length: int = 32) -> torch.Tensor:
+    """Token ids ``[n, length]`` of ``n`` built-in text passages (:func:`interp.data.text_passages`), each cut to
+    its first ``length`` tokens (every passage has more): what :func:`decompose_gradient` reads when given no
+    tokens."""
+    from interp.data import text_passages
+    rows = [model.tokenize(t)["input_ids"][0, :length] for t in text_passages(n)]
+    short = [len(r) for r in rows if len(r) < length]
+    if short:
+        raise ValueError(f"a built-in passage has only {min(short)} tokens, fewer than length={length}")
+    return torch.stack(rows)
+
+
+def decompose_gradient(model, tokens: torch.Tensor | None = None, site: str | None = None,
+                       position: int | None = None, attention_mask: torch.Tensor | None = None,
                        params: Mapping[str, torch.Tensor] | None = None) -> GradientDecomposition:
     """Split the gradient of the mean next-token loss on ``tokens`` into direct / pre-cached / shared parts
     with respect to the residual vector at ``(site, position)``.
 
     Args:
         model: an ``interp`` :class:`~interp.Model` (any backend where gradients flow and ``site`` is writable).
-        tokens: ``[batch, seq]`` token ids.
-        site: one hook name (e.g. ``"blocks.1.hook_resid_post"``; ``"hook_embed"``-like sites work too).
+        tokens: ``[batch, seq]`` token ids; default :func:`default_tokens` (8 built-in text passages cut to their
+            first 32 tokens).
+        site: one hook name (e.g. ``"blocks.1.hook_resid_post"``; ``"hook_embed"``-like sites work too);
+            default the residual stream after the middle block, ``blocks.{n_layers // 2}.hook_resid_post``.
         position: absolute position ``i`` in ``0..seq-2`` (the loss at ``i`` predicts token ``i+1``); every
-            row must have a real token at ``i`` and ``i+1``.
+            row must have a real token at ``i`` and ``i+1``; default the middle position ``seq // 2``.
         attention_mask: ``[batch, seq]`` (1 = real token), optional.
         params: name -> parameter tensors to differentiate (default: ``model.parameters()`` named ``p0, p1, ...``
             in order; pass ``dict(hf_model.named_parameters())`` for readable names).
     Returns:
         :class:`GradientDecomposition` with four dicts name -> gradient.
     """
+    if tokens is None:
+        tokens = default_tokens(model)
+    if site is None:
+        site = f"blocks.{model.cfg.n_layers // 2}.hook_resid_post"
+    if position is None and isinstance(tokens, torch.Tensor) and tokens.dim() == 2:
+        position = tokens.shape[1] // 2
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
         raise ValueError("tokens must be an integer tensor [batch, seq]")
     S = tokens.shape[1]

@@ -2,11 +2,12 @@
 and feature interpretation. The TCPE reproduction (facts model, KECode-like toy, SmolLM2 facts) is the recipe
 ``interp reproduce tcpe`` (``benchmarks/tcpe/``)."""
 from .transcoders import (Spliced, Transcoder, TranscoderMetrics, TranscoderTraining, TranscoderTrainingConfig,
-                          evaluate_transcoder, harvest_pairs, splice, train_transcoder,
-                          train_transcoder_from_store)
+                          default_corpus, default_transcoder, evaluate_transcoder, harvest_pairs, splice,
+                          train_transcoder, train_transcoder_from_store)
 
 __all__ = ["Transcoder", "Spliced", "splice", "harvest_pairs", "TranscoderTrainingConfig", "TranscoderTraining",
-           "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder"]
+           "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder",
+           "default_corpus", "default_transcoder"]
 from .rome import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite, compute_key, compute_v,
                    context_templates, default_second_moment, default_texts, edit_batch, fine_tune, kl_term, left_vector,
                    moment_diagnostics, rank_one, restrict, rome, scale_edit, second_moment, second_moments, tcpe,

@@ -955,11 +955,8 @@ def default_texts(verses_per_text: int = 10) -> list[str]:
     (Ruth held out), as consecutive passages of ``verses_per_text`` verses (2,434 texts of up to ~1,300 tokens;
     989k tokens with SmolLM2's tokenizer). ROME's corpus is Wikipedia, which this toolkit cannot fetch offline;
     any real text of the model's language can be passed instead (``texts=`` of :func:`rome` / :func:`tcpe`)."""
-    if isinstance(verses_per_text, bool) or not isinstance(verses_per_text, int) or verses_per_text < 1:
-        raise ValueError(f"verses_per_text must be a positive integer, got {verses_per_text!r}")
-    from interp.data import kjv_text
-    lines = kjv_text().splitlines()
-    return [" ".join(lines[i:i + verses_per_text]) for i in range(0, len(lines), verses_per_text)]
+    from interp.data import text_passages
+    return text_passages(None, verses_per_text)  # every passage, in book order
 
 
 def _model_identity(model) -> str:
@@ -1011,7 +1008,7 @@ def rome(model, request: EditRequest, layer: int, C: torch.Tensor | None = None,
     return edit.apply(model) if apply else edit
 
 
-def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder, tau: float = 0.1,
+def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder | None = None, tau: float = 0.1,
          C: torch.Tensor | None = None, texts: Sequence[str] = (), config: EditConfig | None = None,
          templates: Sequence[str] | None = None, ablate: bool = False, apply: bool = True,
          upd_decay: float = 1.0) -> Edit:
@@ -1019,8 +1016,13 @@ def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder, tau: f
     (``tau < 0``: unmasked ROME on the transcoder; ``ablate``: only the other features), scaled by
     ``1 / upd_decay`` (TCPE's ``apply_tcpe_to_model``; ``run_tcpe.py``'s default 1.0). ``config`` defaults to
     TCPE's official hyper-parameters (:meth:`EditConfig.tcpe`); ``C`` as in :func:`rome`. The transcoder must be
-    spliced (:func:`interp.editing.splice`) whenever the edited model is used. Several edits: :func:`tcpe_batch`."""
+    spliced (:func:`interp.editing.splice`) whenever the edited model is used. Several edits: :func:`tcpe_batch`.
+    ``transcoder=None``: :func:`interp.editing.default_transcoder` (trained once per model and layer on the
+    built-in corpus and cached; the same object on every call, so splice that one)."""
     cfg = config or EditConfig.tcpe()
+    if transcoder is None:
+        from .transcoders import default_transcoder
+        transcoder = default_transcoder(model, layer)
     site = TranscoderSite(model, layer, transcoder)
     if C is None:
         C = second_moment(site, texts, n_samples=cfg.mom2_n_samples) if texts else default_second_moment(site, cfg)
@@ -1045,7 +1047,8 @@ def scale_edit(edit: Edit, factor: float, site: _Site) -> Edit:
     return out.record_before(site.raw_W())
 
 
-def tcpe_batch(model, requests: Sequence[EditRequest], layer: int, transcoder: Transcoder, tau: float = 0.1,
+def tcpe_batch(model, requests: Sequence[EditRequest], layer: int, transcoder: Transcoder | None = None,
+               tau: float = 0.1,
                C: torch.Tensor | None = None, texts: Sequence[str] = (), config: EditConfig | None = None,
                templates: Sequence[str] | None = None, ablate: bool = False, upd_decay: float | Sequence[float] = 1.1,
                apply: bool = True) -> Edit:
@@ -1062,6 +1065,9 @@ def tcpe_batch(model, requests: Sequence[EditRequest], layer: int, transcoder: T
     if len(decays) != len(reqs) or any(not d > 0 for d in decays):
         raise ValueError(f"upd_decay must be a number > 0 or one per request ({len(reqs)}), got {upd_decay!r}")
     cfg = config or EditConfig.tcpe()
+    if transcoder is None:  # as in tcpe: the cached default transcoder of this model and layer
+        from .transcoders import default_transcoder
+        transcoder = default_transcoder(model, layer)
     site = TranscoderSite(model, layer, transcoder)
     if C is None:
         C = second_moment(site, texts, n_samples=cfg.mom2_n_samples) if texts else default_second_moment(site, cfg)

@@ -439,11 +439,25 @@ class _Trainer:
         return meta["position"]
 
 
-def train_transcoder(model, layer: int, texts: Sequence[str], config: TranscoderTrainingConfig | None = None,
+def default_corpus() -> list[str]:
+    """The built-in training text of :func:`train_transcoder` (and ROME's second moments,
+    ``interp.editing.default_texts``): the King James Bible of :mod:`interp.data` in 2,434 passages of 10
+    verses (Ruth held out), each cut at the config's ``max_length`` tokens when training."""
+    from interp.data import text_passages
+    return text_passages(None, 10)
+
+
+def train_transcoder(model, layer: int, texts: Sequence[str] | None = None,
+                     config: TranscoderTrainingConfig | None = None,
                      transcoder: Transcoder | None = None) -> tuple[Transcoder, TranscoderTraining]:
     """Train a transcoder of MLP ``layer`` on the tokens of ``texts`` (activations harvested through the
-    capture layer in text batches, shuffled in a streaming buffer). Returns ``(transcoder, history)``."""
+    capture layer in text batches, shuffled in a streaming buffer). Returns ``(transcoder, history)``.
+
+    ``texts`` defaults to the built-in corpus (:func:`default_corpus`: 2,434 passages, at most ``max_length``
+    = 128 tokens each, ~310k tokens with SmolLM2's tokenizer: one epoch is ~1,200 steps of 256 rows)."""
     cfg = config or TranscoderTrainingConfig()
+    if texts is None:
+        texts = default_corpus()
     if not texts:
         raise ValueError("texts is empty: pass the real text to train on")
     d = model.cfg.d_model
@@ -646,5 +660,42 @@ def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequen
                              feature_density=fired / max(n, 1))
 
 
+#: default transcoders of this process, by stage key: ``default_transcoder`` returns the same object each call
+_DEFAULT_TRANSCODERS: dict[str, Transcoder] = {}
+
+
+def default_transcoder(model, layer: int, config: TranscoderTrainingConfig | None = None,
+                       texts: Sequence[str] | None = None) -> Transcoder:
+    """The transcoder of MLP ``layer`` that :func:`interp.editing.tcpe` uses when given none: trained by
+    :func:`train_transcoder` (on ``texts``, default the built-in corpus) once per model (its name and the layer's
+    MLP weights), layer, config and corpus, stored as a resumable stage (``interp.stages.Stages``
+    ``"editing/transcoder"``) and read back by later calls in any process. Within a process every call returns
+    the same object, so ``splice(model, default_transcoder(model, layer))`` uses a transcoder that
+    ``tcpe(..., apply=True)`` edited."""
+    import hashlib
+
+    from interp.stages import Stages
+
+    cfg = config or TranscoderTrainingConfig()
+    corpus = list(texts) if texts is not None else default_corpus()
+    h = hashlib.sha1()
+    for name in ("W_in", "W_out"):
+        h.update(model.weight(name)[layer].detach().float().cpu().contiguous().numpy().tobytes())
+    hc = getattr(getattr(model, "hf_model", None), "config", None)
+    key = {"schema": 1, "model": str(getattr(hc, "_name_or_path", "") or model.cfg.family), "mlp": h.hexdigest(),
+           "layer": layer, "config": dataclasses.asdict(cfg),
+           "corpus": hashlib.sha1("\x00".join(corpus).encode()).hexdigest()}
+    st = Stages("editing/transcoder", key)
+    if st.key in _DEFAULT_TRANSCODERS:
+        return _DEFAULT_TRANSCODERS[st.key]
+    state = st("transcoder", lambda: {"state": dict(train_transcoder(model, layer, corpus, cfg)[0].state_dict())})
+    d = model.cfg.d_model
+    tc = Transcoder(d, cfg.d_sae, d, hook_name=hook_in(layer), hook_name_out=hook_out(layer), seed=cfg.seed)
+    tc.load_state_dict({k: torch.as_tensor(v) for k, v in state["state"].items()})
+    _DEFAULT_TRANSCODERS[st.key] = tc
+    return tc
+
+
 __all__ = ["Transcoder", "Spliced", "splice", "hook_in", "hook_out", "harvest_pairs", "TranscoderTrainingConfig",
-           "TranscoderTraining", "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder"]
+           "TranscoderTraining", "train_transcoder", "train_transcoder_from_store", "TranscoderMetrics", "evaluate_transcoder",
+           "default_corpus", "default_transcoder"]

@@ -234,31 +234,50 @@ def test_fine_tune_default(lm):
 
 
 def test_tcpe_default(lm):
-    from interp.editing import EditRequest, tcpe
+    """Without a transcoder, TCPE trains one on the built-in corpus (cached; the same object on every call, so
+    the edit applies to the transcoder one splices)."""
+    from interp.editing import EditConfig, EditRequest, default_transcoder, tcpe
 
-    e = tcpe(lm, EditRequest(*REQUEST), layer=1, apply=False)
-    assert torch.isfinite(e.delta).all()
+    tc = default_transcoder(lm, 1)
+    assert tc is default_transcoder(lm, 1) and tc.W_dec.shape[1] == lm.cfg.d_model
+    before = tc.W_dec.detach().clone()
+    e = tcpe(lm, EditRequest(*REQUEST), layer=1, config=EditConfig.tcpe(v_num_grad_steps=40))
+    assert torch.isfinite(e.delta).all() and e.delta.abs().sum() > 0
+    assert not torch.equal(tc.W_dec, before)  # applied to the default transcoder
 
 
 def test_train_transcoder_default(lm):
-    from interp.editing import train_transcoder
+    """The built-in corpus is the default training text: the same transcoder as passing it explicitly."""
+    from interp.editing import TranscoderTrainingConfig, default_corpus, train_transcoder
 
-    tc, history = train_transcoder(lm, 1)
-    assert tc.W_dec.shape[1] == lm.cfg.d_model
+    cfg = TranscoderTrainingConfig(d_sae=32, max_length=16)
+    tc, history = train_transcoder(lm, 1, config=cfg)
+    tc2, _ = train_transcoder(lm, 1, default_corpus(), config=cfg)
+    assert tc.W_dec.shape == (32, lm.cfg.d_model) and torch.equal(tc.W_dec, tc2.W_dec)
+    assert len(history.loss) > 0 and all(math.isfinite(v) for v in history.loss)
 
 
 def test_decompose_gradient_default(lm):
-    from interp.dynamics import decompose_gradient
+    """Defaults: 8 built-in passages cut to 32 tokens, the residual after the middle block, the middle position;
+    the parts add up to the full gradient."""
+    from interp.dynamics import decompose_gradient, default_tokens
 
     res = decompose_gradient(lm)
-    assert res is not None
+    tokens = default_tokens(lm)
+    assert tokens.shape == (8, 32)
+    ref = decompose_gradient(lm, tokens, f"blocks.{TINY_LAYERS // 2}.hook_resid_post", 16)
+    for name, g in res.full.items():
+        assert torch.equal(g, ref.full[name])
+        assert torch.allclose(res.direct[name] + res.precached[name] + res.shared[name], g, atol=1e-5)
 
 
 def test_untie_gpt2_default():
+    """``m`` (where network B takes over) names the question, like ROME's layer; network B defaults to a fresh
+    initialisation of the same config."""
     from interp.dynamics import untie_gpt2
 
     hf, _ = tiny_model("gpt2", n_layers=2, seed=0)
-    assert untie_gpt2(hf) is hf
+    assert untie_gpt2(hf, 4, seed=0) is hf
 
 
 # ------------------------------------------------------------------------------------------- slow: SmolLM2
