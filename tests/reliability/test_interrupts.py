@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import random
+import signal
 import threading
 import time
 
@@ -27,6 +28,9 @@ def _impls(module) -> dict[int, str]:
 
 
 def _trials(backend: str, n: int, seed: int = 0) -> None:
+    # Ctrl-C is what is simulated: Python's own handler must be the one installed (interrupt_main does
+    # nothing when SIGINT is ignored or left to the OS)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGINT)
     hf, tok = tiny_model("llama", seed=3, n_layers=3)
     model = interp.wrap(hf, tok, backend=backend)
     texts = ["The cat sat on the mat.", "A dog"]

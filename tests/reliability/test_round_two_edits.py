@@ -30,7 +30,7 @@ interp.set_progress(False)
 TEXTS = [f"Note {i}: a person named Ann {i % 7} lives near the river {i * 3 % 11}." for i in range(24)]
 REQ = EditRequest("Fact: {} lives in", "Bob", " Xy")
 REQ2 = EditRequest("Fact: {} works in", "Ann", " Zq")
-CFG = EditConfig(n_templates=0, v_num_grad_steps=5)
+CFG = EditConfig(context_template_length_params=(), v_num_grad_steps=5)  # the plain prompt only
 TEMPLATES = ["{}", "Some context here. {}"]
 HF_BACKENDS = ("torch", "nnsight")
 ROOT = Path(interp.__file__).resolve().parents[1]
