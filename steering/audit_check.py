@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from interp.audit import AuditData, Check, Rendered, parse_overrides
 from interp.results import Result
 
-from .base import SteeringData, SteeringMethod, get
+from .base import SteeringData, SteeringMethod, get, has_chat_template
 from .behaviour import evaluate_behaviour
 from .refusal import (evaluate_refusal, judge_generations, kl_divergence, refusal_data, refusal_scores,
                       refusal_token_ids)
@@ -205,11 +205,6 @@ BEHAVIOUR_BARS = {"behaviour_rate": "behaviour rate (marker judge)", "probe_rate
 BEHAVIOUR_METRICS = ("behaviour_rate", "behaviour_score", "probe_score", "probe_rate", "continuation_ppl")
 
 
-def _has_chat_template(model) -> bool:
-    tok = getattr(model, "tokenizer", None)
-    return tok is not None and getattr(tok, "chat_template", None) is not None
-
-
 class SteeringCheck(Check):
     name: ClassVar[str] = "steering"
     title: ClassVar[str] = "Steering (RepIt concept-isolated refusal vectors)"
@@ -252,7 +247,7 @@ class SteeringCheck(Check):
     def _refusal_applies(self, model) -> tuple[bool, str, float | None]:
         """``(applies, why not, baseline probe refusal rate)`` for the refusal evaluation (see the module docstring)."""
         c: SteeringCheckConfig = self.config
-        if not _has_chat_template(model):
+        if not has_chat_template(getattr(model, "tokenizer", None)):
             return False, "the model has no chat template, so the refusal data set does not apply", None
         try:
             from interp import data as zd
