@@ -6,7 +6,6 @@ import interp
 from interp.editing import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, Transcoder, TranscoderSite,
                             compute_key, fine_tune, rome, second_moment, tcpe)
 from interp.editing.rome import _mask_rows
-from interp.testing import tiny_model
 
 interp.set_progress(False)
 TEXTS = [f"Note {i}: a person named Ann {i % 7} lives near the river {i * 3 % 11}." for i in range(24)]
@@ -14,22 +13,6 @@ REQ = EditRequest("Fact: {} lives in", "Bob", " Xy")
 CFG = EditConfig(context_template_length_params=(), v_num_grad_steps=5)
 TEMPLATES = ["{}", "Some context here. {}"]
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    hf, tok = tiny_model("gpt2", n_layers=3, perturb_norms=True)
-    with torch.no_grad():  # a random init has near-uniform logits; sharpen the (tied) unembedding so edits can act
-        hf.get_input_embeddings().weight.mul_(30)
-    return interp.wrap(hf, tok, backend="torch")
-
-
-@pytest.fixture(scope="module")
-def tc():
-    t = Transcoder(64, 192, 64, seed=2)
-    with torch.no_grad():
-        t.b_enc.fill_(0.03)
-    return t
 
 
 def test_request_and_config_validation():

@@ -7,29 +7,12 @@ import interp
 from interp.editing import (EditConfig, EditRequest, MLPSite, Transcoder, TranscoderSite, compute_key, compute_v,
                             context_templates, default_second_moment, default_texts, kl_term, rank_one, rome,
                             second_moment, tcpe, tcpe_batch, weight_decay_term)
-from interp.testing import tiny_model
 
 interp.set_progress(False)
 TEXTS = [f"Note {i}: a person named Ann {i % 7} lives near the river {i * 3 % 11}." for i in range(24)]
 REQ = EditRequest("Fact: {} lives in", "Bob", " Xy")
 TEMPLATES = ["{}", "Some context here. {}"]
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    hf, tok = tiny_model("gpt2", n_layers=3, perturb_norms=True)
-    with torch.no_grad():
-        hf.get_input_embeddings().weight.mul_(30)
-    return interp.wrap(hf, tok, backend="torch")
-
-
-@pytest.fixture(scope="module")
-def tc():
-    t = Transcoder(64, 192, 64, seed=2)
-    with torch.no_grad():
-        t.b_enc.fill_(0.03)
-    return t
 
 
 # ---------------------------------------------------------------------------------------------- item 7
