@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import interp
-from interp.editing import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, Transcoder, TranscoderSite,
+from interp.editing import (Edit, EditConfig, EditRequest, FineTuneConfig, MLPSite, TranscoderSite,
                             compute_key, fine_tune, rome, second_moment, tcpe)
 from interp.editing.rome import _mask_rows
 

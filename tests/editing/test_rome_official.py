@@ -1,10 +1,9 @@
 """ROME / TCPE against the official code (issue #35 items 7-10, #34 §4): each test compares with a hand computation
 or the official formula on fixed small inputs, and names what the code before the fix did instead."""
-import pytest
 import torch
 
 import interp
-from interp.editing import (EditConfig, EditRequest, MLPSite, Transcoder, TranscoderSite, compute_key, compute_v,
+from interp.editing import (EditConfig, EditRequest, MLPSite, TranscoderSite, compute_key, compute_v,
                             context_templates, default_second_moment, default_texts, kl_term, rank_one, rome,
                             second_moment, tcpe, tcpe_batch, weight_decay_term)
 
