@@ -47,7 +47,7 @@ numerics (which is why the code records condition numbers).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch

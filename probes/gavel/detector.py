@@ -42,9 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -125,7 +125,7 @@ def _pieces(model, conv: Conversation) -> list[tuple[str, str]]:
         raise ValueError("a conversation needs at least one message")
     tok = model.tokenizer
     if getattr(tok, "chat_template", None):
-        rendered, prev, out = [], "", []
+        prev, out = "", []
         for i in range(len(msgs)):
             full = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
             if not full.startswith(prev):  # template not prefix-stable: fall back to plain lines

@@ -33,7 +33,7 @@ last full window) together with the tokens before it as a final window ending at
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch

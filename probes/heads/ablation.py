@@ -22,7 +22,7 @@ distinct heads; a per-input mask is permuted per input, keeping each input's cou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
@@ -523,7 +523,6 @@ def inactive_sweep(model: Model, inputs: Any = None, score: str = BEST_SCORE, fr
     gen = torch.Generator().manual_seed(seed)
     baseline = _evaluate(model, batches, fn)
     thresholds, values, randoms, zeroed = [], [], [], []
-    total_heads = model.cfg.n_layers * model.cfg.n_heads
     for p in progress(list(fractions), desc=f"sweep {key}"):
         tau = calib.threshold(key, p, convention)
         thresholds.append(tau)

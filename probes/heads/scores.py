@@ -67,7 +67,7 @@ project used before: it flags one more (input, head) pair for the "<" scores, a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import torch
