@@ -14,21 +14,3 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 torch.manual_seed(0)
-
-import signal  # noqa: E402
-import warnings  # noqa: E402
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _sigint_handler_is_restored(request):
-    """A test (or a library it drives) that leaves the process's SIGINT handler changed would make later
-    tests' Ctrl-C behave differently (tests/reliability/test_interrupts.py simulates Ctrl-C): restore it after
-    each test and name the test in a warning."""
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before and before is not None:
-        signal.signal(signal.SIGINT, before)
-        warnings.warn(f"{request.node.nodeid} left the SIGINT handler changed ({after!r}); restored")
