@@ -59,7 +59,7 @@ import torch
 from interp.progress import progress
 from interp.results import Result
 
-from .transcoders import Transcoder, splice as tc_splice
+from .transcoders import Transcoder, _model_identity, default_transcoder, splice as tc_splice
 
 SEED_WORDS = ("The", "Therefore", "Because", "I", "You")
 
@@ -959,11 +959,6 @@ def default_texts(verses_per_text: int = 10) -> list[str]:
     return text_passages(None, verses_per_text)  # every passage, in book order
 
 
-def _model_identity(model) -> str:
-    hc = getattr(getattr(model, "hf_model", None), "config", None)
-    return str(getattr(hc, "_name_or_path", "") or getattr(model.cfg, "family", ""))
-
-
 def default_second_moment(site: _Site, config: EditConfig | None = None, texts: Sequence[str] | None = None,
                           max_length: int | None = None, root=None) -> torch.Tensor:
     """``C`` of ``site`` from ``config.mom2_n_samples`` texts of the built-in corpus (:func:`default_texts`;
@@ -1021,7 +1016,6 @@ def tcpe(model, request: EditRequest, layer: int, transcoder: Transcoder | None 
     built-in corpus and cached; the same object on every call, so splice that one)."""
     cfg = config or EditConfig.tcpe()
     if transcoder is None:
-        from .transcoders import default_transcoder
         transcoder = default_transcoder(model, layer)
     site = TranscoderSite(model, layer, transcoder)
     if C is None:
@@ -1066,7 +1060,6 @@ def tcpe_batch(model, requests: Sequence[EditRequest], layer: int, transcoder: T
         raise ValueError(f"upd_decay must be a number > 0 or one per request ({len(reqs)}), got {upd_decay!r}")
     cfg = config or EditConfig.tcpe()
     if transcoder is None:  # as in tcpe: the cached default transcoder of this model and layer
-        from .transcoders import default_transcoder
         transcoder = default_transcoder(model, layer)
     site = TranscoderSite(model, layer, transcoder)
     if C is None:

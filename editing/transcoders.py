@@ -660,6 +660,12 @@ def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequen
                              feature_density=fired / max(n, 1))
 
 
+def _model_identity(model) -> str:
+    """The model's name (its HF folder or hub name, else its family): part of the keys of cached defaults."""
+    hc = getattr(getattr(model, "hf_model", None), "config", None)
+    return str(getattr(hc, "_name_or_path", "") or getattr(model.cfg, "family", ""))
+
+
 #: default transcoders of this process, by stage key: ``default_transcoder`` returns the same object each call
 _DEFAULT_TRANSCODERS: dict[str, Transcoder] = {}
 
@@ -681,8 +687,7 @@ def default_transcoder(model, layer: int, config: TranscoderTrainingConfig | Non
     h = hashlib.sha1()
     for name in ("W_in", "W_out"):
         h.update(model.weight(name)[layer].detach().float().cpu().contiguous().numpy().tobytes())
-    hc = getattr(getattr(model, "hf_model", None), "config", None)
-    key = {"schema": 1, "model": str(getattr(hc, "_name_or_path", "") or model.cfg.family), "mlp": h.hexdigest(),
+    key = {"schema": 1, "model": _model_identity(model), "mlp": h.hexdigest(),
            "layer": layer, "config": dataclasses.asdict(cfg),
            "corpus": hashlib.sha1("\x00".join(corpus).encode()).hexdigest()}
     st = Stages("editing/transcoder", key)
