@@ -38,14 +38,21 @@ def attention_view(source: Any, prompt: str | None = None, heads: Sequence[Head]
                    tokens: Sequence[str] | None = None, batch: int = 0, title: str | None = None):
     """Attention patterns of ``heads`` (``(layer, head)`` pairs; default: every head) as a plotly figure.
 
-    ``source`` is an :class:`interp.Model` (``prompt`` required: it is run once and its patterns captured) or
-    an :class:`interp.Cache` holding the patterns (``tokens`` then labels the axes; ``batch`` picks the row).
-    One heatmap per head, shown one at a time through a drop-down. Negative layers and heads count from the end.
+    ``source`` is an :class:`interp.Model` (``prompt`` required: it is run once and its patterns captured), an
+    :class:`interp.Cache` holding the patterns (``tokens`` then labels the axes; ``batch`` picks the row), or the
+    patterns themselves, a tensor ``[n_heads, query, key]`` with ``heads`` naming its rows in order (for patterns
+    kept in a saved result). One heatmap per head, shown one at a time through a drop-down. Negative layers and
+    heads count from the end.
     """
-    import plotly.graph_objects as go
-
     from .cache import Cache
 
+    if isinstance(source, torch.Tensor):
+        if source.ndim != 3 or source.shape[-1] != source.shape[-2]:
+            raise ValueError(f"patterns must be [n_heads, query, key] with query == key, got {tuple(source.shape)}")
+        if heads is None or len(heads) != source.shape[0]:
+            raise ValueError(f"give heads: one (layer, head) pair per pattern ({source.shape[0]} patterns)")
+        chosen = [(int(l), int(h)) for l, h in heads]
+        return _pattern_figure(chosen, list(source.float().cpu()), tokens, title)
     if isinstance(source, Cache):
         cache = source
         if prompt is not None and tokens is None and cache.model is not None:
@@ -67,6 +74,13 @@ def attention_view(source: Any, prompt: str | None = None, heads: Sequence[Head]
         if name not in cache:
             raise ValueError(f"the cache has no pattern for layer {l} ({name})")
         mats.append(cache[name][batch, h].float().cpu())
+    return _pattern_figure(chosen, mats, tokens, title)
+
+
+def _pattern_figure(chosen: list[Head], mats: list[torch.Tensor], tokens: Sequence[str] | None, title: str | None):
+    """One heatmap per ``(layer, head)`` of ``chosen`` (``mats``: ``[query, key]`` each) and the head drop-down."""
+    import plotly.graph_objects as go
+
     n = mats[0].shape[-1]
     labels = [f"{i}: {t}" for i, t in enumerate(tokens)] if tokens is not None else [str(i) for i in range(n)]
     if len(labels) != n:
@@ -79,7 +93,7 @@ def attention_view(source: Any, prompt: str | None = None, heads: Sequence[Head]
                                  meta=f"{l}H{h}"))
     buttons = [dict(label=f"L{l}H{h}", method="update",
                     args=[{"visible": [j == i for j in range(len(chosen))]},
-                          {"title": f"{title or 'attention pattern'}: layer {l}, head {h}"}])
+                          {"title.text": f"{title or 'attention pattern'}: layer {l}, head {h}"}])
                for i, (l, h) in enumerate(chosen)]
     l0, h0 = chosen[0]
     fig.update_layout(title=f"{title or 'attention pattern'}: layer {l0}, head {h0}",

@@ -10,13 +10,14 @@ heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
 from __future__ import annotations
 
 import html
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from interp.audit import AuditData, Check, Rendered
 from interp.results import Result
+from interp.viz import attention_view
 
 from .heads import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTIONS, THRESHOLD_CONVENTIONS, HeadScores,
                     evaluate_ablation, inactive_sweep, resolve_scores, score_heads)
@@ -79,6 +80,10 @@ class HeadsCheckResult(AblationViews, Result):
     n_eval_texts: int
     convention: str = "official"  #: how τ_p was read off the CDF
     padded_queries: str = "drop"  #: padding rule of the pattern scores
+    #: attention patterns for the report's view: {"tokens": [q], "heads": [[layer, head], ...],
+    #: "patterns": [n_heads, q, q]} on the first score text (the ablation score's 3 most inactive heads, then its
+    #: most active one); None for a model without attention patterns
+    pattern_view: dict[str, Any] | None = None
     kind: ClassVar[str] = "heads_check"
 
     @property
@@ -111,6 +116,17 @@ def _iou_figure(names: list[str], iou: list[list[float]]):
     fig.update_layout(title={"text": "Overlap (IoU) of the per-input inactive masks"}, height=560,
                       yaxis={"autorange": "reversed"}, margin={"l": 140, "b": 140})
     return fig
+
+
+def _pattern_view(model, text: str, ranking: list[tuple[int, int]], n_tokens: int = 24) -> dict[str, Any]:
+    """The patterns the report shows: the 3 most inactive heads of ``ranking`` and its most active head, on the
+    first ``n_tokens`` tokens of ``text``."""
+    heads = ranking[:3] + ranking[-1:]
+    ids = model.to_tokens(text)[:, :n_tokens]
+    _, cache = model.run_with_cache(ids, names=sorted({f"blocks.{l}.attn.hook_pattern" for l, _ in heads}),
+                                    device="cpu")
+    patterns = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"][0, h].float() for l, h in heads])
+    return {"tokens": model.to_str_tokens(ids[0]), "heads": [[l, h] for l, h in heads], "patterns": patterns}
 
 
 class HeadsCheck(Check):
@@ -160,7 +176,8 @@ class HeadsCheck(Check):
             sweep = asdict(sw)
         return HeadsCheckResult(scores.per_input, scores.n_tokens, scores.model, cfg.fraction, cfg.min_share,
                                 summary.to_dict("records"), iou.values.tolist(), flagged, ablation, sweep,
-                                len(score_texts), len(eval_texts), cfg.convention, cfg.padded_queries)
+                                len(score_texts), len(eval_texts), cfg.convention, cfg.padded_queries,
+                                _pattern_view(model, score_texts[0], scores.ranking(ablation_score)))
 
     def summary(self, result: HeadsCheckResult) -> dict[str, Any]:
         cfg: HeadsConfig = self.config
@@ -225,6 +242,12 @@ class HeadsCheck(Check):
                    ("How much the score functions agree", _iou_figure(hs.names, result.iou))]
         if abl is not None:
             figures.append(("Loss change: flagged heads versus random heads", abl.figure()))
+        view = result.pattern_view
+        if view is not None:
+            figures.append((f"Attention patterns of the 3 most inactive heads by {best} and of its most active head, "
+                            "on the first score text (choose the head in the drop-down)",
+                            attention_view(view["patterns"], heads=[tuple(x) for x in view["heads"]],
+                                           tokens=view["tokens"], title="attention")))
         sw = result.sweep_result
         if sw is not None:
             parts.append(f"<p>Paper metric (largest p whose loss stays within {100 * sw.tolerance:g}% of the baseline, "

@@ -10,6 +10,12 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = 0 ] && command -
   apt-get install -y -q --no-download dataset-fashion-mnist >/dev/null 2>&1 \
     || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || true
 fi
+# Headless Chromium (Debian's), in which tests/test_browser_views.py renders the notebook views and an audit
+# report; same rules: installed as root, never fails the setup, the test says it is skipped when it is missing.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get install -y -q --no-download chromium >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || true
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.interp-setup-stamp

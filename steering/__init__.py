@@ -23,7 +23,7 @@ from .activations import collect, last_token, mean_difference
 from .diff_in_means import DiffInMeans, DiffInMeansConfig
 from .ablation import ABLATION_HOOKS, DirectionalAblation, DirectionalAblationConfig, ablation_vector, orthogonalize_weights
 from . import behaviour, refusal
-from .behaviour import LinearProbe, evaluate_behaviour
+from .behaviour import LinearProbe, evaluate_behaviour, token_kl_view
 from . import repit
 from .repit import RepIt, RepItConfig, isolate, localize
 
@@ -31,5 +31,5 @@ __all__ = [
     "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
     "available", "default_data", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
-    "ablation_vector", "orthogonalize_weights", "behaviour", "LinearProbe", "evaluate_behaviour", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
+    "ablation_vector", "orthogonalize_weights", "behaviour", "LinearProbe", "evaluate_behaviour", "token_kl_view", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",
 ]

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from interp.audit import AuditData, Check, Rendered, parse_overrides
 from interp.results import Result
+from interp.viz import token_view
 
 from .base import SteeringData, SteeringMethod, get, has_chat_template
 from .behaviour import evaluate_behaviour
@@ -394,6 +395,11 @@ class SteeringCheck(Check):
             f"{ev['n_neutral_texts']} audit texts ({ev['n_neutral_tokens']} tokens): <b>{ev['kl_neutral']:.4f}</b> "
             "nats;</li><li><b>coherence</b>: perplexity of the greedy continuation under the <i>unsteered</i> model "
             "(the unsteered continuation is the reference).</li></ul>")
+        if ev.get("kl_tokens"):
+            text.append("<p>Where steering moves the predictions on the first neutral text (each token coloured by "
+                        "the KL of the next-token distribution read at it):</p>"
+                        + token_view(ev["kl_tokens"]["tokens"], ev["kl_tokens"]["kl"],
+                                     title="per-token KL(plain ‖ steered), nats").html)
         df = result.to_frame()
         table = df.pivot_table(index="metric", columns="condition", values="value", sort=False).reset_index()
         examples = pd.DataFrame(result.examples)

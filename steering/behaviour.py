@@ -33,6 +33,7 @@ import torch
 
 from interp.names import parse
 from interp.progress import progress
+from interp.viz import token_view
 
 from .activations import last_token
 from .base import SteeringVector, batches, n_prompts, prepared
@@ -186,14 +187,30 @@ def token_kl(model, texts: Sequence[str], vector: SteeringVector, batch_size: in
     n_batches = (n_prompts(texts) + batch_size - 1) // batch_size
     for batch in progress(batches(list(texts), batch_size), desc="neutral KL", total=n_batches):
         enc = prepared(model, batch)
-        base = model(enc).float().log_softmax(-1)
-        with vector.apply(model):
-            steered = model(enc).float().log_softmax(-1)
-        kl = (base.exp() * (base - steered)).sum(-1)  # [b, pos]
+        kl = _kl_per_position(model, enc, vector)
         real = enc["attention_mask"].to(kl.device).bool()
         total += float(kl[real].sum())
         count += int(real.sum())
     return total / max(count, 1), count
+
+
+def _kl_per_position(model, enc, vector: SteeringVector) -> torch.Tensor:
+    """``[batch, pos]``: KL(p_plain || p_steered) in nats of the next-token distribution at every position."""
+    base = model(enc).float().log_softmax(-1)
+    with vector.apply(model):
+        steered = model(enc).float().log_softmax(-1)
+    return (base.exp() * (base - steered)).sum(-1)
+
+
+@torch.no_grad()
+def token_kl_view(model, text: str, vector: SteeringVector):
+    """A :func:`interp.viz.token_view` of one text: each token coloured by KL(p_plain || p_steered) (nats) of the
+    next-token distribution read at it; where steering moves the model's predictions."""
+    enc = prepared(model, [text])
+    kl = _kl_per_position(model, enc, vector)[0]
+    real = enc["attention_mask"][0].bool().to(kl.device)
+    ids = enc["input_ids"][0][real.to(enc["input_ids"].device)]
+    return token_view(model.to_str_tokens(ids), kl[real].cpu(), title="per-token KL(plain ‖ steered), nats")
 
 
 @torch.no_grad()
@@ -229,6 +246,7 @@ def evaluate_behaviour(model, vector: SteeringVector, behaviour, neutral_texts: 
 
     Returns ``{"behaviour", "probe_hook", "probe_test_accuracy", "n_prompts", "n_neutral_texts",
     "n_neutral_tokens", "kl_neutral", "has_markers", "conditions": {"none": {...}, "steered": {...}},
+    "kl_tokens": {"tokens", "kl"} (per-token KL on the first neutral text, :func:`token_kl_view`),
     "examples": [{"prompt", "none", "steered"}]}``; each condition holds ``behaviour_rate`` and
     ``behaviour_score`` (``None`` without markers), ``probe_score``, ``probe_rate`` and ``continuation_ppl``.
     """
@@ -253,13 +271,15 @@ def evaluate_behaviour(model, vector: SteeringVector, behaviour, neutral_texts: 
                                                                              batch_size)
         conditions[cond] = row
     kl, n_tokens = token_kl(model, neutral_texts, vector, batch_size)
+    view = token_kl_view(model, neutral_texts[0], vector) if len(neutral_texts) else None
     return {"behaviour": behaviour.name, "probe_hook": hook,
             "probe_test_accuracy": probe.accuracy(act["pos_te"], act["neg_te"]), "n_prompts": len(prompts),
             "n_neutral_texts": len(neutral_texts), "n_neutral_tokens": n_tokens, "kl_neutral": kl,
             "has_markers": behaviour.has_markers, "conditions": conditions,
+            "kl_tokens": None if view is None else {"tokens": view.tokens, "kl": view.values},
             "examples": [{"prompt": prompts[i], "none": generations["none"][i], "steered": generations["steered"][i]}
                          for i in range(min(n_examples, len(prompts)))]}
 
 
 __all__ = ["LinearProbe", "continuation_perplexity", "evaluate_behaviour", "generation_positions", "marker_logprobs",
-           "marker_scores", "probe_hook", "token_kl"]
+           "marker_scores", "probe_hook", "token_kl", "token_kl_view"]

@@ -155,6 +155,7 @@ def test_cli_audit_writes_a_complete_self_contained_report(model_dir, tmp_path):
     assert page.external == [] and page.script_chars > 1_000_000  # plotly.js is inlined, nothing is fetched
     html = (out / "index.html").read_text()
     assert "Avg Head Output Norm (LN)" in html and "Model card" in html
+    assert "Attention patterns of the 3 most inactive heads" in html and "attention: layer" in html
 
 
 def test_cli_errors_are_clear_and_non_zero(model_dir, tmp_path):

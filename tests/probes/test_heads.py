@@ -464,6 +464,23 @@ def test_planted_heads_are_flagged_by_exactly_the_scores_that_see_them(planted):
     assert scores.scores["AHON (LN)"][0, 0] > 1.5
 
 
+def test_heads_report_shows_the_patterns_of_the_planted_heads(planted):
+    """The audit section's attention view: the 3 most inactive heads by AHON (LN) (the dead-output plants) and the
+    most active head, their patterns as the model computes them on the first score text's first 24 tokens."""
+    from interp.probes.audit_checks import _pattern_view
+
+    model, plants, scores = planted
+    with model.intervene(plants):
+        view = _pattern_view(model, TEXTS[0], scores.ranking("AHON (LN)"))
+        ids = model.to_tokens(TEXTS[0])[:, :24]
+        _, cache = model.run_with_cache(ids, names="blocks.*.attn.hook_pattern")
+    assert {tuple(h) for h in view["heads"][:3]} == EXPECTED["AHON (LN)"]
+    assert tuple(view["heads"][3]) == scores.ranking("AHON (LN)")[-1]
+    assert view["tokens"] == model.to_str_tokens(ids[0]) and view["patterns"].shape[-1] == len(view["tokens"])
+    for (l, h), p in zip(view["heads"], view["patterns"]):
+        torch.testing.assert_close(p, cache[f"blocks.{l}.attn.hook_pattern"][0, h].float())
+
+
 def test_scores_blind_to_a_plant_do_not_move():
     """Zeroing W_O[h] leaves every z/v/pattern score of its layer unchanged; scaling V leaves the pattern
     scores and the scale-free HN score unchanged."""

@@ -12,7 +12,7 @@ from interp.data import BEHAVIOURS, Behaviour, get_behaviour, load_behaviour
 from interp.steering import SteeringVector, last_token
 from interp.steering.activations import collect
 from interp.steering.behaviour import (LinearProbe, continuation_perplexity, generation_positions, marker_logprobs,
-                                       marker_scores, probe_hook, token_kl)
+                                       marker_scores, probe_hook, token_kl, token_kl_view)
 
 PROMPTS = ["Hello there, my", "The cat sat on the", "A"]
 
@@ -98,6 +98,17 @@ def test_token_kl_by_hand_and_zero_at_scale_zero(llama):
         count += ids.shape[1]
     assert n == count and kl == pytest.approx(total / count, rel=1e-4) and kl > 0
     assert token_kl(llama, texts, vec.with_scale(0.0))[0] == pytest.approx(0.0, abs=1e-7)
+    # the report's per-token view of one text: its values are the per-position KLs computed by hand above
+    t = texts[2]
+    ids = torch.tensor([llama.tokenizer(t, add_special_tokens=False)["input_ids"]])
+    base = llama(ids)[0].float().log_softmax(-1)
+    with vec.apply(llama):
+        st = llama(ids)[0].float().log_softmax(-1)
+    view = token_kl_view(llama, t, vec)
+    assert view.tokens == llama.to_str_tokens(ids[0])
+    torch.testing.assert_close(torch.tensor(view.values), (base.exp() * (base - st)).sum(-1), rtol=1e-4, atol=1e-7)
+    assert sum(view.values) / len(view.values) == pytest.approx(token_kl(llama, [t], vec)[0], rel=1e-5)
+    assert "interp-token-view" in view.html
 
 
 def test_continuation_perplexity_by_hand(llama):
@@ -208,6 +219,9 @@ def test_behaviour_section_on_a_tiny_model(llama, tmp_path):
     page = (tmp_path / "s" / "index.html").read_text()
     assert "Steering: method diff_in_means on uppercase" in page and "Behaviour before / after steering" in page
     assert "KL on neutral text" in page and "Greedy continuations" in page
+    assert "interp-token-view" in page and res.evaluation["kl_tokens"]["tokens"] == llama.to_str_tokens(
+        llama.tokenizer("Some text here.", add_special_tokens=False, return_tensors="pt")["input_ids"][0])
+    assert max(res.evaluation["kl_tokens"]["kl"]) > 0 and max(ev["kl_tokens"]["kl"]) == pytest.approx(0.0, abs=1e-7)
 
 
 def test_user_data_without_markers_and_auto_fallback(llama, tmp_path):
