@@ -16,3 +16,7 @@ def test_notebook_runs(path: Path) -> None:
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    # progress bars render as widgets (ipywidgets is a dev dependency): no tqdm fallback warning in any cell
+    stderr = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                     if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    assert "IProgress not found" not in stderr and "TqdmWarning" not in stderr, stderr[-2000:]
