@@ -20,3 +20,6 @@ def test_notebook_runs(path: Path) -> None:
     stderr = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                      if o.get("output_type") == "stream" and o.get("name") == "stderr")
     assert "IProgress not found" not in stderr and "TqdmWarning" not in stderr, stderr[-2000:]
+    if path.stem == "transformer_lens_habits":  # what a TL user reads first: rich displays, plotly views, widget bars
+        kinds = {k for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) for k in o.get("data", {})}
+        assert {"text/html", "application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"} <= kinds
