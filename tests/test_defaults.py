@@ -305,8 +305,8 @@ def test_smollm2_defaults():
     small = dict(n_examples=200, n_codes=8, train={"steps": 100}, n_perm=2)
     m = block_layer_map(model, config=BlockMapConfig(**small, map_layers=(0, L // 2, L - 1)))
     assert m.nmi_t.shape[1] == 3
-    # H holds ~1,000 states per set on SmolLM2 (29 layers x the prompt): ~12.5 s per VQ-VAE step at batch 128
-    # on 2 cores, so the horizon check trains its H code on small batches for a few steps
+    # H holds ~870 states per set on SmolLM2 (29 layers x the prompt): ~21 CPU-s per VQ-VAE step at batch 128
+    # (benchmarks/speed/results/planning.md), so the horizon check trains its H code on small batches, few steps
     tiny_h = {**small, "train": {"steps": 20, "batch_size": 16}}
     h = horizon_curve(model, config=HorizonConfig(**tiny_h, max_tau=3))
     assert h.task == "text-continuation" and len(h.mi) == 4

@@ -234,9 +234,10 @@ def horizon_curve(model: Model, task=None, config: HorizonConfig | None = None) 
     on greedy generations for ``"target"``. ``task=None``: the built-in real-text task
     (:class:`~.tasks.TextContinuation`: 24-word KJV prompts).
 
-    Cost: the ``H`` VQ-VAE sees every prompt position at every layer but the last; on SmolLM2-135M (~1,000
-    states per set) one training step on 128 sets takes ~12.5 s on 2 CPU cores, so the default 1,500 steps are
-    hours on CPU: use ``train={"device": "cuda"}``, fewer ``layers`` or a smaller ``train`` budget there."""
+    Cost: the ``H`` VQ-VAE sees every prompt position at every layer but the last; on SmolLM2-135M (~870
+    states per set) one training step on 128 sets costs ~21 CPU-seconds (``benchmarks/speed/planning.py``), so the
+    default 1,500 steps are hours on CPU: use ``train={"device": "cuda"}``, fewer ``layers`` or a smaller
+    ``train`` budget there."""
     config = config or HorizonConfig()
     if task is None:
         from .tasks import TextContinuation
