@@ -29,8 +29,9 @@ class PolcaRecipe(Recipe):
     Config = AdditionConfig
     presets = {"quick": QUICK, "full": AdditionConfig()}
     cost = {"quick": "about 6 CPU-s (one thread)",
-            "full": "about 45 CPU-minutes (the documented run: 2,711 s wall on one thread = training ~2 min, basis "
-                    "7.8 min, POLCA terms and span diagnostics 35 min)"}
+            "full": "about 17 CPU-minutes (the record: 1,039 s on one thread of the 2-core machine; an earlier run "
+                    "under load took 2,711 s wall: training ~2 min, basis 7.8 min, POLCA terms and span diagnostics "
+                    "35 min)"}
     code = ("interp.benchmarks.polca", "interp.dynamics.polca", "interp.dynamics.tasks")
 
     def run_unit(self, config: AdditionConfig, unit, stages) -> dict:
