@@ -36,7 +36,7 @@ from interp.results import Result
 from interp.viz import token_view
 
 from .base import SteeringData, SteeringMethod, get, has_chat_template
-from .behaviour import evaluate_behaviour
+from .behaviour import KL_VIEW_TITLE, evaluate_behaviour
 from .refusal import (evaluate_refusal, judge_generations, kl_divergence, refusal_data, refusal_scores,
                       refusal_token_ids)
 from .repit import RepIt, RepItConfig
@@ -399,7 +399,7 @@ class SteeringCheck(Check):
             text.append("<p>Where steering moves the predictions on the first neutral text (each token coloured by "
                         "the KL of the next-token distribution read at it):</p>"
                         + token_view(ev["kl_tokens"]["tokens"], ev["kl_tokens"]["kl"],
-                                     title="per-token KL(plain ‖ steered), nats").html)
+                                     title=KL_VIEW_TITLE).html)
         df = result.to_frame()
         table = df.pivot_table(index="metric", columns="condition", values="value", sort=False).reset_index()
         examples = pd.DataFrame(result.examples)

@@ -202,6 +202,10 @@ def _kl_per_position(model, enc, vector: SteeringVector) -> torch.Tensor:
     return (base.exp() * (base - steered)).sum(-1)
 
 
+#: title of the per-token KL view (:func:`token_kl_view`, and the steering audit section that redraws it)
+KL_VIEW_TITLE = "per-token KL(plain ‖ steered), nats"
+
+
 @torch.no_grad()
 def token_kl_view(model, text: str, vector: SteeringVector):
     """A :func:`interp.viz.token_view` of one text: each token coloured by KL(p_plain || p_steered) (nats) of the
@@ -210,7 +214,7 @@ def token_kl_view(model, text: str, vector: SteeringVector):
     kl = _kl_per_position(model, enc, vector)[0]
     real = enc["attention_mask"][0].bool().to(kl.device)
     ids = enc["input_ids"][0][real.to(enc["input_ids"].device)]
-    return token_view(model.to_str_tokens(ids), kl[real].cpu(), title="per-token KL(plain ‖ steered), nats")
+    return token_view(model.to_str_tokens(ids), kl[real].cpu(), title=KL_VIEW_TITLE)
 
 
 @torch.no_grad()
