@@ -322,3 +322,26 @@ def test_second_moments_of_two_sites_in_one_pass_equal_the_single_site_ones(mode
     assert torch.equal(second_moment(sites[0], TEXTS, n_tokens=300, cache_file=files[0]), both[0])  # read back
     with pytest.raises(ValueError, match="at most one TranscoderSite"):
         second_moments([TranscoderSite(model, 1, tc), MLPSite(model, 2)], TEXTS)
+
+
+def test_cached_second_moment_is_checked_on_read(model, tmp_path):
+    """ROME's cached C (stage ``editing/mom2``) carries a checksum: a flipped bit in the stored tensor is found
+    on the next read and C recomputed (issue #42: it was returned as good)."""
+    import warnings
+
+    from interp.editing.rome import default_second_moment
+    from interp.stages import StageWarning
+
+    site = MLPSite(model, 1)
+    cfg = EditConfig(mom2_n_samples=4, v_num_grad_steps=2)
+    C = default_second_moment(site, cfg, root=tmp_path)
+    (f,) = (tmp_path / "editing" / "mom2").glob("*/C/value.safetensors")
+    data = bytearray(f.read_bytes())
+    data[-2] ^= 0x40
+    f.write_bytes(bytes(data))
+    with pytest.warns(StageWarning, match=r"stage 'C' of editing/mom2 .*checksum"):
+        again = default_second_moment(site, cfg, root=tmp_path)
+    assert torch.equal(again, C)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StageWarning)
+        assert torch.equal(default_second_moment(site, cfg, root=tmp_path), C)  # stored again, intact
