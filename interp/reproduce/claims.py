@@ -21,6 +21,9 @@ A recipe's ``claims.yaml`` (next to its ``recipe.py``)::
           original: "nontarget_kept >= 0.95"
           why: "..."
           date: 2026-11-28
+        posthoc:                     # only where the criterion was first set after results were seen
+          seen: "the quick run's target_refusal (0.1)"   # what had been seen
+          date: 2026-11-20
         expect: {full: reproduced}   # the verdict the committed full record holds (checked by the tests)
         note: "..."                  # optional: the measured cause where it does not reproduce
 
@@ -72,6 +75,14 @@ class Change:
 
 
 @dataclass(frozen=True)
+class PostHoc:
+    """A criterion first set after results were seen (not changed: there was no earlier one)."""
+
+    seen: str
+    date: str
+
+
+@dataclass(frozen=True)
 class Claim:
     id: str
     claim: str
@@ -82,6 +93,7 @@ class Claim:
     changed: Change | None = None
     expect: Mapping[str, str] = field(default_factory=dict)
     note: str = ""
+    posthoc: PostHoc | None = None
 
     def criterion_text(self) -> str:
         return " and ".join(c.text() for c in self.criteria)
@@ -152,7 +164,22 @@ def _tolerance(v: Any, where: str) -> Tolerance:
         return Tolerance(ignore=True)
     if not isinstance(v, Mapping) or not set(v) <= {"rel", "abs"} or not v:
         raise ClaimsError(f"{where}: a tolerance is {{rel: x, abs: y}} (either or both) or {{ignore: true}}, got {v!r}")
-    return Tolerance(rel=_number(v.get("rel", 0.0), f"{where}.rel"), abs=_number(v.get("abs", 0.0), f"{where}.abs"))
+    rel, abs_ = _number(v.get("rel", 0.0), f"{where}.rel"), _number(v.get("abs", 0.0), f"{where}.abs")
+    if rel < 0 or abs_ < 0:
+        raise ClaimsError(f"{where}: a tolerance is not negative, got {dict(v)!r}")
+    return Tolerance(rel=rel, abs=abs_)
+
+
+class _Located(dict):
+    """A mapping read from YAML that remembers the line it starts on (for ``file:line`` messages)."""
+
+    line: int = 0
+
+
+def _at(source: str, obj: Any) -> str:
+    """``source:line`` where ``obj`` was read from a YAML file, else ``source``."""
+    line = getattr(obj, "line", 0)
+    return f"{source}:{line}" if line else source
 
 
 def parse_claims(data: Any, source: str = "<claims>") -> Claims:
@@ -169,26 +196,27 @@ def parse_claims(data: Any, source: str = "<claims>") -> Claims:
         raise ClaimsError(f"{source}: 'claims' is empty")
     claims, seen = [], set()
     for i, c in enumerate(raw):
-        where = f"{source}: claims[{i}]"
+        where = f"{_at(source, c)}: claims[{i}]"
         if not isinstance(c, Mapping):
             raise ClaimsError(f"{where}: a claim is a mapping, got {type(c).__name__}")
-        unknown = set(c) - {"id", "claim", "paper", "where", "criteria", "fixed", "changed", "expect", "note"}
+        unknown = set(c) - {"id", "claim", "paper", "where", "criteria", "fixed", "changed", "expect", "note",
+                            "posthoc"}
         if unknown:
             raise ClaimsError(f"{where}: unknown key(s) {sorted(unknown)}")
         cid = _req(c, "id", where)
-        where = f"{source}: claim {cid!r}"
-        if not _ID.match(cid) or cid in seen:
-            raise ClaimsError(f"{where}: an id is a unique lower-case token (a-z, 0-9, _ and -)")
+        where = f"{_at(source, c)}: claim {cid!r}"
+        if not _ID.fullmatch(cid) or cid in seen:
+            raise ClaimsError(f"{where}: an id is a unique lower-case token (a-z, 0-9, _ and -), got {cid!r}")
         seen.add(cid)
         crits_raw = _req(c, "criteria", where, list)
         if not crits_raw:
             raise ClaimsError(f"{where}: 'criteria' is empty")
         crits = []
         for j, k in enumerate(crits_raw):
-            w = f"{where}: criteria[{j}]"
+            w = f"{_at(source, k) if isinstance(k, Mapping) else where}: claim {cid!r}: criteria[{j}]"
             if not isinstance(k, Mapping) or set(k) != {"metric", "op", "value"}:
                 raise ClaimsError(f"{w}: a criterion is {{metric: NAME, op: '>=', value: NUMBER}}, got {k!r}")
-            if k["op"] not in OPS:
+            if not isinstance(k["op"], str) or k["op"] not in OPS:
                 raise ClaimsError(f"{w}: op must be one of {', '.join(OPS)}, got {k['op']!r}")
             crits.append(Criterion(_req(k, "metric", w), k["op"], _number(k["value"], f"{w}.value")))
         changed = None
@@ -198,19 +226,27 @@ def parse_claims(data: Any, source: str = "<claims>") -> Claims:
             if not isinstance(ch, Mapping) or set(ch) != {"original", "why", "date"}:
                 raise ClaimsError(f"{w}: needs exactly 'original', 'why' and 'date'")
             changed = Change(_req(ch, "original", w), _req(ch, "why", w), _date(ch["date"], f"{w}.date"))
+        posthoc = None
+        if c.get("posthoc") is not None:
+            ph = c["posthoc"]
+            w = f"{where}: posthoc"
+            if not isinstance(ph, Mapping) or set(ph) != {"seen", "date"}:
+                raise ClaimsError(f"{w}: needs exactly 'seen' (what results had been seen) and 'date'")
+            posthoc = PostHoc(_req(ph, "seen", w), _date(ph["date"], f"{w}.date"))
         expect = c.get("expect") or {}
         if not isinstance(expect, Mapping) or any(v not in VERDICTS[:3] for v in expect.values()) \
                 or not set(expect) <= {"quick", "full"}:
             raise ClaimsError(f"{where}: 'expect' maps a preset (quick, full) to one of {VERDICTS[:3]}, got {expect!r}")
         claims.append(Claim(id=cid, claim=_req(c, "claim", where), paper=str(_req(c, "paper", where, (str, int, float))),
                             where=_req(c, "where", where), criteria=tuple(crits), fixed=_date(c.get("fixed"), f"{where}.fixed"),
-                            changed=changed, expect=dict(expect), note=str(c.get("note") or "")))
+                            changed=changed, expect=dict(expect), note=str(c.get("note") or ""),
+                            posthoc=posthoc))
     tols = {}
     raw_t = data.get("tolerances") or {}
     if not isinstance(raw_t, Mapping):
         raise ClaimsError(f"{source}: 'tolerances' is a mapping of metric -> {{rel, abs}}")
     for k, v in raw_t.items():
-        tols[str(k)] = _tolerance(v, f"{source}: tolerances.{k}")
+        tols[str(k)] = _tolerance(v, f"{_at(source, v if getattr(v, 'line', 0) else raw_t)}: tolerances.{k}")
     return Claims(paper=paper, digest=dig, claims=tuple(claims), tolerances=tols, source=source)
 
 
@@ -229,6 +265,14 @@ def _unique_key_loader():
                                                             key_node.start_mark)
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
+
+        def construct_located_map(self, node):
+            data = _Located()
+            data.line = node.start_mark.line + 1
+            yield data
+            data.update(self.construct_mapping(node))
+
+    Loader.add_constructor("tag:yaml.org,2002:map", Loader.construct_located_map)
     return Loader
 
 
@@ -244,6 +288,8 @@ def load_claims(path: str | Path) -> Claims:
         raise ClaimsError(f"{path}: cannot read the claims file ({exc.strerror or exc})") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no code is run
+    except RecursionError:
+        raise ClaimsError(f"{path}: nested too deeply to be a claims file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -276,6 +322,8 @@ def _values(measured: Mapping[str, Any], metric: str) -> list[float]:
         raise ValueError(f"{metric!r} is an empty list")
     out = []
     for x in vals:
+        if isinstance(x, str) and x in ("inf", "-inf"):  # how a record writes an infinite measurement (standard JSON)
+            x = float(x)
         if isinstance(x, bool) or not isinstance(x, (int, float)) or (isinstance(x, float) and math.isnan(x)):
             raise ValueError(f"{metric!r} is not a number: {x!r}")
         out.append(float(x))
@@ -307,5 +355,5 @@ def judge(claim: Claim, measured: Mapping[str, Any] | None, error: str | None = 
     return Verdict(claim.id, verdict, "; ".join(texts), passed, total)
 
 
-__all__ = ["Change", "Claim", "Claims", "ClaimsError", "Criterion", "OPS", "Tolerance", "VERDICTS", "Verdict",
+__all__ = ["Change", "PostHoc", "Claim", "Claims", "ClaimsError", "Criterion", "OPS", "Tolerance", "VERDICTS", "Verdict",
            "format_values", "judge", "load_claims", "parse_claims"]

@@ -61,7 +61,9 @@ def claims_markdown(rec: ReproductionRecord) -> str:
     for v in rec.verdicts:
         crit = v["criterion"] + (f" (fixed {v['fixed']}" + (f"; changed {v['changed']['date']}, originally "
                                                             f"{v['changed']['original']}: {v['changed']['why']}"
-                                                            if v.get("changed") else "") + ")")
+                                                            if v.get("changed") else "")
+                                     + (f"; set after results were seen, {v['posthoc']['date']}: "
+                                        f"{v['posthoc']['seen']}" if v.get("posthoc") else "") + ")")
         rows.append({"claim": v["claim"], "paper": f"{v['paper']} ({v['where']})", "our criterion": crit,
                      "ours": v["ours"], "verdict": f"**{v['verdict']}**"})
     rel = f"benchmarks/{rec.paper}/records/{rec.preset}/"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..results import Result
 from .claims import Claims, Tolerance, judge
@@ -19,7 +19,9 @@ from .claims import Claims, Tolerance, judge
 @dataclass
 class ReproductionRecord(Result):
     """One run of a recipe. ``verdicts``: one dict per claim (``id``, ``claim``, ``paper``, ``where``,
-    ``criterion``, ``fixed``, ``changed``, ``ours``, ``verdict``, ``error``)."""
+    ``criterion``, ``fixed``, ``changed``, ``posthoc``, ``ours``, ``verdict``, ``error``). ``provenance``: where
+    the run ran (git commit and whether the tree was dirty, CPU, threads, BLAS library and kernel, the
+    numeric stack's versions, the environment settings that choose kernels)."""
 
     kind = "reproduction"
 
@@ -42,6 +44,7 @@ class ReproductionRecord(Result):
     created: str = ""
     versions: dict = field(default_factory=dict)
     command: str = ""
+    provenance: dict = field(default_factory=dict)
 
     def to_frame(self):
         import pandas as pd
@@ -81,6 +84,36 @@ class ReproductionRecord(Result):
 VERDICT_COLOURS = {"reproduced": "#15803d", "partly": "#b45309", "not reproduced": "#6b7280", "error": "#b91c1c"}
 
 
+def json_ready(value: Any, where: str = "value") -> Any:
+    """``value`` as plain JSON data, as a record stores it: tensors and numpy arrays become numbers or (nested)
+    lists, numpy scalars Python numbers, tuples lists, mapping keys strings; a non-finite float becomes the
+    string ``"inf"``, ``"-inf"`` or ``"nan"`` (standard JSON has no such numbers; the verdicts read them back).
+    Anything else raises ``TypeError`` naming ``where``."""
+    import numpy as np
+    import torch
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        arr = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+        if arr.dtype in (torch.complex64, torch.complex128) or (isinstance(arr, np.ndarray) and arr.dtype.kind not in "biuf"):
+            raise TypeError(f"{where}: a {arr.dtype} array is not a measurement")
+        return json_ready(arr.tolist() if arr.ndim else arr.item(), where)
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(f"{where}: a {type(value).__name__} is not a measurement (numbers, strings, lists and mappings "
+                    "of them, tensors and arrays)")
+
+
 def verdict_rows(claims: Claims, measured: dict | None, error: str | None) -> list[dict]:
     """Judge every claim and snapshot it with its verdict (the rows a record stores)."""
     rows = []
@@ -90,6 +123,7 @@ def verdict_rows(claims: Claims, measured: dict | None, error: str | None) -> li
                      "criterion": c.criterion_text(), "fixed": c.fixed,
                      "changed": None if c.changed is None else {"original": c.changed.original, "why": c.changed.why,
                                                                 "date": c.changed.date},
+                     "posthoc": None if c.posthoc is None else {"seen": c.posthoc.seen, "date": c.posthoc.date},
                      "expect": dict(c.expect), "note": c.note, "ours": v.ours, "verdict": v.verdict,
                      "passed": v.passed, "total": v.total, "error": v.error or None})
     return rows

@@ -34,6 +34,23 @@ def prepare_output(out: str | os.PathLike, overwrite: bool = False) -> Path:
     return check_output(out, REPORT_FILES, overwrite=overwrite, writer=WRITER)
 
 
+def remove_leftovers(out: str | os.PathLike) -> list[Path]:
+    """Remove the temporary folders a killed report write left beside or inside ``out``
+    (``.OUT.interp-new-*``, ``OUT/.interp-new-*``, ``OUT/.interp-old-*``); returns what was removed."""
+    import shutil
+
+    p = Path(out)
+    found = list(p.parent.glob(f".{p.name}.interp-new-*")) if p.parent.is_dir() else []
+    if p.is_dir() and not p.is_symlink():
+        found += list(p.glob(".interp-new-*")) + list(p.glob(".interp-old-*"))
+    removed = []
+    for d in found:
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 def _verdict(v: str) -> str:
     return f'<span class="verdict" style="color:{VERDICT_COLOURS.get(v, "#000")}">{html.escape(v)}</span>'
 
@@ -46,6 +63,10 @@ def _claims_table(rec: ReproductionRecord) -> str:
             ch = v["changed"]
             crit += (f'<br><span class="changed">changed {html.escape(ch["date"])} after results were seen; '
                      f'original: {html.escape(ch["original"])}; why: {html.escape(ch["why"])}</span>')
+        if v.get("posthoc"):
+            ph = v["posthoc"]
+            crit += (f'<br><span class="changed">set after results were seen ({html.escape(ph["date"])}): '
+                     f'{html.escape(ph["seen"])}</span>')
         ours = html.escape(v["ours"])
         if v.get("error"):
             ours += f'<br><span class="muted">{html.escape(v["error"])}</span>'
@@ -82,12 +103,35 @@ def _section(run: Any, index: int) -> str:
         if rows:
             parts.append(f"<h3>{html.escape(caption)}</h3>{_frame_html(pd.DataFrame(rows))}")
     for i, (caption, fig) in enumerate(run.figures):
-        parts.append(f"<figure><figcaption>{html.escape(caption)}</figcaption>"
-                     f"{_figure_html(fig, f'fig-{rec.paper}-{i}')}</figure>")
+        try:
+            drawn = _figure_html(fig, f"fig-{rec.paper}-{i}")
+        except Exception as exc:  # noqa: BLE001 - one figure that cannot be drawn never loses the report
+            drawn = f'<p class="status-error">the figure could not be drawn: {html.escape(f"{type(exc).__name__}: {exc}")}</p>'
+        parts.append(f"<figure><figcaption>{html.escape(str(caption))}</figcaption>{drawn}</figure>")
     parts.append(f"<details><summary>config ({html.escape(rec.config_type)}, digest {rec.config_key}; code "
                  f"{rec.code_version})</summary><pre>{html.escape(json.dumps(rec.config, indent=2))}</pre></details>")
+    if rec.provenance:
+        parts.append(f"<details><summary>where it ran (commit {html.escape(str(rec.provenance.get('commit') or '?')[:12])}"
+                     f"{' + uncommitted changes' if rec.provenance.get('dirty') else ''}, "
+                     f"{html.escape(str(rec.provenance.get('cpu')))}, {rec.provenance.get('threads')} thread(s))</summary>"
+                     f"<pre>{html.escape(json.dumps(rec.provenance, indent=2))}</pre></details>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _committed_full(rec: ReproductionRecord) -> str:
+    """The verdicts of the paper's committed full record (what a quick run's verdicts are not), as HTML."""
+    from .recipe import get_recipe
+    from .record import committed_record
+
+    try:
+        full = committed_record(get_recipe(rec.paper), "full")
+    except Exception as exc:  # noqa: BLE001 - an unreadable record is shown as such, the report is still written
+        return f'<span class="muted">unreadable ({html.escape(type(exc).__name__)})</span>'
+    if full is None:
+        return '<span class="muted">no full record yet</span>'
+    cells = ", ".join(f"{n} {_verdict(v)}" for v, n in full.counts().items())
+    return f'{cells} <span class="muted">({html.escape(full.created[:10])}, {html.escape(full.duration())})</span>'
 
 
 def render_html(runs: Sequence[Any]) -> str:
@@ -101,9 +145,10 @@ def render_html(runs: Sequence[Any]) -> str:
     for r in runs:
         rec = r.record
         cells = ", ".join(f"{n} {_verdict(v)}" for v, n in rec.counts().items())
+        full = _committed_full(rec)
         overview.append(f'<tr><td><a href="#paper-{html.escape(rec.paper)}">{html.escape(rec.paper)}</a></td>'
                         f'<td class="left">{html.escape(rec.title)}</td><td>{rec.preset}</td><td>{html.escape(rec.duration())}</td>'
-                        f'<td class="left">{cells}</td></tr>')
+                        f'<td class="left">{cells}</td><td class="left">{full}</td></tr>')
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
              f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}{_EXTRA_CSS}</style>',
              f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
@@ -114,7 +159,8 @@ def render_html(runs: Sequence[Any]) -> str:
              "nothing for a criterion). A quick preset is small: it proves that every stage and verdict runs, its "
              "verdicts are not the paper's test; the full preset is.</p>",
              '<table class="data"><tr><th>paper</th><th class="left">title</th><th>preset</th><th>time</th>'
-             f'<th class="left">verdicts</th></tr>{"".join(overview)}</table></section>']
+             '<th class="left">verdicts (this run)</th><th class="left">committed full record</th></tr>'
+             f'{"".join(overview)}</table></section>']
     parts += [_section(r, i) for i, r in enumerate(runs)]
     parts.append(f'<section id="environment"><h2>Environment</h2>{_kv_table(environment())}</section>')
     parts.append("</main></body></html>")
@@ -122,7 +168,9 @@ def render_html(runs: Sequence[Any]) -> str:
 
 
 def write_report(out: str | os.PathLike, runs: Sequence[Any], overwrite: bool = False) -> Path:
-    """Write ``out/index.html``, ``out/summary.json`` and ``out/<paper>/`` (each record) atomically."""
+    """Write ``out/index.html``, ``out/summary.json`` and ``out/<paper>/`` (each record) atomically; the
+    temporaries of an earlier write that was killed are removed first (one writer per folder at a time)."""
+    remove_leftovers(out)
     page = render_html(runs)
     summary = {"schema": "interp.reproduce.summary", "schema_version": 1,
                "papers": [{"paper": r.record.paper, "preset": r.record.preset, "seconds": r.record.seconds,
@@ -136,4 +184,4 @@ def write_report(out: str | os.PathLike, runs: Sequence[Any], overwrite: bool = 
     return Path(out)
 
 
-__all__ = ["REPORT_FILES", "WRITER", "prepare_output", "render_html", "write_report"]
+__all__ = ["REPORT_FILES", "WRITER", "prepare_output", "remove_leftovers", "render_html", "write_report"]

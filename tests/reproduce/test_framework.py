@@ -381,3 +381,153 @@ def test_a_resumed_run_reports_the_stored_stages_compute_time(toy):
         assert run_recipe(SlowToy.name, "full", fresh=True).record.resumed_seconds == 0.0
     finally:
         RECIPES.unregister(SlowToy.name)
+
+
+# ------------------------------------------------------------------------------------------ robustness (#42 item 5)
+class OddValuesRecipe(ToyRecipe):
+    """Measures a tensor, a numpy array and an infinity (converted), or an object (an error)."""
+
+    name = "toy-odd-values"
+
+    def combine(self, config, outputs):
+        import numpy as np
+
+        if config.fail_at == 99:
+            return Outcome(measured={"x": object(), "per_seed": [1.0]})
+        return Outcome(measured={"x": torch.tensor(float("inf")), "per_seed": np.array([1.0, 2.0], dtype=np.float32)},
+                       tables={"t": [{"v": torch.tensor(3), "w": np.float64("-inf")}]})
+
+
+@pytest.fixture
+def odd(toy):
+    RECIPES.register(OddValuesRecipe, replace=True)
+    yield OddValuesRecipe
+    RECIPES.unregister(OddValuesRecipe.name)
+
+
+def test_tensor_numpy_and_inf_measurements_are_converted(odd, tmp_path):
+    rec = run_recipe(odd.name, "full").record
+    assert rec.error is None and rec.measured == {"x": "inf", "per_seed": [1.0, 2.0]}
+    assert rec.tables == {"t": [{"v": 3, "w": "-inf"}]}
+    assert [v["verdict"] for v in rec.verdicts] == ["reproduced", "reproduced"]  # inf >= 5 is judged
+    rec.save(tmp_path / "rec")
+
+    def no_constants(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    json.loads((tmp_path / "rec" / "result.json").read_text(), parse_constant=no_constants)
+    assert ReproductionRecord.load(tmp_path / "rec").measured["x"] == "inf"
+    bad = run_recipe(odd.name, "full", config=ToyConfig(fail_at=99)).record
+    assert "measured.x: a object is not a measurement" in bad.error
+    assert {v["verdict"] for v in bad.verdicts} == {"error"}
+
+
+def test_each_paper_of_a_run_is_isolated(toy, tmp_path, monkeypatch):
+    from interp.cli import app
+    from interp.reproduce import reproduce
+
+    class BrokenClaims(ToyRecipe):
+        name = "toy-broken-claims"
+
+        @classmethod
+        def claims(cls):
+            return parse_claims({**CLAIMS, "claims": "not a list"}, "broken.yaml")
+
+    RECIPES.register(BrokenClaims, replace=True)
+    try:
+        runs = reproduce([BrokenClaims.name, toy.name], "full", out=tmp_path / "o")
+        assert [r.record.paper for r in runs] == [BrokenClaims.name, toy.name]
+        assert runs[0].input_error.startswith("broken.yaml") and runs[0].record.verdicts == []
+        assert runs[1].record.error is None and runs[1].record.summary() == "1 reproduced, 1 partly"
+        assert (tmp_path / "o" / "index.html").is_file()
+        r = CliRunner().invoke(app, ["reproduce", BrokenClaims.name, toy.name, "--preset", "full", "--out",
+                                     str(tmp_path / "o2")])
+        assert r.exit_code == 2 and "1 reproduced, 1 partly" in r.output
+        errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+        assert errors == ["error: broken.yaml: 'claims' must be a list, got str ('not a list')"]
+        assert "Traceback" not in r.output
+    finally:
+        RECIPES.unregister(BrokenClaims.name)
+
+
+def test_list_survives_a_malformed_record(toy, tmp_path, monkeypatch):
+    from interp.cli import app
+
+    monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
+    (tmp_path / "records" / "full").mkdir(parents=True)
+    (tmp_path / "records" / "full" / "result.json").write_text("{ not json")
+    r = CliRunner().invoke(app, ["reproduce", "--list"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith(toy.name))
+    assert "full: record unreadable" in line
+    assert "spiked_regression" in r.output and "sdm" in r.output  # the papers after it are listed
+    # --check against it: one error line, exit 2
+    c = CliRunner().invoke(app, ["reproduce", toy.name, "--preset", "full", "--check", "--out", str(tmp_path / "o")])
+    assert c.exit_code == 2 and any(x.startswith("error: toy-test-recipe: the committed full record cannot be read")
+                                    for x in c.output.splitlines())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("paper: x\ndigest: y\nclaims:\n  - id: a\n    claim: c\n    paper: p\n    where: w\n    fixed: 2026-01-01\n"
+     "    criteria:\n      - {metric: m, op: ['>='], value: 1}\n", r"claims.yaml:10: claim 'a': criteria\[0\]: op must be"),
+    ("paper: x\ndigest: y\nclaims:\n  - id: \"a\\n\"\n    claim: c\n    paper: p\n    where: w\n    fixed: 2026-01-01\n"
+     "    criteria: [{metric: m, op: '>=', value: 1}]\n", r"claims.yaml:4: claim 'a\\n': an id is"),
+    ("paper: x\ndigest: y\ntolerances:\n  m: {abs: -0.1}\nclaims:\n  - id: a\n    claim: c\n    paper: p\n"
+     "    where: w\n    fixed: 2026-01-01\n    criteria: [{metric: m, op: '>=', value: 1}]\n",
+     r"claims.yaml:4: tolerances.m: a tolerance is not negative"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", r"claims.yaml: nested too deeply"),
+])
+def test_malformed_claims_files_are_one_line_with_the_place(tmp_path, text, message):
+    f = tmp_path / "claims.yaml"
+    f.write_text(text)
+    with pytest.raises(ClaimsError, match=message) as exc:
+        load_claims(f)
+    assert str(exc.value).startswith(str(f)) and "\n" not in str(exc.value).strip()
+
+
+def test_posthoc_criteria_are_a_field_shown_beside_the_claim(toy, tmp_path):
+    from interp.reproduce.docs import claims_markdown
+
+    data = json.loads(json.dumps(CLAIMS))
+    data["claims"][0]["posthoc"] = {"seen": "the quick run's x (7)", "date": "2026-11-02"}
+    claims = parse_claims(data, "toy.yaml")
+    assert claims.claims[0].posthoc.seen == "the quick run's x (7)"
+    with pytest.raises(ClaimsError, match="posthoc"):
+        parse_claims({**data, "claims": [dict(data["claims"][0], posthoc={"seen": "x"})]}, "toy.yaml")
+    from interp.reproduce.record import verdict_rows
+
+    run = run_recipe(toy.name, "full")
+    run.record.verdicts = verdict_rows(claims, run.record.measured, None)
+    out = write_report(tmp_path / "r", [run])
+    page = (out / "index.html").read_text()
+    assert "set after results were seen (2026-11-02): the quick run&#x27;s x (7)" in page
+    assert "set after results were seen, 2026-11-02: the quick run's x (7)" in claims_markdown(run.record)
+
+
+def test_records_store_provenance_and_refuse_a_dirty_update(toy, tmp_path, monkeypatch):
+    from interp.reproduce import update_record
+
+    run = run_recipe(toy.name, "full", threads=2)
+    p = run.record.provenance
+    assert p["threads"] == 2 and p["cpu"] and p["packages"]["numpy"] and "env" in p
+    assert {"commit", "dirty", "blas", "torch_threads"} <= set(p) and p["torch_threads"] == 2
+    assert run.record.command.endswith("--threads 2")
+    monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
+    run.record.provenance = dict(p, dirty=True, dirty_files=["interp/model.py"])
+    with pytest.raises(ValueError, match=r"uncommitted changes \(interp/model.py\)"):
+        update_record(run)
+    assert not (tmp_path / "records").exists()
+    run.record.provenance = dict(p, dirty=False)
+    assert (update_record(run) / "result.json").is_file()
+
+
+def test_a_killed_report_write_leaves_nothing_behind(toy, tmp_path):
+    run = run_recipe(toy.name, "full")
+    left = tmp_path / ".o.interp-new-1a2b3c4d"  # a first write killed before its rename
+    left.mkdir()
+    (left / "index.html").write_text("half")
+    write_report(tmp_path / "o", [run])
+    inside = tmp_path / "o" / ".interp-new-99aa88bb"  # a later write killed mid-way
+    inside.mkdir()
+    write_report(tmp_path / "o", [run])
+    assert not left.exists() and not inside.exists() and (tmp_path / "o" / "index.html").is_file()
