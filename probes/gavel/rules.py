@@ -261,7 +261,7 @@ class _Parser:
                                       "like {ce_a, ce_b} or define it under 'groups'", tok.line, tok.col, self.text)
             self.used_groups.add(tok.value)
             ces = tuple(self.groups[tok.value])
-            dup = sorted({c for c in ces if ces.count(c) > 1})
+            dup = _repeated(ces)
             if dup:
                 raise RuleSyntaxError(f"group {tok.value!r} lists {', '.join(dup)} more than once; list each CE once "
                                       "(the official matcher would count a repeated CE twice)", tok.line, tok.col,
@@ -276,17 +276,19 @@ class _Parser:
             raise RuleSyntaxError("empty group: a group needs at least one CE", self.peek().line, self.peek().col,
                                   self.text)
         ces: list[str] = []
+        seen: set[str] = set()  # membership by hash: a list search made a group of n CEs cost O(n^2)
         while True:
             ctok = self.peek()
             if ctok.kind != "NAME":
                 raise self.err(ctok, "a CE name")
             self.i += 1
             self.check_ce(ctok.value, ctok)
-            if ctok.value in ces:
+            if ctok.value in seen:
                 raise RuleSyntaxError(f"CE {ctok.value!r} is listed twice in this group; list each CE once (the "
                                       "official matcher would count a repeated CE twice, so '2 of {a, a, b}' would "
                                       "fire on a alone)", ctok.line, ctok.col, self.text)
             ces.append(ctok.value)
+            seen.add(ctok.value)
             nxt = self.peek()
             if nxt.kind == ",":
                 self.i += 1
@@ -301,6 +303,16 @@ class _Parser:
         if self.known is not None and name not in self.known:
             raise RuleSyntaxError(f"unknown CE {name!r}; known CEs: {', '.join(sorted(self.known))}",
                                   tok.line, tok.col, self.text)
+
+
+def _repeated(names: Sequence[str]) -> list[str]:
+    """The names listed more than once in ``names``, sorted (one pass: counting with ``list.count`` per name
+    is quadratic in the length of the list)."""
+    seen: set[str] = set()
+    dup: set[str] = set()
+    for n in names:
+        (dup if n in seen else seen).add(n)
+    return sorted(dup)
 
 
 def _ce_names(value: object, field: str, allow_empty: bool = True, iterable: bool = False) -> list[str]:
@@ -448,7 +460,8 @@ def parse_rule(text: str, known_ces: Iterable[str] | None = None, *, name: str =
     node = parse_condition(text, groups=groups, known_ces=known_ces)
     sup = tuple(dict.fromkeys(_ce_names(supporting, "supporting")))
     if known_ces is not None:
-        bad = [c for c in sup if c not in set(known_ces)]
+        known = set(known_ces)  # once: rebuilding it per supporting CE was quadratic
+        bad = [c for c in sup if c not in known]
         if bad:
             raise ValueError(f"rule {name!r}: unknown supporting CE(s) {', '.join(bad)}")
     return Rule(node, name=name, description=description, action=action, supporting=sup, text=text,
@@ -513,8 +526,7 @@ class RuleSet:
     rules: list[Rule] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        names = [r.name for r in self.rules]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = _repeated([r.name for r in self.rules])
         if dup:
             raise ValueError(f"duplicate rule name(s): {', '.join(dup)}")
 
