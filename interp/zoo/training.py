@@ -209,27 +209,43 @@ def _untie(state: dict) -> dict:
 
 
 def _load_checkpoint(folder: Path, model: Any, opt: Any, sched: Any) -> tuple[int, list[float]]:
-    import json
+    """Restore a checkpoint :func:`_save_checkpoint` wrote; returns ``(step, losses)``.
 
-    import torch
-    from safetensors.torch import load_file
+    Every failure is a :class:`interp.io.SerializationError` naming the folder and saying to delete it:
+    the three files are read first (JSON, safetensors, ``torch.load(weights_only=True)`` through
+    :func:`interp.io.load_torch`, so a pickle payload, a truncated or foreign file is refused the same way),
+    their fields checked, and only then loaded into the model, optimizer and schedule.
+    """
+    from ..io import SerializationError, load_json, load_tensors, load_torch
 
-    from ..io import SerializationError
+    def unreadable(why: object) -> SerializationError:  # one line: torch's load_state_dict errors span several
+        return SerializationError(f"{folder}: training checkpoint is unreadable ({' '.join(str(why).split())}); "
+                                  "delete it to start over")
 
     try:
-        meta = json.loads((folder / "train_state.json").read_text())
-        step, losses = int(meta["step"]), [float(x) for x in meta["losses"]]
-        state = load_file(str(folder / "model.safetensors"))
+        meta = load_json(folder / "train_state.json", what="training checkpoint", required=("step", "losses"))
+        state, _ = load_tensors(folder / "model.safetensors", what="training checkpoint")
+        extra = load_torch(folder / "optimizer.pt", what="training checkpoint")
+    except SerializationError as exc:
+        raise unreadable(exc) from None
+    step, losses = meta["step"], meta["losses"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise unreadable(f"'step' must be an integer, got {step!r}")
+    if not isinstance(losses, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
+        raise unreadable(f"'losses' must be a list of numbers, got {type(losses).__name__}")
+    losses = [float(x) for x in losses]
+    if not isinstance(extra, dict) or not {"optimizer", "scheduler"} <= set(extra):
+        raise unreadable("optimizer.pt does not hold the optimizer and scheduler states")
+    if not 0 < step or len(losses) != step:
+        raise unreadable(f"train_state.json: step {step} and {len(losses)} losses disagree")
+    try:
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if k not in state]:
             raise ValueError(f"checkpoint does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        extra = torch.load(folder / "optimizer.pt", weights_only=True)
         opt.load_state_dict(extra["optimizer"])
         sched.load_state_dict(extra["scheduler"])
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise SerializationError(f"{folder}: training checkpoint is unreadable ({exc}); delete it to start over") from None
-    if not 0 < step or len(losses) != step:
-        raise SerializationError(f"{folder / 'train_state.json'}: step {step} and {len(losses)} losses disagree")
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise unreadable(exc) from None
     return step, losses
 
 
