@@ -213,6 +213,23 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
     return meta
 
 
+def legacy_by_json(json_file: str, files: Sequence[str], key: str, value: Any = None) -> LegacyFiles:
+    """A ``legacy`` recogniser (see :func:`output_dir`) for writers that mark their output with a JSON file:
+    the folder is theirs when ``json_file`` holds a JSON object whose ``key`` equals ``value`` (is present,
+    when ``value`` is ``None``); it wrote those of ``files`` that exist there. Never raises."""
+
+    def recognise(folder: Path) -> list[str] | None:
+        try:
+            meta = json.loads((Path(folder) / json_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not isinstance(meta, dict) or key not in meta or (value is not None and meta[key] != value):
+            return None
+        return [f for f in files if (Path(folder) / f).is_file()]
+
+    return recognise
+
+
 def _safe_rel(rel: str) -> bool:
     p = Path(rel)
     return bool(rel) and not p.is_absolute() and ".." not in p.parts
@@ -236,7 +253,8 @@ def _is_leftover(name: str) -> bool:
 class _Target:
     """The checked state of an output path: where to write, and which files there are ours."""
 
-    def __init__(self, path: str | os.PathLike, overwrite: bool, writer: str, legacy: LegacyFiles | None) -> None:
+    def __init__(self, path: str | os.PathLike, overwrite: bool, writer: str, legacy: LegacyFiles | None,
+                 former: Sequence[str] = ()) -> None:
         if not isinstance(path, (str, os.PathLike)) or str(path) == "":
             raise OutputError(f"output path must be a non-empty path, got {path!r}")
         p = Path(path).expanduser().absolute()
@@ -268,7 +286,9 @@ class _Target:
         manifest = read_manifest(p)
         if manifest is not None:
             other = manifest.get("writer")
-            if other != writer and not overwrite:
+            # a name this writer had before (the shared default "interp"): its own output if `legacy` says so
+            adopted = other in tuple(former) and legacy is not None and legacy(p) is not None
+            if other != writer and not overwrite and not adopted:
                 who = f"{other}" if isinstance(other, str) and other else "an unknown writer (its manifest names none)"
                 raise OutputError(f"output folder {str(p)!r} holds output written by {who}, not by {writer} (see its "
                                   f"{MANIFEST}); refusing to replace another writer's output: choose another folder, "
@@ -320,7 +340,7 @@ class _Target:
 
 
 def check_output(path: str | os.PathLike, names: Sequence[str] = (), *, overwrite: bool = False,
-                 writer: str = "interp", legacy: LegacyFiles | None = None) -> Path:
+                 writer: str = "interp", legacy: LegacyFiles | None = None, former: Sequence[str] = ()) -> Path:
     """Check, without writing anything, that :func:`output_dir` could write ``names`` to ``path``.
 
     ``names`` are relative paths of the files the writer is going to create, and of folders with a
@@ -328,22 +348,24 @@ def check_output(path: str | os.PathLike, names: Sequence[str] = (), *, overwrit
     that would be written (the target of a symbolic link when ``overwrite=True``); raises
     :class:`OutputError` with the reason otherwise.
     """
-    target = _Target(path, overwrite, writer, legacy)
+    target = _Target(path, overwrite, writer, legacy, former)
     target.refuse_conflicts(names)
     return target.path
 
 
 @contextlib.contextmanager
 def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str = "interp",
-               legacy: LegacyFiles | None = None) -> Iterator[Path]:
+               legacy: LegacyFiles | None = None, former: Sequence[str] = ()) -> Iterator[Path]:
     """Yield an empty temporary folder; on success its files become the output at ``path``.
 
     The rules are in the module docstring. ``writer`` names the kind of writer (recorded in the manifest
     and compared on the next write: a folder of another writer is refused unless ``overwrite``); ``legacy``
-    recognises outputs of this writer from before manifests existed (so they are replaced, not refused).
+    recognises outputs of this writer from before manifests existed (so they are replaced, not refused);
+    ``former`` lists names this writer recorded before it had its own (the shared default ``"interp"``): a
+    manifest naming one of them counts as this writer's when ``legacy`` recognises the folder.
     On an exception nothing at ``path`` changes (files replaced during the final moves are restored).
     """
-    target = _Target(path, overwrite, writer, legacy)
+    target = _Target(path, overwrite, writer, legacy, former)
     p = target.path
     created = _make_parents(p.parent)
     try:
@@ -381,10 +403,10 @@ def output_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str 
 
 
 def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False, writer: str = "interp",
-               legacy: LegacyFiles | None = None):
+               legacy: LegacyFiles | None = None, former: Sequence[str] = ()):
     """The writer rule under its historical name: exactly :func:`output_dir` (kept so that every writer that
     used ``atomic_dir`` follows the rule)."""
-    return output_dir(path, overwrite=overwrite, writer=writer, legacy=legacy)
+    return output_dir(path, overwrite=overwrite, writer=writer, legacy=legacy, former=former)
 
 
 def _walk(root: Path) -> tuple[list[str], list[str]]:
@@ -570,6 +592,31 @@ def _read_safetensors(f: Path, what: str, device: str) -> tuple[dict, dict]:
     return tensors, raw
 
 
+def load_torch(path: str | os.PathLike, *, what: str = "object") -> Any:
+    """A file written by ``torch.save`` (optimizer and scheduler states), read with
+    ``torch.load(weights_only=True)`` onto the CPU: a pickle that names anything outside torch's allow-list of
+    tensor and container types is refused, and no code from the file runs.
+
+    Every way the read can fail is a :class:`SerializationError` naming the file (a missing file a
+    :class:`MissingFileError`): the refusal of such a pickle (``pickle.UnpicklingError``), a truncated or
+    empty file (``EOFError``, ``RuntimeError``), a file that is no torch archive, nesting that exhausts the
+    recursion limit. The message is one line (the unpickler's own runs to a dozen).
+    """
+    import torch
+
+    f = Path(path)
+    if not f.is_file():
+        raise MissingFileError(f"{f}: missing (expected the torch file of a saved {what})")
+    try:
+        with open(f, "rb") as fh:
+            return torch.load(fh, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many types (UnpicklingError, EOFError, ...)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise SerializationError(f"{f}: not a readable torch file of a saved {what} ({type(exc).__name__}: "
+                                 f"{first}); it is damaged, truncated or was not written by this program "
+                                 "(only tensors and plain containers are loaded)") from None
+
+
 def check_meta(meta: "Mapping[str, Any]", required: "Iterable[str]", where: str | os.PathLike) -> None:
     """Raise :class:`SerializationError` naming ``where`` unless every key of ``required`` is in ``meta``."""
     missing = [k for k in required if k not in meta]
@@ -689,5 +736,5 @@ def load_tensors(path: str | os.PathLike, *, what: str = "object", required: "It
 
 
 __all__ = ["MANIFEST", "MissingFileError", "OutputError", "SerializationError", "atomic_dir", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-           "build_checked", "check_meta", "check_output", "check_tensors", "load_json", "load_tensors", "load_tensors_json", "output_dir",
+           "build_checked", "check_meta", "check_output", "check_tensors", "legacy_by_json", "load_json", "load_tensors", "load_tensors_json", "load_torch", "output_dir",
            "read_manifest", "replace_dir", "save_tensors", "save_tensors_json"]
