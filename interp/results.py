@@ -53,7 +53,8 @@ def _flatten_tensors(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> A
         key = prefix
         tensor = torch.as_tensor(value).detach().cpu().contiguous()
         out[key] = tensor
-        return {"__tensor__": key, "numpy": isinstance(value, np.ndarray)}
+        return {"__tensor__": key, "numpy": isinstance(value, np.ndarray), "dtype": _dtype_name(tensor.dtype),
+                "shape": list(tensor.shape)}
     if isinstance(value, dict):
         return {"__dict__": {str(k): _flatten_tensors(f"{prefix}.{k}", v, out) for k, v in value.items()}}
     if isinstance(value, (list, tuple)) and any(_is_nested(v) for v in value):
@@ -65,10 +66,42 @@ def _flatten_tensors(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> A
     return value
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (how ``result.json`` records a tensor's dtype)."""
+    return str(dtype).removeprefix("torch.")
+
+
+class _TensorMismatch(SerializationError):
+    """A tensor of ``tensors.safetensors`` that is not what ``result.json`` recorded (the loader adds the folder)."""
+
+
+def _checked_tensor(ref: dict, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor ``ref`` (a ``{"__tensor__": key, "dtype", "shape"}`` entry of ``result.json``) refers to,
+    after checking that it has the dtype and shape recorded when the result was saved.
+
+    A tensor file that was replaced or edited (an ``int8`` tensor where a ``float32`` one was saved, another
+    shape) raises :class:`SerializationError`, naming the field, never a silently different value. Results
+    saved before dtypes and shapes were recorded have neither, and only the key is checked."""
+    key = ref["__tensor__"]
+    if not isinstance(key, str):
+        raise _TensorMismatch(f"result.json: a tensor reference must name a tensor, got {key!r}")
+    if key not in tensors:
+        raise KeyError(key)
+    t = tensors[key]
+    dtype, shape = ref.get("dtype"), ref.get("shape")
+    if dtype is not None and _dtype_name(t.dtype) != dtype:
+        raise _TensorMismatch(f"tensors.safetensors: tensor {key!r} has dtype {_dtype_name(t.dtype)}, but "
+                                 f"result.json records {dtype!r} (the tensor file was replaced or edited)")
+    if shape is not None and list(t.shape) != shape:
+        raise _TensorMismatch(f"tensors.safetensors: tensor {key!r} has shape {list(t.shape)}, but result.json "
+                                 f"records {shape!r} (the tensor file was replaced or edited)")
+    return t
+
+
 def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, dict):
         if "__tensor__" in value:
-            t = tensors[value["__tensor__"]]
+            t = _checked_tensor(value, tensors)
             return t.numpy() if value.get("numpy") else t
         if "__dict__" in value:
             return {k: _restore(v, tensors) for k, v in value["__dict__"].items()}
@@ -190,7 +223,8 @@ class Result:
         """Read a result written by :meth:`save` (no pickle: JSON + safetensors).
 
         A missing ``result.json`` raises :class:`interp.io.MissingFileError` (a ``FileNotFoundError``); a
-        malformed file, a missing key or a tensor the JSON refers to but the tensor file lacks raise
+        malformed file, a missing key, a tensor the JSON refers to but the tensor file lacks, or a tensor
+        whose dtype or shape differ from those ``result.json`` recorded at save time raise
         :class:`interp.io.SerializationError` naming the file; another result type raises ``TypeError``.
         """
         path = Path(path)
@@ -208,6 +242,8 @@ class Result:
                                      "result.json)") from None
         except RecursionError:
             raise SerializationError(f"{path / 'result.json'}: values nested too deeply to be a saved result") from None
+        except _TensorMismatch as exc:  # a tensor that does not match what was saved: name the folder
+            raise SerializationError(f"{path}/{exc}") from None
         return cls(**values)  # type: ignore[call-arg]
 
 

@@ -15,10 +15,12 @@ app = typer.Typer(help="Built-in model zoo: list the entries, build (and cache) 
 
 
 def _entry_or_exit(name: str) -> str:
+    """The entry's name; an unknown name (or a broken plug-in) is one ``error:`` line and exit code 2, like
+    every other mistake on the command line."""
     try:
         return registry.get_entry(name).name
-    except KeyError as err:
-        typer.echo(str(err.args[0]), err=True)
+    except KeyError as err:  # UnknownNameError and PluginError (both KeyErrors) carry their message as args[0]
+        typer.echo(f"error: {err.args[0] if err.args else err}", err=True)
         raise typer.Exit(code=2) from None
 
 
