@@ -65,10 +65,13 @@ class Cache(Mapping[str, torch.Tensor]):
     steps of ``generate``, whose sequence lengths differ).
     """
 
-    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None, model=None) -> None:
+    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None, model=None, gradient: bool = False) -> None:
         self._data: dict[str, list[torch.Tensor]] = {k: list(v) for k, v in (data or {}).items()}
         #: the model that filled the cache (for weights and norms in the analysis helpers), or None
         self.model = model
+        #: whether the cache holds gradients d(scalar)/d(activation) (``model.gradients(...).grads``) rather than
+        #: activations: helpers that would multiply by weights or normalise refuse such a cache
+        self.is_gradient = bool(gradient)
 
     # -- filling
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -106,7 +109,7 @@ class Cache(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}: {tuple(v[0].shape)}" + (f" x{len(v)}" if len(v) > 1 else "")
                           for k, v in self._data.items())
-        return f"Cache({inner})"
+        return f"{'GradientCache' if self.is_gradient else 'Cache'}({inner})"
 
     def _repr_html_(self) -> str:
         """A table of the cached activations in Jupyter: name, shape, dtype, passes and memory."""
@@ -145,11 +148,15 @@ class Cache(Mapping[str, torch.Tensor]):
     def select(self, patterns) -> "Cache":
         """A new cache with only the keys matching ``patterns``."""
         keep = expand(patterns, list(self._data))
-        return Cache({k: self._data[k] for k in keep}, model=self.model)
+        return Cache({k: self._data[k] for k in keep}, model=self.model, gradient=self.is_gradient)
 
     def to(self, device=None, dtype=None) -> "Cache":
+        """The cache on ``device`` / in ``dtype`` (floating tensors only); the device is checked first."""
+        from .model import check_device
+
+        device = check_device(device)
         return Cache({k: [t.to(device=device, dtype=dtype if t.is_floating_point() else None) for t in v]
-                      for k, v in self._data.items()}, model=self.model)
+                      for k, v in self._data.items()}, model=self.model, gradient=self.is_gradient)
 
     # -- TransformerLens-style analysis (need the model that filled the cache)
     def _need_model(self):
@@ -179,7 +186,7 @@ class Cache(Mapping[str, torch.Tensor]):
         """TransformerLens's ``remove_batch_dim``: a cache of a one-example run without its batch axis."""
         if any(p.shape[0] != 1 for parts in self._data.values() for p in parts):
             raise ValueError("remove_batch_dim needs a cache of a one-example run (batch 1)")
-        return Cache({k: [p[0] for p in v] for k, v in self._data.items()}, model=self.model)
+        return Cache({k: [p[0] for p in v] for k, v in self._data.items()}, model=self.model, gradient=self.is_gradient)
 
     def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False,
                           pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False):
@@ -253,15 +260,36 @@ class Cache(Mapping[str, torch.Tensor]):
         ``0..layer-1`` (``-1`` / ``None``: every layer): ``[layer * head, batch, pos, d]`` (labels ``L{l}H{h}``).
         The output bias ``b_O`` is not included (it belongs to no head); ``incl_remainder`` adds the rest of
         ``blocks.{layer-1}.hook_resid_post`` as a last component (label ``remainder``). ``apply_ln`` and
-        ``pos_slice`` as in :meth:`decompose_resid`."""
+        ``pos_slice`` as in :meth:`decompose_resid`. A cache holding ``attn.hook_result`` (each head's output,
+        ``[batch, pos, head, d]``) is read from there, as TransformerLens does.
+
+        On a gradient cache (``model.gradients(...).grads``) the result is the gradient with respect to each head's
+        output, which is ``attn.hook_result``'s gradient (take it: ``model.gradients(x,
+        "blocks.*.attn.hook_result")``); ``dL/dz @ W_O`` is not that gradient, so a gradient cache without
+        ``hook_result`` is refused, as are ``incl_remainder`` and ``apply_ln`` there."""
         model = self._need_model()
         n = self._layer_arg(layer)
-        W_O = model.weight("W_O")  # [L, H, d_head, d]
+        if self.is_gradient and (incl_remainder or apply_ln):
+            raise ValueError("this cache holds gradients: incl_remainder / apply_ln have no meaning for gradients "
+                             "(they add and normalise activations)")
+        W_O = None
         parts, labels = [], []
         for l in range(n):
+            result = f"blocks.{l}.attn.hook_result"
+            if result in self._data:
+                r = self[result]  # [b, p, H, d]
+                parts.append(r.movedim(-2, 0))
+                labels += [f"L{l}H{h}" for h in range(r.shape[-2])]
+                continue
+            if self.is_gradient:
+                raise ValueError(f"this cache holds gradients and has no {result!r}: a head's gradient in the "
+                                 "residual stream is the gradient at attn.hook_result (model.gradients(inputs, "
+                                 "'blocks.*.attn.hook_result')); dL/dz @ W_O is not a gradient of anything")
+            if W_O is None:
+                W_O = model.weight("W_O")  # [L, H, d_head, d]
             z = self[f"blocks.{l}.attn.hook_z"]  # [b, p, H, d_head]
-            parts.append(torch.einsum("bphe,hed->hbpd", z.float(), W_O[l].float()).to(z.dtype))
-            labels += [f"L{l}H{h}" for h in range(z.shape[2])]
+            parts.append(torch.einsum("...phe,hed->h...pd", z.float(), W_O[l].float().to(z.device)).to(z.dtype))
+            labels += [f"L{l}H{h}" for h in range(z.shape[-2])]
         stack = torch.cat(parts) if parts else torch.zeros(0, *self["blocks.0.hook_resid_pre"].shape)
         if incl_remainder:
             total = self[f"blocks.{n - 1}.hook_resid_post"] if n else self["blocks.0.hook_resid_pre"]
@@ -269,6 +297,70 @@ class Cache(Mapping[str, torch.Tensor]):
             labels.append("remainder")
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, n)
+        stack = _pos(stack, pos_slice)
+        return (stack, labels) if return_labels else stack
+
+    def compute_head_results(self) -> None:
+        """TransformerLens's ``compute_head_results``: add ``blocks.{l}.attn.hook_result`` (each head's output in
+        the residual stream, ``z @ W_O`` without ``b_O``, ``[batch, pos, head, d_model]``) for every layer that has
+        ``hook_z`` and no ``hook_result`` yet. Refused on a gradient cache (see :meth:`stack_head_results`)."""
+        if self.is_gradient:
+            raise ValueError("this cache holds gradients: the head results of a gradient cache are the gradients at "
+                             "attn.hook_result (model.gradients(inputs, 'blocks.*.attn.hook_result')), not dL/dz @ W_O")
+        W_O = self._need_model().weight("W_O")
+        for l in range(self._n_layers()):
+            z_name, result = f"blocks.{l}.attn.hook_z", f"blocks.{l}.attn.hook_result"
+            if result in self._data or z_name not in self._data:
+                continue
+            self._data[result] = [torch.einsum("...he,hed->...hd", z.float(), W_O[l].float().to(z.device)).to(z.dtype)
+                                  for z in self._data[z_name]]
+
+    def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: str | None = None) -> torch.Tensor:
+        """TransformerLens's ``stack_activation``: ``activation_name`` (a short name, as :func:`interp.utils.get_act_name`
+        takes it) of layers ``0..layer-1`` (``-1`` / ``None``: every layer) stacked, ``[layer, ...]``."""
+        from .utils import get_act_name
+
+        n = self._layer_arg(layer)
+        return torch.stack([self[get_act_name(activation_name, l, sublayer_type)] for l in range(n)])
+
+    def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
+                                     expand_neurons: bool = True, apply_ln: bool = False, pos_slice: Any = None,
+                                     return_labels: bool = False):
+        """TransformerLens's ``get_full_resid_decomposition`` (its argument order): the residual stream before
+        ``layer`` (``None`` / ``-1``: the final one; with ``mlp_input``, the input of ``layer``'s MLP) as each
+        head's output (``L{l}H{h}``, :meth:`stack_head_results`), each neuron's output ``post * W_out[n]``
+        (``L{l}N{n}``; each layer's ``mlp_out``, ``b_out`` included, when ``expand_neurons=False``, labelled
+        ``{l}_mlp_out``), the embedding (``embed``: ``blocks.0.hook_resid_pre``, token and position embedding
+        in one part) and the biases (``bias``: every ``b_O``, and every ``b_out`` with ``expand_neurons``):
+        ``[k, batch, pos, d]``, summing to the residual. ``apply_ln`` / ``pos_slice`` as in :meth:`decompose_resid`."""
+        model = self._need_model()
+        if self.is_gradient:
+            raise ValueError("this cache holds gradients: a decomposition of the residual stream into weighted "
+                             "parts is defined for activations only")
+        n = self._layer_arg(layer)
+        if mlp_input and n == self._n_layers():
+            raise ValueError("mlp_input needs a block's layer (0..n_layers-1): the final norm reads no MLP")
+        heads, labels = self.stack_head_results(n + (1 if mlp_input else 0), return_labels=True)
+        parts = [heads]
+        W_out = model.weight("W_out") if n else None
+        b_O, b_out = model.weight("b_O"), (model.weight("b_out") if n else None)
+        for l in range(n):
+            if expand_neurons:
+                post = self[f"blocks.{l}.mlp.hook_post"]  # [b, p, d_mlp]
+                parts.append(torch.einsum("...m,md->m...d", post.float(), W_out[l].float().to(post.device)).to(post.dtype))
+                labels += [f"L{l}N{i}" for i in range(post.shape[-1])]
+            else:
+                parts.append(self[f"blocks.{l}.hook_mlp_out"][None])  # b_out included, as TL
+                labels.append(f"{l}_mlp_out")
+        embed = self["blocks.0.hook_resid_pre"]
+        parts.append(embed[None])
+        labels.append("embed")
+        bias = b_O[:n + (1 if mlp_input else 0)].sum(0) + (b_out[:n].sum(0) if n and expand_neurons else 0)
+        parts.append(bias.to(embed.device, embed.dtype).expand_as(embed)[None])
+        labels.append("bias")
+        stack = torch.cat(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, n, mlp_input)
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
@@ -292,6 +384,8 @@ class Cache(Mapping[str, torch.Tensor]):
         expects ``fold_ln`` to have moved the weight into ``W_U``) the norm's own weight is applied, so the
         result is right on an unfolded model."""
         model = self._need_model()
+        if self.is_gradient:
+            raise ValueError("this cache holds gradients: a norm is applied to activations, not to gradients")
         n = self._n_layers()
         if layer is None or layer == -1 or layer == n:
             which, scale_name = "ln_final", "ln_final.hook_scale"

@@ -103,6 +103,93 @@ class Norm:
         return f"<{where}: .w, .b>"
 
 
+class Weights:
+    """``model.embed`` / ``model.unembed`` / ``model.pos_embed``: TransformerLens's module attributes that hold
+    weights (``model.embed.W_E``, ``model.unembed.W_U`` / ``.b_U``, ``model.pos_embed.W_pos``), read on access."""
+
+    def __init__(self, model, where: str, names: dict[str, str], call=None) -> None:
+        self._model, self._where, self._names, self._call = model, where, names, call
+
+    def __call__(self, *args, **kwargs):
+        if self._call is None:
+            raise TypeError(f"model.{self._where} holds weights ({', '.join(self._names)}); it is not callable")
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name.startswith("_") or name not in self._names:
+            raise AttributeError(f"model.{self._where} has no weight {name!r}; available: {', '.join(self._names)}")
+        return self._model.weight(self._names[name])
+
+    def __dir__(self):
+        return list(self._names)
+
+    def __repr__(self) -> str:
+        return f"<model.{self._where}: {', '.join(self._names)}>"
+
+
+def tl_named_parameters(model):
+    """``(TransformerLens name, weight in TL shape)`` for each weight the model has (see
+    :meth:`interp.Model.tl_named_parameters`); grouped key/value weights as ``_W_K`` / ``_W_V`` where the model
+    has fewer key/value heads than query heads (as HookedTransformer names them)."""
+    def maybe(name: str):
+        try:
+            return model.weight(name)
+        except KeyError:
+            return None
+
+    out = [("embed.W_E", maybe("W_E")), ("pos_embed.W_pos", maybe("W_pos"))]
+    grouped = model.cfg.n_kv_heads != model.cfg.n_heads
+    stacked = {n: maybe(n) for n in (*ATTN_WEIGHTS, *MLP_WEIGHTS)}
+    norms = {n: model.weight(n) for n in ("ln1.w", "ln1.b", "ln2.w", "ln2.b")}
+    rms = model.cfg.normalization_type == "RMS"
+    for l in range(model.cfg.n_layers):
+        for ln in ("ln1", "ln2"):
+            out.append((f"blocks.{l}.{ln}.w", norms[f"{ln}.w"][l]))
+            if not rms:
+                out.append((f"blocks.{l}.{ln}.b", norms[f"{ln}.b"][l]))
+        for n in ATTN_WEIGHTS:
+            if stacked[n] is not None:
+                tl_name = f"_{n}" if grouped and n in ("W_K", "W_V", "b_K", "b_V") else n
+                out.append((f"blocks.{l}.attn.{tl_name}", stacked[n][l]))
+        for n in MLP_WEIGHTS:
+            if stacked[n] is not None:
+                out.append((f"blocks.{l}.mlp.{n}", stacked[n][l]))
+    out.append(("ln_final.w", model.weight("ln_final.w")))
+    if not rms:
+        out.append(("ln_final.b", model.weight("ln_final.b")))
+    out += [("unembed.W_U", maybe("W_U")), ("unembed.b_U", maybe("b_U"))]
+    return iter([(n, t) for n, t in out if t is not None])
+
+
+def get_token_position(model, single_token, input, mode: str = "first", prepend_bos: bool | None = None,
+                       padding_side: str | None = None) -> int:
+    """TransformerLens's ``get_token_position`` (see :meth:`interp.Model.get_token_position`)."""
+    if mode not in ("first", "last"):
+        raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
+    if isinstance(input, str):
+        tokens = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
+    else:
+        tokens = torch.as_tensor(input)
+        from .model import check_token_ids
+        check_token_ids(tokens, what="input")
+    if tokens.dim() == 2:
+        if tokens.shape[0] != 1:
+            raise ValueError(f"get_token_position takes one sequence, got a batch of {tokens.shape[0]}")
+        tokens = tokens[0]
+    if tokens.dim() != 1:
+        raise ValueError(f"input tokens must be [pos] or [1, pos], got shape {tuple(tokens.shape)}")
+    if isinstance(single_token, str):
+        single_token = model.to_single_token(single_token)
+    elif isinstance(single_token, torch.Tensor):
+        single_token = int(single_token.item())
+    elif isinstance(single_token, bool) or not isinstance(single_token, int):
+        raise TypeError(f"single_token must be a string or an integer id, got {single_token!r}")
+    hits = (tokens == single_token).nonzero().flatten()
+    if len(hits) == 0:
+        raise ValueError(f"the token {single_token} ({model.to_string(single_token)!r}) is not in the input")
+    return int(hits[0] if mode == "first" else hits[-1])
+
+
 def factored(model, which: str):
     """``OV`` = W_V W_O or ``QK`` = W_Q W_Kᵀ as a TransformerLens ``FactoredMatrix`` ``[layer, head, d, d]``."""
     from transformer_lens import FactoredMatrix
@@ -117,8 +204,11 @@ def tokens_to_residual_directions(model, tokens) -> torch.Tensor:
     for a tensor of ids); strings are tokenized as one token each."""
     if isinstance(tokens, str):
         tokens = model.to_single_token(tokens)
-    ids = torch.as_tensor(tokens, dtype=torch.long)
-    return model.weight("W_U")[:, ids].movedim(0, -1)
+    from .model import check_token_ids
+
+    ids = torch.as_tensor(tokens)
+    check_token_ids(ids, what="tokens")
+    return model.weight("W_U")[:, ids.long()].movedim(0, -1)
 
 
 def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -150,7 +240,7 @@ def shape_output(logits: torch.Tensor, batch: dict, return_type: str | None):
 
 
 def test_prompt(model, prompt: str, answer: str | Sequence[str], prepend_space_to_answer: bool = True,
-                top_k: int = 10, print_details: bool = True) -> list[dict[str, Any]]:
+                top_k: int = 10, print_details: bool = True, prepend_bos: bool | None = None) -> list[dict[str, Any]]:
     """TransformerLens's ``test_prompt``: how the model ranks each answer token after the prompt, and its top
     ``top_k`` next tokens. Returns one dict per answer token (``token``, ``rank``, ``logit``, ``prob``,
     ``top``); prints them like TransformerLens with ``print_details`` (a notebook helper)."""
@@ -158,7 +248,7 @@ def test_prompt(model, prompt: str, answer: str | Sequence[str], prepend_space_t
     rows = []
     for ans in answers:
         text = (" " + ans.lstrip()) if prepend_space_to_answer else ans
-        prompt_ids = model.to_tokens(prompt)[0]
+        prompt_ids = model.to_tokens(prompt, prepend_bos=prepend_bos)[0]
         ans_ids = torch.as_tensor(model.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         ids = torch.cat([prompt_ids, ans_ids])[None]
         logits = model(ids)[0].float()
@@ -170,7 +260,7 @@ def test_prompt(model, prompt: str, answer: str | Sequence[str], prepend_space_t
                          "logit": float(row[tok]), "prob": float(probs[tok]),
                          "top": [(model.tokenizer.decode([int(t)]), float(p)) for p, t in zip(top.values, top.indices)]})
     if print_details:
-        print("Tokenized prompt:", model.to_str_tokens(prompt))
+        print("Tokenized prompt:", model.to_str_tokens(prompt, prepend_bos=prepend_bos))
         for r in rows:
             print(f"Performance on answer token: Rank: {r['rank']:<8} Logit: {r['logit']:5.2f} Prob: {r['prob']:6.2%} "
                   f"Token: |{r['token']}|")
@@ -179,5 +269,6 @@ def test_prompt(model, prompt: str, answer: str | Sequence[str], prepend_space_t
     return rows
 
 
-__all__ = ["ATTN_WEIGHTS", "Blocks", "GLOBAL_WEIGHTS", "MLP_WEIGHTS", "Norm", "RETURN_TYPES", "factored",
-           "lm_loss", "per_query_head", "shape_output", "test_prompt", "tokens_to_residual_directions"]
+__all__ = ["ATTN_WEIGHTS", "Blocks", "GLOBAL_WEIGHTS", "MLP_WEIGHTS", "Norm", "RETURN_TYPES", "Weights", "factored",
+           "get_token_position", "lm_loss", "per_query_head", "shape_output", "test_prompt", "tl_named_parameters",
+           "tokens_to_residual_directions"]

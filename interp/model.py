@@ -69,9 +69,23 @@ class StopForward(Exception):
     """Raised inside a hook to end the forward pass early (``stop_at_layer``)."""
 
 
-@dataclass(frozen=True)
+#: TransformerLens's switches that :meth:`Model.set_use_attn_result` & co. set (and ``model.cfg.<flag> = value``)
+_TL_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in")
+#: the settable TransformerLens field that is the model's BOS rule
+_SETTABLE = (*_TL_FLAGS, "default_prepend_bos")
+
+
+@dataclass(eq=True)
 class ModelConfig:
-    """Shape facts of the wrapped model."""
+    """Shape facts of the wrapped model, and TransformerLens's config fields derived from the model.
+
+    The dataclass fields (``n_layers``, ``n_heads``, ``n_kv_heads``, ``d_model``, ``d_head``, ``d_vocab``, ...) are
+    facts of the wrapped model: read-only. TransformerLens's own fields are read from the model itself (its
+    weights, norms and Hugging Face config; see :meth:`tl_fields`): ``n_ctx``, ``d_mlp``, ``act_fn``,
+    ``normalization_type``, ``n_key_value_heads``, ``default_prepend_bos``, ``positional_embedding_type``,
+    ``eps``, ``dtype`` ... TransformerLens's switches can be set as in TL: ``model.cfg.default_prepend_bos =
+    False`` sets ``model.prepend_bos``, ``model.cfg.use_attn_result = True`` is ``model.set_use_attn_result(True)``.
+    """
 
     family: str
     n_layers: int
@@ -85,11 +99,249 @@ class ModelConfig:
     #: input image side in pixels that a vision model's position embeddings were built for (None: text model)
     image_size: int | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or (name in self.__dataclass_fields__ and name not in self.__dict__):
+            object.__setattr__(self, name, value)  # private state, and the fields while __init__ sets them
+            return
+        if name in _SETTABLE:
+            model = self._owner()
+            if name == "default_prepend_bos":
+                if not isinstance(value, bool):
+                    raise TypeError(f"cfg.default_prepend_bos must be True or False, got {value!r}")
+                model.prepend_bos = value
+            else:
+                getattr(model, f"set_{name}")(value)
+            return
+        if name in self.__dataclass_fields__ or name in _DERIVED:
+            raise AttributeError(f"model.cfg.{name} is a fact of the wrapped model and cannot be set (settable: "
+                                 f"{', '.join(_SETTABLE)})")
+        raise AttributeError(f"model.cfg has no field {name!r} to set (settable: {', '.join(_SETTABLE)})")
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+
+    def _owner(self) -> "Model":
+        model = self.__dict__.get("_model", lambda: None)()
+        if model is None:
+            raise AttributeError("this config belongs to no model (it was built by hand)")
+        return model
+
+    def _derive(self, key: str, compute: Callable[["Model"], Any]) -> Any:
+        """``compute(model)``, computed once per config (the wrapped model's structure does not change)."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = compute(self._owner())
+        return memo[key]
+
     @property
     def device(self) -> torch.device:
         """The model's current device (TransformerLens's ``model.cfg.device``)."""
         model = getattr(self, "_model", lambda: None)()
         return model.device if model is not None else torch.device("cpu")
+
+    # ---- TransformerLens's config fields, derived from the model (see _tl_field)
+    @property
+    def n_ctx(self) -> int | None:
+        """The longest sequence the model was built for (HF ``max_position_embeddings`` / ``n_positions``, or the
+        learned position table's rows)."""
+        return self._derive("n_ctx", _n_ctx)
+
+    @property
+    def d_mlp(self) -> int | None:
+        """The MLP's hidden width (``W_in``'s last axis)."""
+        return self._derive("d_mlp", _d_mlp)
+
+    @property
+    def act_fn(self) -> str | None:
+        """The MLP's activation, as the model's config names it (``"gelu_new"``, ``"silu"``, ...), as TL."""
+        return self._derive("act_fn", lambda m: _hf_attr(m, "hidden_act", "activation_function", "hidden_activation"))
+
+    @property
+    def normalization_type(self) -> str | None:
+        """``"LN"`` (LayerNorm) or ``"RMS"`` (RMSNorm): the blocks' norms, as TL names them (unfolded)."""
+        return self._derive("normalization_type", lambda m: {"layer": "LN", "rms": "RMS"}.get(m.norm_parts("ln1", 0)[2]))
+
+    @property
+    def final_rms(self) -> bool:
+        """Whether the final norm is an RMSNorm."""
+        return self._derive("final_rms", lambda m: m.ln_final_parts()[2] == "rms")
+
+    @property
+    def eps(self) -> float:
+        """The blocks' norm epsilon."""
+        return self._derive("eps", lambda m: float(m._block_norm(0, "ln1")[3]))
+
+    @property
+    def n_key_value_heads(self) -> int | None:
+        """Key/value heads under grouped-query attention; ``None`` when every query head has its own (as TL)."""
+        return None if self.n_kv_heads == self.n_heads else self.n_kv_heads
+
+    @property
+    def d_vocab_out(self) -> int | None:
+        """The unembedding's width (``d_vocab``)."""
+        return self.d_vocab
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP is gated (has ``W_gate``: Llama, Gemma, ...)."""
+        return self._derive("gated_mlp", _gated)
+
+    @property
+    def positional_embedding_type(self) -> str | None:
+        """``"standard"`` (a learned position table), ``"rotary"``, or ``None`` (neither found), as TL."""
+        return self._derive("positional_embedding_type", _position_kind)
+
+    @property
+    def rotary_base(self) -> float | None:
+        """The rotary embedding's base (HF ``rope_theta``) on rotary models."""
+        return self._derive("rotary_base", _rope_theta)
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        """Whether attention and MLP read the same residual (GPT-J / NeoX style)."""
+        return self._derive("parallel_attn_mlp", lambda m: bool(_hf_attr(m, "use_parallel_residual", "parallel_attn")))
+
+    @property
+    def attn_only(self) -> bool:
+        """Whether the blocks have no MLP."""
+        return self._derive("attn_only", lambda m: _d_mlp(m) is None)
+
+    @property
+    def original_architecture(self) -> str | None:
+        """The Hugging Face architecture (``"LlamaForCausalLM"``, ...)."""
+        return self._derive("original_architecture", _architecture)
+
+    @property
+    def model_name(self) -> str | None:
+        """The name or folder the model was loaded from."""
+        return self._derive("model_name", lambda m: _hf_attr(m, "_name_or_path", "model_name"))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's floating weights."""
+        model = self._owner()
+        return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+    @property
+    def tokenizer_prepends_bos(self) -> bool:
+        """Whether the tokenizer itself starts a text with the BOS token."""
+        return self._derive("tokenizer_prepends_bos", _tokenizer_adds_bos)
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        """Whether text inputs start with BOS: ``model.prepend_bos`` when set, else the tokenizer's own rule.
+        Settable, as in TL (sets ``model.prepend_bos``)."""
+        model = self._owner()
+        return bool(model.prepend_bos) if model.prepend_bos is not None else self.tokenizer_prepends_bos
+
+    @property
+    def use_attn_result(self) -> bool:
+        """TL's switch for ``attn.hook_result`` (interp offers that hook whenever the backend can compute it)."""
+        return self._owner()._tl_flag("use_attn_result")
+
+    @property
+    def use_split_qkv_input(self) -> bool:
+        return self._owner()._tl_flag("use_split_qkv_input")
+
+    @property
+    def use_hook_mlp_in(self) -> bool:
+        return self._owner()._tl_flag("use_hook_mlp_in")
+
+    @property
+    def use_attn_in(self) -> bool:
+        return self._owner()._tl_flag("use_attn_in")
+
+    def tl_fields(self) -> dict[str, Any]:
+        """TransformerLens's config fields of this model, as a dict (the shape fields under TL's names too)."""
+        out = {"n_layers": self.n_layers, "n_heads": self.n_heads, "d_model": self.d_model, "d_head": self.d_head,
+               "d_vocab": self.d_vocab}
+        out.update({k: getattr(self, k) for k in _DERIVED})
+        return out
+
+
+#: TransformerLens config fields that ModelConfig derives from the model
+_DERIVED = ("n_ctx", "d_mlp", "act_fn", "normalization_type", "final_rms", "eps", "n_key_value_heads", "d_vocab_out",
+            "gated_mlp", "positional_embedding_type", "rotary_base", "parallel_attn_mlp", "attn_only",
+            "original_architecture", "model_name", "dtype", "tokenizer_prepends_bos", "default_prepend_bos",
+            *_TL_FLAGS)
+
+
+def _hf_config(model: "Model") -> Any:
+    """The wrapped model's Hugging Face config (``None`` where there is none, e.g. a HookedTransformer)."""
+    return getattr(getattr(model, "hf_model", None), "config", None)
+
+
+def _hf_attr(model: "Model", *keys: str) -> Any:
+    """The first of ``keys`` set on the model's HF config (its text config for multimodal models), else on the
+    TransformerLens config the model wraps (a HookedTransformer has no HF config); ``None`` if none is."""
+    for cfg in (_hf_config(model), getattr(_hf_config(model), "text_config", None),
+                getattr(getattr(model, "tl", None), "cfg", None)):
+        for k in keys:
+            v = getattr(cfg, k, None) if cfg is not None else None
+            if v is not None:
+                return v
+    return None
+
+
+def _n_ctx(model: "Model") -> int | None:
+    n = _hf_attr(model, "max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+    if n is None:
+        n = model._max_positions()
+    if n is None:
+        with contextlib.suppress(KeyError):
+            n = model.weight("W_pos").shape[0]
+    return None if n is None else int(n)
+
+
+def _d_mlp(model: "Model") -> int | None:
+    try:
+        return int(model.weight("W_in").shape[-1])
+    except KeyError:
+        n = _hf_attr(model, "intermediate_size", "n_inner", "d_mlp")
+        return None if n is None else int(n)
+
+
+def _gated(model: "Model") -> bool:
+    try:
+        model.weight("W_gate")
+        return True
+    except KeyError:
+        return False
+
+
+def _position_kind(model: "Model") -> str | None:
+    try:
+        model.weight("W_pos")
+        return "standard"
+    except KeyError:
+        pass
+    if _rope_theta(model) is not None or _hf_attr(model, "rotary_dim", "rotary_pct", "rope_scaling") is not None:
+        return "rotary"
+    return _hf_attr(model, "positional_embedding_type")
+
+
+def _rope_theta(model: "Model") -> float | None:
+    theta = _hf_attr(model, "rope_theta", "rotary_emb_base", "rotary_base")
+    if theta is None:
+        params = _hf_attr(model, "rope_parameters")
+        theta = params.get("rope_theta") if isinstance(params, Mapping) else None
+    return None if theta is None else float(theta)
+
+
+def _architecture(model: "Model") -> str | None:
+    arch = _hf_attr(model, "architectures")
+    if isinstance(arch, (list, tuple)) and arch:
+        return str(arch[0])
+    return _hf_attr(model, "original_architecture")
+
+
+def _tokenizer_adds_bos(model: "Model") -> bool:
+    tok = model.tokenizer
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    if bos is None:
+        return False
+    ids = tok("a")["input_ids"]
+    return bool(ids) and int(ids[0]) == int(bos)
 
 
 @dataclass
@@ -241,37 +493,149 @@ class Model:
         """TransformerLens's ``test_prompt`` (see :func:`interp.habits.test_prompt`)."""
         return _habits().test_prompt(self, prompt, answer, prepend_space_to_answer, top_k, print_details)
 
+    # ------------------------------------------------------------------ more TransformerLens spellings
+    #: ``model._W_K`` / ``_W_V`` / ``_b_K`` / ``_b_V``: key/value weights with one entry per key/value head
+    #: ``[layer, kv_head, ...]`` (the bridge's ``W_K``; HookedTransformer's ``_W_K``); ``model.W_K`` repeats
+    #: them per query head (HookedTransformer's ``W_K``), so ``W_Q[l, h] @ W_K[l, h].T`` is head ``h``'s QK
+    _W_K = property(lambda self: self.weight("W_K"), doc="``[layer, kv_head, d_model, d_head]`` (grouped).")
+    _W_V = property(lambda self: self.weight("W_V"), doc="``[layer, kv_head, d_model, d_head]`` (grouped).")
+    _b_K = property(lambda self: self.weight("b_K"))
+    _b_V = property(lambda self: self.weight("b_V"))
+
+    @property
+    def embed(self):
+        """``model.embed.W_E`` (TransformerLens's embedding module's weight)."""
+        return _habits().Weights(self, "embed", {"W_E": "W_E"})
+
+    @property
+    def unembed(self):
+        """``model.unembed.W_U`` / ``.b_U`` (TransformerLens's unembedding module's weights); calling it,
+        ``model.unembed(resid, apply_ln=True)``, gives the logits of a residual stream ``[..., d_model]``: the final
+        norm (if ``apply_ln``), then ``@ W_U + b_U`` (TL's module itself applies no norm: pass ``apply_ln=False``)."""
+        return _habits().Weights(self, "unembed", {"W_U": "W_U", "b_U": "b_U"}, call=self._unembed)
+
+    @property
+    def pos_embed(self):
+        """``model.pos_embed.W_pos`` (models with a learned position table)."""
+        return _habits().Weights(self, "pos_embed", {"W_pos": "W_pos"})
+
+    def tl_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(TransformerLens name, weight in TL shape)`` pairs, as TL's ``tl_named_parameters``: ``embed.W_E``,
+        ``pos_embed.W_pos`` (learned tables), ``blocks.{l}.ln1.w`` ..., ``blocks.{l}.attn.W_Q`` ...,
+        ``blocks.{l}.mlp.W_in`` ..., ``ln_final.w``, ``unembed.W_U``, ``unembed.b_U``. Detached copies (read
+        them; write weights with :meth:`add_to_weight`)."""
+        return _habits().tl_named_parameters(self)
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor:
+        """TransformerLens's ``loss_fn``: next-token cross-entropy of ``logits`` on ``tokens``, the mean over real
+        tokens, or ``[batch, pos - 1]`` with ``per_token``."""
+        check_token_ids(torch.as_tensor(tokens), what="tokens")
+        return _habits().lm_loss(logits, torch.as_tensor(tokens), attention_mask, per_token)
+
+    def get_token_position(self, single_token: str | int, input: str | torch.Tensor, mode: str = "first",
+                           prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
+        """TransformerLens's ``get_token_position``: the position of ``single_token`` (a one-token string or an
+        id) in ``input`` (a text, tokenized with the BOS rule, or ids ``[pos]`` / ``[1, pos]``); ``mode`` is
+        ``"first"`` or ``"last"``."""
+        return _habits().get_token_position(self, single_token, input, mode, prepend_bos, padding_side)
+
+    def eval(self) -> "Model":
+        """TransformerLens's ``model.eval()``: wrapped models are always in inference mode; returns the model."""
+        for mod in (getattr(self, "hf_model", None), getattr(self, "tl", None)):
+            if isinstance(mod, torch.nn.Module):
+                mod.eval()
+        return self
+
+    def _tl_flag(self, name: str) -> bool:
+        return bool(self.__dict__.get("_tl_flags", {}).get(name, False))
+
+    def _set_tl_flag(self, name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"set_{name} takes True or False, got {value!r}")
+        self.__dict__.setdefault("_tl_flags", {})[name] = value
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TransformerLens's switch for ``blocks.{l}.attn.hook_result`` (each head's output in the residual
+        stream, ``[batch, pos, head, d_model]``). interp offers that hook wherever the backend can compute it, with
+        or without the switch (on the transformer_lens backend it is computed only for runs that use it), so
+        this records the setting (``model.cfg.use_attn_result``) and checks the hook exists when switched on."""
+        self._set_tl_flag("use_attn_result", use_attn_result)
+        if use_attn_result and not any(n.endswith("attn.hook_result") for n in self._all_names()):
+            self._set_tl_flag("use_attn_result", False)
+            raise ValueError(f"attn.hook_result is not offered by this model on the {self.backend} backend")
+
+    def _unsupported_switch(self, name: str, value: bool, hooks: str) -> None:
+        self._set_tl_flag(name, value)
+        if value:
+            self._set_tl_flag(name, False)
+            raise ValueError(f"set_{name}(True) adds TransformerLens's {hooks} hooks, which interp does not offer; "
+                             "patch the attention input at blocks.{l}.ln1.hook_normalized (every head reads it) "
+                             "or a head's q/k/v at attn.hook_q / hook_k / hook_v")
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """TransformerLens's switch for per-head query/key/value inputs (``hook_q_input`` ...): ``False`` is
+        accepted; ``True`` is refused in one line (interp has no per-head attention-input hooks)."""
+        self._unsupported_switch("use_split_qkv_input", use_split_qkv_input, "hook_q_input / hook_k_input / hook_v_input")
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """TransformerLens's switch for ``hook_mlp_in``: ``False`` accepted, ``True`` refused (use
+        ``blocks.{l}.ln2.hook_normalized`` or ``hook_resid_mid``)."""
+        self._unsupported_switch("use_hook_mlp_in", use_hook_mlp_in, "hook_mlp_in")
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """TransformerLens's switch for ``hook_attn_in``: ``False`` accepted, ``True`` refused."""
+        self._unsupported_switch("use_attn_in", use_attn_in, "hook_attn_in")
+
     # ------------------------------------------------------------------ persistent hooks (TransformerLens)
     def add_hook(self, name: Any, hook: InterventionFn, dir: str = "fwd", is_permanent: bool = False) -> None:
         """TransformerLens's ``add_hook``: ``hook(tensor, hook_point)`` runs on every later run of this model
         (every thread), until :meth:`reset_hooks` (``is_permanent=True`` survives ``reset_hooks()`` too).
-        ``name`` is a hook name, a glob or a callable filter. Only forward hooks (``dir="fwd"``)."""
-        if dir != "fwd":
-            raise ValueError(f"only forward hooks are supported (dir='fwd'), got dir={dir!r}; use "
-                             "model.gradients(...) for gradients of activations")
+        ``name`` is a hook name, a glob or a callable filter.
+
+        ``dir="bwd"`` adds a backward hook, as TransformerLens's: ``hook(grad, hook_point)`` receives the
+        gradient of the activation at that hook (same shape) when ``.backward()`` (or ``torch.autograd.grad``)
+        runs through a forward made while the hook was added; a returned tensor replaces that gradient. Forwards
+        made while a backward hook is added keep their autograd graph (unless grad mode is off, as in TL)."""
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(hook):
             raise TypeError(f"hook for {name!r} is not callable: {hook!r}")
         store = self.__dict__.setdefault("_persistent", {True: defaultdict(list), False: defaultdict(list)})
         for n in self._resolve(name):
-            store[bool(is_permanent)][n].append(hook)
+            store[bool(is_permanent)][n].append(hook if dir == "fwd" else _BackwardHook(n, hook))
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
-        """Remove the hooks :meth:`add_hook` added (the permanent ones too with ``including_permanent``)."""
+        """Remove the hooks :meth:`add_hook` added, forward and backward (the permanent ones too with
+        ``including_permanent``). A removed backward hook no longer fires, also on graphs made before."""
         store = self.__dict__.get("_persistent")
         if store:
-            store[False].clear()
-            if including_permanent:
-                store[True].clear()
+            for permanent in ((False, True) if including_permanent else (False,)):
+                for fns in store[permanent].values():
+                    for fn in fns:
+                        if isinstance(fn, _BackwardHook):
+                            fn.live = False
+                store[permanent].clear()
 
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[Any, InterventionFn]] = (), bwd_hooks: Sequence = (),
               reset_hooks_end: bool = True) -> Iterator["Model"]:
-        """TransformerLens's ``with model.hooks(fwd_hooks=[(name, fn)]):`` — the hooks apply to every run in
-        the block (this thread) and are removed on exit, also when it raises."""
-        if bwd_hooks:
-            raise ValueError("backward hooks are not supported; use model.gradients(...)")
-        with self.intervene(self._hookset(fwd_hooks, "hook")):
-            yield self
+        """TransformerLens's ``with model.hooks(fwd_hooks=[(name, fn)], bwd_hooks=[(name, fn)]):`` — the hooks
+        apply to every run in the block (this thread) and are removed on exit, also when it raises (backward
+        hooks then stop firing; run the backward pass inside the block)."""
+        back = self._hookset(bwd_hooks, "backward hook")
+        hookset: HookSet = defaultdict(list, {k: list(v) for k, v in self._hookset(fwd_hooks, "hook").items()})
+        made = []
+        for n, fns in back.items():
+            for fn in fns:
+                made.append(_BackwardHook(n, fn))
+                hookset[n].append(made[-1])
+        try:
+            with self.intervene(dict(hookset)):
+                yield self
+        finally:
+            for b in made:
+                b.live = False
 
     def _hookset(self, pairs: Iterable[tuple[Any, Any]], what: str = "hook") -> HookSet:
         """``{hook name: [fn, ...]}`` from ``(name, glob or filter; fn or list of fns)`` pairs, checked."""
@@ -353,7 +717,7 @@ class Model:
         includes an ``(1 + w)`` offset where the architecture has one. ``None`` where absent."""
         return self._final_norm()[:3]
 
-    def unembed(self, resid: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
+    def _unembed(self, resid: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
         """Logits from a residual stream ``[..., d_model]``: the final norm (if ``apply_ln``), then
         ``@ W_U + b_U``."""
         x = self.apply_ln_final(resid) if apply_ln else resid
@@ -405,6 +769,8 @@ class Model:
         real tokens do not depend on the pad id, since position ids come from the attention mask."""
         if len(seqs) == 0:
             raise ValueError("pad_token_ids: no sequences")
+        for seq in seqs:
+            check_token_ids(torch.as_tensor(seq) if isinstance(seq, (list, tuple)) and seq else seq)
         rows = [torch.as_tensor(s, dtype=torch.long).flatten() for s in seqs]
         pad = getattr(self.tokenizer, "pad_token_id", None)
         ids = torch.full((len(rows), max(len(r) for r in rows)), 0 if pad is None else int(pad), dtype=torch.long)
@@ -436,16 +802,46 @@ class Model:
         return [self.tokenizer.decode(row.tolist()) for row in t]
 
     def run_with_hooks(self, inputs: Inputs, fwd_hooks: Sequence[tuple[Any, InterventionFn]] = (),
-                       attention_mask: torch.Tensor | None = None, stop_at_layer: int | None = None,
-                       return_type: str | None = "logits", reset_hooks_end: bool = True):
-        """TransformerLens's ``run_with_hooks``: ``fwd_hooks`` is a list of ``(name_or_filter, fn)`` where
-        ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's name and ``hook.layer()`` its
-        layer, as in TL). The hooks apply to this run only (``reset_hooks_end`` is accepted for TL's
-        signature; persistent hooks are :meth:`add_hook`'s). ``return_type`` as in :meth:`__call__`."""
-        hooks = self._hookset(fwd_hooks)
+                       bwd_hooks: Sequence[tuple[Any, InterventionFn]] = (), reset_hooks_end: bool = True,
+                       clear_contexts: bool = False, attention_mask: torch.Tensor | None = None,
+                       stop_at_layer: int | None = None, return_type: str | None = "logits",
+                       prepend_bos: bool | None = None, padding_side: str | None = None):
+        """TransformerLens's ``run_with_hooks`` (TL's argument order): ``fwd_hooks`` is a list of
+        ``(name_or_filter, fn)`` where ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's
+        name and ``hook.layer()`` its layer, as in TL). The hooks apply to this run only. ``bwd_hooks`` as in
+        TL: with ``reset_hooks_end=True`` (the default) they are removed when the run returns, before any
+        backward pass could fire them (TL warns so too); with ``reset_hooks_end=False`` they stay added, as
+        :meth:`add_hook`'s, until :meth:`reset_hooks`. ``return_type`` as in :meth:`__call__`;
+        ``prepend_bos`` / ``padding_side`` rule text inputs for this call."""
+        hooks: HookSet = defaultdict(list, {k: list(v) for k, v in self._hookset(fwd_hooks).items()})
+        if bwd_hooks:
+            if reset_hooks_end:
+                import warnings
+                warnings.warn("backward hooks are removed at the end of run_with_hooks (reset_hooks_end=True), "
+                              "before a backward pass can fire them; pass reset_hooks_end=False or use "
+                              "model.add_hook(name, fn, dir='bwd')", stacklevel=2)
+            else:
+                for name, fn in bwd_hooks:
+                    self.add_hook(name, fn, dir="bwd")
+        inputs = self._text_inputs(inputs, attention_mask, prepend_bos, padding_side)
         if stop_at_layer is not None:
-            return self._stopped(inputs, hooks, stop_at_layer, attention_mask)
-        return self._shaped(inputs, hooks, attention_mask, return_type)
+            return self._stopped(inputs, dict(hooks), stop_at_layer, attention_mask)
+        return self._shaped(inputs, dict(hooks), attention_mask, return_type)
+
+    def _text_inputs(self, inputs: Inputs, attention_mask, prepend_bos: bool | None, padding_side: str | None) -> Inputs:
+        """Texts tokenized with a per-call BOS rule / padding side (TransformerLens's ``prepend_bos=`` and
+        ``padding_side=`` arguments); other inputs as they are."""
+        if prepend_bos is None and padding_side is None:
+            return inputs
+        if prepend_bos is not None and not isinstance(prepend_bos, bool):
+            raise TypeError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
+        texts = isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs
+                                            and all(isinstance(t, str) for t in inputs))
+        if not texts:
+            return inputs
+        self.prepare(inputs)  # the usual checks of texts (empty strings ...)
+        return self.tokenize(inputs, padding_side=padding_side,
+                             prepend_bos=self.prepend_bos if prepend_bos is None else prepend_bos)
 
     def _stopped(self, inputs, hooks: HookSet, stop_at_layer: int, attention_mask=None) -> torch.Tensor:
         """Run blocks ``0..stop_at_layer-1`` and return the residual stream there ``[batch, pos, d_model]``
@@ -557,10 +953,10 @@ class Model:
             if not batch:
                 raise ValueError(f"input dict needs 'input_ids' or 'pixel_values', got keys {sorted(inputs)}")
         elif isinstance(inputs, torch.Tensor):
-            if inputs.is_floating_point():
-                if inputs.dim() != 4:
-                    raise ValueError(f"float inputs are images [batch, channel, height, width]; got {tuple(inputs.shape)}")
+            if inputs.is_floating_point() and inputs.dim() == 4:
                 batch = {"pixel_values": inputs}
+            elif inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool:
+                check_token_ids(inputs)
             else:
                 ids = inputs[None] if inputs.dim() == 1 else inputs
                 if ids.dim() != 2:
@@ -662,6 +1058,14 @@ class Model:
                 merged[k].extend(v)
         for k, v in (hooks or {}).items():
             merged[k].extend(v)
+        if not grad and torch.is_grad_enabled() and any(isinstance(f, _BackwardHook) and f.live
+                                                        for fns in merged.values() for f in fns):
+            grad = True  # a backward hook needs this forward's graph (TransformerLens keeps it too)
+            with _graph_params(self):
+                return self._run_merged(batch, merged, stop_at_layer, grad)
+        return self._run_merged(batch, merged, stop_at_layer, grad)
+
+    def _run_merged(self, batch: dict, merged: HookSet, stop_at_layer: int | None, grad: bool) -> Any:
         if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
                                           or not 0 < stop_at_layer <= self.cfg.n_layers):
             raise ValueError(f"stop_at_layer must be an integer in 1..{self.cfg.n_layers}, got {stop_at_layer!r}")
@@ -712,13 +1116,17 @@ class Model:
         return tensor, changed
 
     def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
-                 stop_at_layer: int | None = None, return_type: str | None = "logits") -> Any:
+                 stop_at_layer: int | None = None, return_type: str | None = "logits",
+                 prepend_bos: bool | None = None, padding_side: str | None = None) -> Any:
         """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``).
 
         With ``stop_at_layer=l``, runs blocks ``0..l-1`` only and returns the residual stream there
         (``blocks.{l-1}.hook_resid_post``, ``[batch, pos, d_model]``), as TransformerLens does.
         ``return_type`` as in TransformerLens: ``"logits"`` (default), ``"loss"`` (mean next-token
-        cross-entropy over real tokens, :func:`interp.habits.lm_loss`), ``"both"`` (``(logits, loss)``) or ``None``."""
+        cross-entropy over real tokens, :func:`interp.habits.lm_loss`), ``"both"`` (``(logits, loss)``) or ``None``.
+        ``prepend_bos`` / ``padding_side``: the BOS rule and padding side of text inputs for this call (default:
+        :attr:`prepend_bos` and the tokenizer's side), as TransformerLens's per-call arguments."""
+        inputs = self._text_inputs(inputs, attention_mask, prepend_bos, padding_side)
         if stop_at_layer is not None:
             return self._stopped(inputs, {}, stop_at_layer, attention_mask)
         return self._shaped(inputs, None, attention_mask, return_type)
@@ -739,16 +1147,21 @@ class Model:
                        stop_at_layer: int | None = None, device: str | torch.device | None = None,
                        dtype: torch.dtype | None = None, attention_mask: torch.Tensor | None = None,
                        names_filter: Any = None, return_type: str | None = "logits",
-                       remove_batch_dim: bool = False) -> tuple[Any, Cache]:
+                       remove_batch_dim: bool = False, prepend_bos: bool | None = None,
+                       padding_side: str | None = None) -> tuple[Any, Cache]:
         """Run once and return ``(output, cache)``; ``cache[name]`` is detached.
 
         ``stop_at_layer=l`` runs blocks ``0..l-1`` only (output is ``None``); ``device``/``dtype`` choose
         where the cache is kept. Every requested hook must fire, or :class:`HookNotFiredError` is raised.
         TransformerLens's spellings: ``names_filter`` (a name, list, glob or callable) is ``names``;
         ``return_type`` as in :meth:`__call__`; ``remove_batch_dim=True`` drops the batch axis of a one-example
-        run from every cached tensor.
+        run from every cached tensor; ``prepend_bos`` / ``padding_side`` as in :meth:`__call__`. Every argument
+        (``device`` included) is checked before the forward pass.
         """
         from .habits import RETURN_TYPES, shape_output
+
+        device = check_device(device)
+        inputs = self._text_inputs(inputs, attention_mask, prepend_bos, padding_side)
 
         if names_filter is not None:
             if names is not None:
@@ -781,9 +1194,13 @@ class Model:
     def _capture_hooks(self, names: list[str], cache: Cache, device, dtype) -> HookSet:
         def make(name: str):
             def save(t: torch.Tensor, ctx: HookContext) -> None:
+                # always a copy: the model may later write in place into the tensor it showed the hook
+                # (Falcon's mlp_output += attention_output), and a cached view would change with it
                 t = t.detach()
                 if device is not None or dtype is not None:
-                    t = t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+                    t = t.to(device=device, dtype=dtype if t.is_floating_point() else None, copy=True)
+                else:
+                    t = t.clone()
                 cache.add(name, t)
             return save
         return {n: [make(n)] for n in names}
@@ -797,6 +1214,7 @@ class Model:
         that opened it: runs in other threads are not recorded (docs/reliability.md, "Threads").
         """
         wanted = self._resolve(names)
+        device = check_device(device)
         cache = Cache(model=self)
         pop = self._push(self._capture_hooks(wanted, cache, device, dtype))
         try:
@@ -827,14 +1245,14 @@ class Model:
         gradients flow through them (use :meth:`forward_with_grad` to differentiate anything else).
         """
         wanted = self._resolve(names)
-        acts = Cache()
+        acts = Cache(model=self)
         live: dict[str, list[torch.Tensor]] = defaultdict(list)
 
         def make(name: str):
             def probe(t: torch.Tensor, ctx: HookContext) -> None:
                 if t.requires_grad:
                     live[name].append(t)
-                acts.add(name, t.detach())
+                acts.add(name, t.detach().clone())  # a copy: see _capture_hooks
             return probe
 
         batch = self.prepare(inputs, attention_mask)
@@ -847,7 +1265,7 @@ class Model:
             _check_fired(wanted, acts)
             flat = [(n, t) for n in wanted for t in live[n]]
             grads_t = torch.autograd.grad(value, [t for _, t in flat], allow_unused=True) if flat else ()
-        grads = Cache()
+        grads = Cache(model=self, gradient=True)
         got = dict.fromkeys(n for n, _ in flat)
         for (n, t), g in zip(flat, grads_t):
             if g is None and not self.can_write(n):
@@ -885,7 +1303,8 @@ class Model:
     @torch.no_grad()
     def generate(self, inputs: Inputs, max_new_tokens: int = 32, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int | None = None, seed: int | None = None,
-                 stop_at_eos: bool = True, return_text: bool = True, padding_side: str = "left"):
+                 stop_at_eos: bool = True, return_text: bool = True, padding_side: str = "left",
+                 verbose: bool = False, return_type: str | None = None, prepend_bos: bool | None = None):
         """Continue each prompt by ``max_new_tokens`` tokens: greedy by default; sampled with ``do_sample=True``
         or, as in TransformerLens, whenever a positive ``temperature`` is given (``temperature=0`` is greedy).
 
@@ -896,7 +1315,15 @@ class Model:
         seeds a private generator (the global RNG is untouched). ``max_new_tokens=0`` returns empty
         continuations on every backend. Returns the new text of each prompt (or the new token ids
         ``[batch, new]`` with ``return_text=False``, ``-1`` after a row's end-of-sequence token).
+
+        TransformerLens's spellings: ``verbose=True`` shows a progress bar over the new tokens;
+        ``return_type`` as TL's: ``"str"`` (the prompt followed by its continuation: one string for one text, a
+        list for a list), ``"tokens"`` (prompt and new ids ``[batch, pos + new]``), ``"input"`` (strings for text
+        input, tokens for token input: TL's default); ``None`` keeps interp's (the continuations only, see above);
+        ``prepend_bos`` rules text prompts for this call.
         """
+        if return_type not in (None, "str", "tokens", "input"):
+            raise ValueError(f"return_type must be None, 'str', 'tokens' or 'input', got {return_type!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
         if do_sample is None:
@@ -910,6 +1337,10 @@ class Model:
         if not self.cfg.is_causal_lm:
             raise ValueError(f"generate needs a causal language model; this is a {self.cfg.family} "
                              f"{self.cfg.modality} model without a language-model head")
+        texts_in = isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and all(isinstance(t, str) for t in inputs))
+        if prepend_bos is not None and texts_in:
+            self.prepare(inputs)  # the usual checks of texts
+            inputs = self.tokenize(inputs, padding_side=padding_side, prepend_bos=prepend_bos)
         batch = self.prepare(inputs, padding_side=padding_side)
         if "input_ids" not in batch:
             raise ValueError("generate needs text or token ids")
@@ -920,7 +1351,11 @@ class Model:
             raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs "
                              f"{longest + max_new_tokens - 1} positions; this model takes at most {limit}")
         gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-        new = self._generate_ids(ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos)
+        new = self._generate_ids(ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos, verbose)
+        if return_type == "input":
+            return_type = "str" if texts_in else "tokens"
+        if return_type is not None:
+            return self._with_prompt(ids, mask, new, return_type, single=isinstance(inputs, str))
         if not return_text:
             return new
         return [self.tokenizer.decode(row[row != -1], skip_special_tokens=True) for row in new]
@@ -932,7 +1367,24 @@ class Model:
     #: backends whose forward accepts ``past_key_values``/``use_cache`` and returns ``(logits, past)``
     _kv_cache: bool = False
 
-    def _generate_ids(self, ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos):
+    def _with_prompt(self, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor, return_type: str, single: bool):
+        """Prompt followed by continuation, as TransformerLens's ``generate`` returns it: ids ``[batch, pos +
+        new]`` (a row's padding and its tokens after end-of-sequence are the pad id), or the decoded strings
+        (one string for one text prompt)."""
+        pad = next((int(p) for p in (getattr(self.tokenizer, "pad_token_id", None),
+                                     getattr(self.tokenizer, "eos_token_id", None)) if isinstance(p, int)), 0)
+        rows = [torch.cat([ids[i][mask[i].bool()], new[i][new[i] != -1]]) for i in range(ids.shape[0])]
+        if return_type == "tokens":
+            n = max(len(r) for r in rows)
+            out = torch.full((len(rows), n), pad, dtype=torch.long, device=ids.device)
+            for i, r in enumerate(rows):
+                out[i, :len(r)] = r
+            return out
+        texts = [self.tokenizer.decode(r) for r in rows]
+        return texts[0] if single else texts
+
+    def _generate_ids(self, ids, mask, max_new_tokens, do_sample, temperature, top_k, gen, stop_at_eos,
+                      verbose: bool = False):
         """One generation loop for every backend.
 
         Pass 0 reads the prompt; pass ``k`` reads the ``k``-th new token against the key-value cache.
@@ -952,7 +1404,11 @@ class Model:
         step = first = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
         past = None
         with self._locked(), run_scope(self, generating=True):
-            for _ in range(max_new_tokens):
+            steps = range(max_new_tokens)
+            if verbose:
+                from .progress import progress
+                steps = progress(steps, desc="generating", total=max_new_tokens)
+            for _ in steps:
                 if self._kv_cache:
                     logits, past = self._run({**step, "past_key_values": past, "use_cache": True}, prepared=True)
                 else:
@@ -1044,7 +1500,74 @@ _READ_ONLY_WHY = {
 }
 
 
+class TokenIdsError(TypeError, ValueError):
+    """Token ids of a dtype that is not an integer (a ``TypeError``, and a ``ValueError`` as the input checks'
+    other refusals)."""
+
+
+def check_token_ids(ids: Any, what: str = "token ids") -> None:
+    """The one rule for token-id dtypes, at every entry point (model calls, ``run_with_cache``, ``generate``,
+    ``gradients``, patching, ``pad_token_ids``, ``loss_fn``, ``tokens_to_residual_directions``, ...): ids are an
+    integer tensor; bool, float and complex tensors are refused in one line (a bool tensor would otherwise index
+    tokens 0 and 1, a float one fail deep inside the embedding)."""
+    t = ids if isinstance(ids, torch.Tensor) else None
+    if t is None:
+        return
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        kind = "bool" if t.dtype == torch.bool else str(t.dtype).replace("torch.", "")
+        images = " (float inputs of shape [batch, channel, height, width] are images)" if t.is_floating_point() else ""
+        raise TokenIdsError(f"{what} must be an integer tensor (torch.long), got {kind} of shape {tuple(t.shape)}{images}; "
+                        "convert with .long() if these are ids")
+
+
+def check_device(device: Any) -> torch.device | None:
+    """``device=`` of a run, checked before any forward: a torch device that exists here (``"cpu"``, ``"cuda"``,
+    ``"cuda:1"``, ``"mps"`` ...), else one line saying so. ``None`` stays ``None``."""
+    if device is None:
+        return None
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps')") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (d.index is not None and d.index >= n):
+            raise ValueError(f"device {device!r} is not available here ({n} CUDA device(s))")
+    elif d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device {device!r} is not available here (no MPS)")
+    elif d.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=d)
+        except Exception:  # noqa: BLE001 - any backend's own complaint: not usable here
+            raise ValueError(f"device {device!r} is not available here") from None
+    return d
+
+
+class _BackwardHook:
+    """A TransformerLens backward hook at one site: as a forward hook it registers ``fn`` on the activation's
+    gradient (a tensor hook), so ``fn(grad, hook)`` runs when a backward pass goes through that activation; a
+    returned tensor replaces the gradient. ``live`` turns it off (also for graphs made before)."""
+
+    def __init__(self, name: str, fn: Callable) -> None:
+        self.name, self.fn, self.live = name, fn, True
+
+    def __call__(self, tensor: torch.Tensor, ctx: HookContext) -> None:
+        if not (self.live and tensor.requires_grad):
+            return None
+
+        def on_grad(grad: torch.Tensor) -> torch.Tensor | None:
+            if not self.live:
+                return None
+            out = self.fn(grad, ctx)
+            if out is not None:
+                _check_hook_output(f"{self.name} (backward)", grad, out)
+            return out
+        tensor.register_hook(on_grad)
+        return None
+
+
 def _check_ids(ids: torch.Tensor, vocab: int | None, max_positions: int | None) -> None:
+    check_token_ids(ids)
     if ids.shape[0] == 0:
         raise ValueError("token ids have no rows (shape %s); pass at least one sequence" % (tuple(ids.shape),))
     if ids.shape[-1] == 0:
@@ -1081,4 +1604,5 @@ def _check_fired(names: list[str], cache: Cache) -> None:
 
 
 __all__ = ["Model", "ModelConfig", "GradientResult", "StopForward", "UnknownHookError", "unknown_message",
+           "check_device", "check_token_ids",
            "next_token_loss", "requires_grad", "sample_next"]

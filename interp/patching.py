@@ -23,11 +23,13 @@ patched values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+import operator
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from .interventions import HookContext, Patch
+from .model import check_token_ids
 from .progress import progress
 from .results import Result
 
@@ -53,6 +55,13 @@ class PatchingResult(Result):
     clean: float
     corrupted: float
     tokens: list = field(default_factory=list)
+    #: the model layer of each row of ``values`` (as requested: ``patch(..., layers=[1, 3])`` gives ``[1, 3]``);
+    #: empty means rows ``0..n-1`` are layers ``0..n-1``
+    layers: list = field(default_factory=list)
+
+    def layer_labels(self) -> list[int]:
+        """The model layer of each row of ``values``."""
+        return list(self.layers) if self.layers else list(range(self.values.shape[0]))
 
     def normalised(self) -> torch.Tensor:
         """``(values - corrupted) / (clean - corrupted)``: 0 = no effect, 1 = the clean run's metric."""
@@ -63,6 +72,9 @@ class PatchingResult(Result):
 
         idx = torch.cartesian_prod(*[torch.arange(n) for n in self.values.shape]).reshape(-1, self.values.dim())
         rows = {a: idx[:, i].tolist() for i, a in enumerate(self.axes)}
+        if self.axes and self.axes[0] == "layer":  # row i is model layer layer_labels()[i]
+            labels = self.layer_labels()
+            rows["layer"] = [labels[i] for i in rows["layer"]]
         rows["metric"] = self.values.reshape(-1).tolist()
         return pd.DataFrame(rows)
 
@@ -78,7 +90,7 @@ class PatchingResult(Result):
         x = ([f"{i}: {t}" for i, t in enumerate(self.tokens)] if x_axis.startswith("pos") and self.tokens
              else list(range(v.shape[1])))
         lim = float(max(abs(v - self.corrupted).max(), 1e-12))
-        fig = go.Figure(go.Heatmap(z=v.numpy(), x=x, y=list(range(v.shape[0])), colorscale="RdBu", zmid=self.corrupted,
+        fig = go.Figure(go.Heatmap(z=v.numpy(), x=x, y=[str(l) for l in self.layer_labels()], colorscale="RdBu", zmid=self.corrupted,
                                    zmin=self.corrupted - lim, zmax=self.corrupted + lim, colorbar=dict(title="metric")))
         fig.update_layout(title=f"activation patching: {self.component} (clean {self.clean:.3g}, corrupted "
                                 f"{self.corrupted:.3g})", xaxis_title=x_axis, yaxis_title="layer",
@@ -86,18 +98,95 @@ class PatchingResult(Result):
         return fig
 
 
-def _as_inputs(model, corrupted) -> dict[str, torch.Tensor]:
-    if isinstance(corrupted, Mapping):
-        ids = torch.as_tensor(corrupted["input_ids"])
-        mask = corrupted.get("attention_mask")
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids) if mask is None else torch.as_tensor(mask)}
-    if isinstance(corrupted, torch.Tensor):
-        ids = corrupted if corrupted.dim() == 2 else corrupted[None]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    return dict(model.tokenize(corrupted))
+def _as_inputs(model, x, what: str = "corrupted") -> dict[str, torch.Tensor]:
+    """``{"input_ids", "attention_mask"}`` of one patching input (token ids ``[batch, pos]`` or ``[pos]``, a dict
+    with ``input_ids``, or texts), its ids checked by the toolkit's one token-id rule."""
+    if isinstance(x, Mapping):
+        if "input_ids" not in x:
+            raise ValueError(f"the {what} input dict needs 'input_ids', got keys {sorted(x)}")
+        ids = torch.as_tensor(x["input_ids"])
+        mask = x.get("attention_mask")
+        mask = torch.ones_like(ids, dtype=torch.long) if mask is None else torch.as_tensor(mask)
+    elif isinstance(x, torch.Tensor):
+        ids, mask = x, None
+    elif isinstance(x, str) or (isinstance(x, (list, tuple)) and x and all(isinstance(t, str) for t in x)):
+        return dict(model.tokenize(x))
+    else:
+        raise TypeError(f"the {what} input must be token ids [batch, pos], a dict with input_ids or texts, "
+                        f"got {type(x).__name__}")
+    check_token_ids(ids, what=f"{what} token ids")
+    ids = ids if ids.dim() == 2 else ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"{what} token ids must be [batch, pos] or [pos], got shape {tuple(x.shape)}")
+    mask = torch.ones_like(ids, dtype=torch.long) if mask is None else (mask if mask.dim() == 2 else mask[None])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _layers_arg(layers: Any, n_layers: int) -> list[int]:
+    """``layers=`` of the patching functions: ``None`` (every layer), one integer or a sequence of integers in
+    ``-n_layers..n_layers-1`` (negative counts from the end). Integers only: ``0.7``, ``'1'`` and ``True`` are
+    refused, never rounded or coerced."""
+    if layers is None:
+        return list(range(n_layers))
+    items = [layers] if isinstance(layers, (int, torch.Tensor)) and not isinstance(layers, bool) and (
+        not isinstance(layers, torch.Tensor) or layers.dim() == 0) else layers
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"layers must be integers (a list of layer indices), got {layers!r}")
+    out = []
+    for l in items:
+        if isinstance(l, bool) or isinstance(l, (str, bytes, float)):
+            raise TypeError(f"layers must be integers in -{n_layers}..{n_layers - 1}, got {l!r} in {layers!r}")
+        if isinstance(l, torch.Tensor) and (l.dim() != 0 or l.is_floating_point() or l.dtype == torch.bool):
+            raise TypeError(f"layers must be integers in -{n_layers}..{n_layers - 1}, got {l!r} in {layers!r}")
+        try:
+            i = operator.index(l)
+        except TypeError:
+            raise TypeError(f"layers must be integers in -{n_layers}..{n_layers - 1}, got {l!r} in {layers!r}") from None
+        if not -n_layers <= i < n_layers:
+            raise ValueError(f"layers must be in -{n_layers}..{n_layers - 1}, got {i} in {list(items)!r}")
+        out.append(i % n_layers)
+    if not out:
+        raise ValueError("layers is empty; pass at least one layer (or None for every layer)")
+    return out
+
+
+def _is_int(i: Any) -> bool:
+    """An integer index (Python, NumPy or a 0-d integer tensor), not a bool."""
+    if isinstance(i, bool) or (isinstance(i, torch.Tensor) and (i.dim() or i.is_floating_point() or i.dtype == torch.bool)):
+        return False
+    try:
+        operator.index(i)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_metric(metric: Any) -> None:
+    if not callable(metric):
+        raise TypeError(f"metric must be a function of the logits returning a scalar, got {type(metric).__name__}")
+
+
+def check_request(model, corrupted, metric: Metric, clean: Any = None, layers: Any = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, list[int]]:
+    """The one validation of a patching request, shared by :func:`patch`, :func:`patch_values`,
+    :func:`path_patch` and every ``get_act_patch_*``, done before any forward pass: the inputs (token ids by
+    the toolkit's one dtype rule, see :func:`interp.model.check_token_ids`), clean and corrupted of the same
+    ``[batch, pos]`` shape (a batch of one is never broadcast), ``metric`` callable, ``layers`` integers in
+    range. Returns ``(corrupted inputs, clean inputs or None, layers)``."""
+    _check_metric(metric)
+    corrupted_in = _as_inputs(model, corrupted, "corrupted")
+    clean_in = None if clean is None else _as_inputs(model, clean, "clean")
+    if clean_in is not None and clean_in["input_ids"].shape != corrupted_in["input_ids"].shape:
+        raise ValueError(f"clean {tuple(clean_in['input_ids'].shape)} and corrupted "
+                         f"{tuple(corrupted_in['input_ids'].shape)} inputs must have the same shape [batch, pos]")
+    return corrupted_in, clean_in, _layers_arg(layers, model.cfg.n_layers)
 
 
 def _scalar(v: Any) -> float:
+    """The metric's value as a float; anything but a number or a one-element tensor is refused in one line."""
+    if v is None or isinstance(v, (str, bytes, Mapping)) or not (isinstance(v, torch.Tensor) or hasattr(v, "__float__")):
+        raise TypeError(f"metric must return a scalar (a number or a one-element tensor), got "
+                        f"{type(v).__name__}{'' if v is None else (': ' + repr(v))[:80]}")
     t = torch.as_tensor(v)
     if t.numel() != 1:
         raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(t.shape)}")
@@ -142,48 +231,82 @@ def _position_write(p: int):
     return write
 
 
-def _head_write(h: int, axis: int, p: int | None = None, pos_axis: int = 1):
+def _head_write(h: int, axis: int, p: int | None = None, pos_axis: int = 1, p2: int | None = None,
+                pos2_axis: int | None = None):
     def write(view: torch.Tensor, src: torch.Tensor) -> None:
         idx: list[Any] = [slice(None)] * view.dim()
         idx[axis] = h
         if p is not None:
             idx[pos_axis] = p
+        if p2 is not None:
+            idx[pos2_axis] = p2
         view[tuple(idx)] = src[tuple(idx)]
     return write
 
 
-def _components(component: str, by_position: bool, n_heads: int, T: int) -> tuple[str, list[str], list]:
-    """(hook of each layer, result axes besides ``layer``, one write per patched component)."""
+#: ways to sweep a head-indexed activation: result axes besides ``layer``
+_HEAD_SWEEPS = {"all_pos": ["head"], "by_pos": ["pos", "head"], "head_dest": ["head", "dest_pos"],
+                "head_dest_src": ["head", "dest_pos", "src_pos"]}
+
+
+def _components(component: str, by_position: bool | str, n_heads: int, T: int) -> tuple[str, list[str], list]:
+    """(hook of each layer, result axes besides ``layer``, one write per patched component, in the result's
+    row-major order). ``n_heads`` is the head count of the patched activation (the key/value heads for
+    ``k``/``v`` under grouped-query attention, as TransformerLens counts them)."""
     if component in RESIDUAL:
-        return RESIDUAL[component], ["layer", "pos"], [_position_write(p) for p in range(T)]
+        return RESIDUAL[component], ["pos"], [_position_write(p) for p in range(T)]
     if component in HEADS:
+        sweep = "by_pos" if by_position is True else ("all_pos" if by_position is False else by_position)
+        if sweep not in _HEAD_SWEEPS or (sweep.startswith("head_dest") and component != "pattern"):
+            raise ValueError(f"unknown way to sweep {component!r}: {by_position!r}")
         head_axis, pos_axis = (1, 2) if component == "pattern" else (2, 1)
-        if by_position:
-            return HEADS[component], ["layer", "pos", "head"], [_head_write(h, head_axis, p, pos_axis)
-                                                              for p in range(T) for h in range(n_heads)]
-        return HEADS[component], ["layer", "head"], [_head_write(h, head_axis) for h in range(n_heads)]
+        if sweep == "by_pos":
+            writes = [_head_write(h, head_axis, p, pos_axis) for p in range(T) for h in range(n_heads)]
+        elif sweep == "head_dest":
+            writes = [_head_write(h, 1, p, 2) for h in range(n_heads) for p in range(T)]
+        elif sweep == "head_dest_src":
+            writes = [_head_write(h, 1, p, 2, q, 3) for h in range(n_heads) for p in range(T) for q in range(T)]
+        else:
+            writes = [_head_write(h, head_axis) for h in range(n_heads)]
+        return HEADS[component], _HEAD_SWEEPS[sweep], writes
     raise ValueError(f"unknown component {component!r}; expected one of {', '.join([*RESIDUAL, *HEADS])}")
 
 
+def _heads_of(component: str, source: torch.Tensor) -> int:
+    """The head count of a cached head activation (``[batch, pos, head, d]``, patterns ``[batch, head, q, k]``)."""
+    return int(source.shape[1] if component == "pattern" else source.shape[2])
+
+
 def patch_values(model, corrupted, clean_cache, metric: Metric, component: str = "resid_pre",
-                 by_position: bool = False, layers: Sequence[int] | None = None, batch_size: int = 64) -> torch.Tensor:
+                 by_position: bool | str = False, layers: Sequence[int] | None = None,
+                 batch_size: int = 64) -> torch.Tensor:
     """The metric after patching each ``component`` of ``clean_cache`` into the corrupted run (see :func:`patch`):
-    ``[layer, pos]``, ``[layer, head]`` or ``[layer, pos, head]``."""
-    inputs = _as_inputs(model, corrupted)
-    n_layers = model.cfg.n_layers
-    if layers is not None and any(not -n_layers <= int(l) < n_layers for l in layers):
-        raise ValueError(f"layers must be in -{n_layers}..{n_layers - 1}, got {list(layers)}")
-    layers = list(range(n_layers)) if layers is None else [int(l) % n_layers for l in layers]
+    ``[layer, pos]``, ``[layer, head]`` or ``[layer, pos, head]`` (``by_position``; for ``pattern`` also
+    ``"head_dest"``: ``[layer, head, dest_pos]`` and ``"head_dest_src"``: ``[layer, head, dest_pos, src_pos]``).
+    ``k`` and ``v`` of a grouped-query model have one column per key/value head, as in TransformerLens.
+    Rows follow ``layers`` (default: every layer)."""
+    inputs, _, layers = check_request(model, corrupted, metric, layers=layers)
     T = inputs["input_ids"].shape[1]
-    hook, axes, writes = _components(component, by_position, model.cfg.n_heads, T)
+    hook = _components(component, by_position, 0, 0)[0]  # an unknown component or sweep fails here
+    names = [f"blocks.{l}.{hook}" for l in layers]
+    missing = [n for n in names if n not in clean_cache]
+    if missing:
+        raise KeyError(f"the clean cache has no {missing[0]!r}: capture it (model.run_with_cache(clean) captures all)")
+    first = clean_cache[names[0]]
+    b = inputs["input_ids"].shape[0]
+    pos_axis = 2 if component == "pattern" else 1
+    if first.shape[0] != b or first.shape[pos_axis] != T:
+        raise ValueError(f"the clean cache's {names[0]!r} is from a run of [batch, pos] = "
+                         f"{(first.shape[0], first.shape[pos_axis])}, but the corrupted input is {(b, T)}: "
+                         "clean and corrupted inputs must have the same shape")
+    n_heads = _heads_of(component, first) if component in HEADS else 0
+    _, axes, writes = _components(component, by_position, n_heads, T)
     rows = []
-    for l in progress(layers, desc=f"patching {component}"):
-        name = f"blocks.{l}.{hook}"
-        if name not in clean_cache:
-            raise KeyError(f"the clean cache has no {name!r}: capture it (model.run_with_cache(clean) captures all)")
+    for name in progress(names, desc=f"patching {component}"):
         rows.append(_sweep(model, inputs, name, clean_cache[name], writes, metric, batch_size))
     values = torch.tensor(rows, dtype=torch.float32)
-    return values.reshape(len(layers), T, -1) if len(axes) == 3 else values
+    sizes = {"pos": T, "head": n_heads, "dest_pos": T, "src_pos": T}
+    return values.reshape(len(layers), *[sizes[a] for a in axes])
 
 
 def patch(model, clean, corrupted, metric: Metric, component: str = "resid_pre", by_position: bool = False,
@@ -194,19 +317,17 @@ def patch(model, clean, corrupted, metric: Metric, component: str = "resid_pre",
     ``component``: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out`` (``[layer, pos]``)
     or a head activation ``z``, ``q``, ``k``, ``v``, ``pattern`` (``[layer, head]`` over all positions,
     ``[layer, pos, head]`` with ``by_position``). ``clean`` and ``corrupted``: token ids ``[batch, pos]``, dicts
-    with ``input_ids`` (and ``attention_mask``) or texts, of the same shape.
+    with ``input_ids`` (and ``attention_mask``) or texts, of the same shape. ``layers``: integers (default:
+    every layer); the result's rows are those layers, labelled so in ``to_frame()`` and ``figure()``.
     """
-    clean_in, corrupted_in = _as_inputs(model, clean), _as_inputs(model, corrupted)
-    if clean_in["input_ids"].shape != corrupted_in["input_ids"].shape:
-        raise ValueError(f"clean {tuple(clean_in['input_ids'].shape)} and corrupted "
-                         f"{tuple(corrupted_in['input_ids'].shape)} inputs must have the same shape")
-    hook, _, _ = _components(component, by_position, model.cfg.n_heads, 0)  # an unknown component fails here
-    clean_logits, clean_cache = model.run_with_cache(clean_in, names=f"blocks.*.{hook}")
-    values = patch_values(model, corrupted_in, clean_cache, metric, component, by_position, layers, batch_size)
-    axes = ["layer", "pos", "head"] if values.dim() == 3 else ["layer", "pos" if component in RESIDUAL else "head"]
+    corrupted_in, clean_in, layer_list = check_request(model, corrupted, metric, clean=clean, layers=layers)
+    hook, _, _ = _components(component, by_position, 0, 0)  # an unknown component fails here
+    clean_logits, clean_cache = model.run_with_cache(clean_in, names=[f"blocks.{l}.{hook}" for l in layer_list])
+    values = patch_values(model, corrupted_in, clean_cache, metric, component, by_position, layer_list, batch_size)
+    axes = ["layer", *_components(component, by_position, 0, 0)[1]]
     return PatchingResult(component=component, axes=axes, values=values, clean=_scalar(metric(clean_logits)),
                           corrupted=_scalar(metric(model(corrupted_in))),
-                          tokens=model.to_str_tokens(corrupted_in["input_ids"][0]))
+                          tokens=model.to_str_tokens(corrupted_in["input_ids"][0]), layers=layer_list)
 
 
 # ---------------------------------------------------------------------------------------------- path patching
@@ -223,7 +344,9 @@ def path_patch(model, clean, corrupted, metric: Metric, receivers: Sequence[str]
     head-indexed hook. Returns ``[layer, head]`` values (``nan`` where a sender cannot reach a receiver: a head
     at or after the receiver's layer).
     """
-    clean_in, corrupted_in = _as_inputs(model, clean), _as_inputs(model, corrupted)
+    corrupted_in, clean_in, _ = check_request(model, corrupted, metric, clean=clean)
+    if isinstance(receivers, str):
+        receivers = [receivers]
     recv = {r: None for r in receivers} if not isinstance(receivers, Mapping) else dict(receivers)
     n_layers, H = model.cfg.n_layers, model.cfg.n_heads
     z_names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
@@ -232,10 +355,12 @@ def path_patch(model, clean, corrupted, metric: Metric, receivers: Sequence[str]
     if senders is None:
         senders = [(l, h) for l in range(n_layers) for h in range(H)]
     bad = [s for s in senders if not (isinstance(s, (tuple, list)) and len(s) == 2
-                                      and 0 <= int(s[0]) < n_layers and 0 <= int(s[1]) < H)]
+                                      and all(_is_int(i) for i in s)
+                                      and 0 <= operator.index(s[0]) < n_layers and 0 <= operator.index(s[1]) < H)]
     if bad:
         raise ValueError(f"senders are (layer, head) pairs with 0 <= layer < {n_layers} and 0 <= head < {H}; "
                          f"got {bad[:3]}")
+    senders = [(operator.index(l), operator.index(h)) for l, h in senders]
     reachable = [(l, h) for l, h in senders if any(_reaches(l, r, n_layers) for r in recv)]
     b = corrupted_in["input_ids"].shape[0]
     per = max(1, batch_size // b)
@@ -297,26 +422,39 @@ def _sender_write(h: int | None):
 
 
 # ------------------------------------------------------------------------------ TransformerLens's spellings
-def _tl(component: str, by_position: bool = False):
+def _tl(component: str, by_position: bool | str = False, shape: str = ""):
     def fn(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
         return patch_values(model, corrupted_tokens, clean_cache, patching_metric, component, by_position)
+    sweep = {False: "all positions", True: "by position", "head_dest": "by destination position",
+             "head_dest_src": "by destination and source position"}[by_position]
     fn.__name__ = f"get_act_patch_{component}"
-    fn.__doc__ = (f"TransformerLens's spelling: the metric after patching each {component} "
-                  f"({'by position' if by_position else 'all positions'}) -> tensor (see :func:`patch_values`).")
+    fn.__doc__ = (f"TransformerLens's spelling: the metric after patching each {component} ({sweep}) -> "
+                  f"{shape or 'tensor'} (see :func:`patch_values`; arguments ``(model, corrupted_tokens, "
+                  "clean_cache, patching_metric)`` as TransformerLens).")
     return fn
 
 
-get_act_patch_resid_pre = _tl("resid_pre")
-get_act_patch_resid_mid = _tl("resid_mid")
-get_act_patch_attn_out = _tl("attn_out")
-get_act_patch_mlp_out = _tl("mlp_out")
-get_act_patch_attn_head_out_all_pos = _tl("z")
-get_act_patch_attn_head_q_all_pos = _tl("q")
-get_act_patch_attn_head_k_all_pos = _tl("k")
-get_act_patch_attn_head_v_all_pos = _tl("v")
-get_act_patch_attn_head_pattern_all_pos = _tl("pattern")
-get_act_patch_attn_head_out_by_pos = _tl("z", True)
-get_act_patch_attn_head_v_by_pos = _tl("v", True)
+get_act_patch_resid_pre = _tl("resid_pre", shape="[layer, pos]")
+get_act_patch_resid_mid = _tl("resid_mid", shape="[layer, pos]")
+get_act_patch_attn_out = _tl("attn_out", shape="[layer, pos]")
+get_act_patch_mlp_out = _tl("mlp_out", shape="[layer, pos]")
+get_act_patch_attn_head_out_all_pos = _tl("z", shape="[layer, head]")
+get_act_patch_attn_head_q_all_pos = _tl("q", shape="[layer, head]")
+get_act_patch_attn_head_k_all_pos = _tl("k", shape="[layer, kv_head]")
+get_act_patch_attn_head_v_all_pos = _tl("v", shape="[layer, kv_head]")
+get_act_patch_attn_head_pattern_all_pos = _tl("pattern", shape="[layer, head]")
+get_act_patch_attn_head_out_by_pos = _tl("z", True, "[layer, pos, head]")
+get_act_patch_attn_head_q_by_pos = _tl("q", True, "[layer, pos, head]")
+get_act_patch_attn_head_k_by_pos = _tl("k", True, "[layer, pos, kv_head]")
+get_act_patch_attn_head_v_by_pos = _tl("v", True, "[layer, pos, kv_head]")
+get_act_patch_attn_head_pattern_by_pos = _tl("pattern", "head_dest", "[layer, head, dest_pos]")
+get_act_patch_attn_head_pattern_dest_src_pos = _tl("pattern", "head_dest_src", "[layer, head, dest_pos, src_pos]")
+
+
+def _pad_heads(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Zero columns after the key/value heads up to ``n_heads`` (TransformerLens's layout of the ``*_every`` stacks
+    on grouped-query models)."""
+    return torch.nn.functional.pad(t, (0, n_heads - t.shape[-1]))
 
 
 def get_act_patch_block_every(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
@@ -326,14 +464,28 @@ def get_act_patch_block_every(model, corrupted_tokens, clean_cache, patching_met
 
 
 def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
-    """TransformerLens's spelling: ``[5, layer, head]`` for ``z``, ``q``, ``k``, ``v`` and ``pattern``."""
-    return torch.stack([patch_values(model, corrupted_tokens, clean_cache, patching_metric, c)
-                        for c in ("z", "q", "k", "v", "pattern")])
+    """TransformerLens's spelling: ``[5, layer, head]`` for ``z``, ``q``, ``k``, ``v`` and ``pattern``; on a
+    grouped-query model the ``k`` and ``v`` rows hold one column per key/value head, then zeros (as TL)."""
+    out = [patch_values(model, corrupted_tokens, clean_cache, patching_metric, c) for c in ("z", "q", "k", "v", "pattern")]
+    H = out[0].shape[-1]
+    return torch.stack([_pad_heads(t, H) for t in out])
 
 
-__all__ = ["PatchingResult", "patch", "patch_values", "path_patch", "get_act_patch_resid_pre",
+def get_act_patch_attn_head_by_pos_every(model, corrupted_tokens, clean_cache, patching_metric: Metric) -> torch.Tensor:
+    """TransformerLens's spelling: ``[5, layer, pos, head]`` for ``z``, ``q``, ``k``, ``v`` (by position) and
+    ``pattern`` (by destination position); ``k``/``v`` padded with zero columns on grouped-query models (as TL)."""
+    out = [patch_values(model, corrupted_tokens, clean_cache, patching_metric, c, True) for c in ("z", "q", "k", "v")]
+    H = out[0].shape[-1]
+    pattern = patch_values(model, corrupted_tokens, clean_cache, patching_metric, "pattern", "head_dest")
+    return torch.stack([_pad_heads(t, H) for t in out] + [pattern.transpose(1, 2)])
+
+
+__all__ = ["PatchingResult", "check_request", "patch", "patch_values", "path_patch", "get_act_patch_resid_pre",
            "get_act_patch_resid_mid", "get_act_patch_attn_out", "get_act_patch_mlp_out",
            "get_act_patch_attn_head_out_all_pos", "get_act_patch_attn_head_q_all_pos",
            "get_act_patch_attn_head_k_all_pos", "get_act_patch_attn_head_v_all_pos",
            "get_act_patch_attn_head_pattern_all_pos", "get_act_patch_attn_head_out_by_pos",
-           "get_act_patch_attn_head_v_by_pos", "get_act_patch_block_every", "get_act_patch_attn_head_all_pos_every"]
+           "get_act_patch_attn_head_q_by_pos", "get_act_patch_attn_head_k_by_pos",
+           "get_act_patch_attn_head_v_by_pos", "get_act_patch_attn_head_pattern_by_pos",
+           "get_act_patch_attn_head_pattern_dest_src_pos", "get_act_patch_block_every",
+           "get_act_patch_attn_head_all_pos_every", "get_act_patch_attn_head_by_pos_every"]

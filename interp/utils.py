@@ -8,6 +8,10 @@ canonical interp hook name on every backend.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import numpy as np
+import torch
 
 #: TransformerLens's aliases of activation names
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
@@ -47,4 +51,40 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
     return f"ln_final.{full}" if name in _NORM and layer is None else full
 
 
-__all__ = ["get_act_name"]
+def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_answer: bool = True,
+                print_details: bool = True, prepend_bos: bool | None = None, top_k: int = 10) -> list[dict[str, Any]]:
+    """TransformerLens's ``utils.test_prompt(prompt, answer, model, ...)`` (TL's argument order): how ``model``
+    ranks each token of ``answer`` after ``prompt``, and its top ``top_k`` next tokens, printed like TL with
+    ``print_details``; returns one dict per answer token (see :func:`interp.habits.test_prompt`)."""
+    from .habits import test_prompt as _test_prompt
+
+    return _test_prompt(model, prompt, answer, prepend_space_to_answer, top_k, print_details, prepend_bos)
+
+
+def get_device() -> torch.device:
+    """TransformerLens's ``utils.get_device()``: CUDA if available, else Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available() and mps.is_built():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """TransformerLens's ``utils.to_numpy``: a tensor (detached, on the CPU), a list / tuple or a number as a NumPy
+    array; an array as it is."""
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    if isinstance(tensor, (list, tuple)):
+        return np.array(tensor)
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().cpu().numpy()
+    if isinstance(tensor, (int, float, bool, str)):
+        return np.array(tensor)
+    raise ValueError(f"to_numpy: cannot convert {type(tensor).__name__}")
+
+
+test_prompt.__test__ = False  # not a pytest test (the name is TransformerLens's)
+
+__all__ = ["get_act_name", "get_device", "test_prompt", "to_numpy"]

@@ -129,8 +129,8 @@ def test_persistent_hooks_and_hook_layer(backend):
         with m.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero)]):
             raise RuntimeError("inside")
     assert torch.allclose(m(TEXT), plain, atol=1e-6)  # removed on an exception too
-    with pytest.raises(ValueError, match="dir='fwd'"):
-        m.add_hook("blocks.0.hook_resid_pre", zero, dir="bwd")
+    with pytest.raises(ValueError, match="dir must be 'fwd' or 'bwd'"):
+        m.add_hook("blocks.0.hook_resid_pre", zero, dir="backward")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
