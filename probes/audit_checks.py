@@ -84,6 +84,9 @@ class HeadsCheckResult(AblationViews, Result):
     #: "patterns": [n_heads, q, q]} on the first score text (the ablation score's 3 most inactive heads, then its
     #: most active one); None for a model without attention patterns
     pattern_view: dict[str, Any] | None = None
+    ablation_score: str = BEST_SCORE  #: the score whose flagged heads are ablated (and drift is tracked on)
+    #: mean next-token loss of the unablated model on the held-out texts (also without an ablation run)
+    baseline_loss: float | None = None
     kind: ClassVar[str] = "heads_check"
 
     @property
@@ -94,6 +97,19 @@ class HeadsCheckResult(AblationViews, Result):
     def figure(self):
         return self.head_scores.figure()
 
+    @property
+    def spread(self) -> float:
+        """Relative spread of the ablation score over heads: (max − min) / |mean| of the per-head means (0 for
+        identical heads). Below :data:`UNIFORM_SPREAD` the scores are nearly uniform, as in an untrained model."""
+        means = self.head_scores.scores[self.ablation_score].float()
+        scale = float(means.abs().mean())
+        return float(means.max() - means.min()) / scale if scale > 0 else 0.0
+
+
+#: relative spread of the per-head ablation score below which the report says "scores nearly uniform: untrained?"
+#: (a random-init 2-layer Llama: ~0.3 %; SmolLM2-135M: > 100 %)
+UNIFORM_SPREAD = 0.02
+
 
 def _flag_figure(rows: list[dict[str, Any]], fraction: float):
     import plotly.graph_objects as go
@@ -102,9 +118,11 @@ def _flag_figure(rows: list[dict[str, Any]], fraction: float):
     fig = go.Figure(go.Bar(x=names, y=[100 * r["fraction_heads_flagged"] for r in rows],
                            marker_color=["#1f77b4" if SCORE_FUNCTIONS[n].number else "#9ca3af" for n in names],
                            hovertemplate="%{x}: %{y:.1f}% of heads<extra></extra>"))
+    top = max([100 * r["fraction_heads_flagged"] for r in rows] + [0.0])
     fig.update_layout(title={"text": f"Heads flagged on a majority of inputs at p = {100 * fraction:g}% "
                                      "(grey: extra variants)"},
-                      yaxis={"title": {"text": "% of heads"}}, height=380, margin={"b": 140})
+                      yaxis={"title": {"text": "% of heads"}, "range": [0, max(5.0, 1.15 * top)]}, height=380,
+                      margin={"b": 140})
     return fig
 
 
@@ -138,6 +156,23 @@ class HeadsCheck(Check):
                                   "LLMs' (ICLR 2026): 12 score functions (+3 variants) per layer and head, dynamic "
                                   "per-input thresholds, and ablation of the flagged heads versus random heads.")
     Config: ClassVar[type] = HeadsConfig
+    METRICS: ClassVar[dict[str, str]] = {
+        "n_heads": "attention heads (layers x heads)",
+        "n_flagged": "heads in the fixed flagged set of the ablation score",
+        "flagged_fraction": "n_flagged / n_heads",
+        "baseline_loss": "mean next-token loss on the held-out audit texts (nats)",
+        "perplexity": "exp(baseline_loss)",
+        "delta_loss_flagged": "loss change from ablating the flagged heads (null when none is flagged)",
+        "delta_loss_random": "mean loss change from ablating as many random heads (null when none is flagged)",
+        "score_spread": "relative spread (max - min) / |mean| of the per-head ablation score (near 0: untrained?)",
+    }
+
+    def applies(self, model) -> str | None:
+        if model.cfg.modality != "text":
+            return f"the heads check needs a text model (this one is {model.cfg.modality})"
+        if model.tokenizer is None:
+            return "the model has no tokenizer (give one with --tokenizer PATH_OR_SPEC)"
+        return None
 
     def run(self, model, data: AuditData) -> HeadsCheckResult:
         cfg: HeadsConfig = self.config
@@ -167,6 +202,12 @@ class HeadsCheck(Check):
                                     batch_size=cfg.batch_size, max_length=cfg.max_length,
                                     label=f"{ablation_score} flagged")
             ablation = asdict(res)
+            baseline_loss = res.baseline
+        elif model.cfg.is_causal_lm:  # nothing flagged: the loss headline still needs the unablated loss
+            baseline_loss = evaluate_ablation(model, eval_texts, [], n_random=0, batch_size=cfg.batch_size,
+                                              max_length=cfg.max_length).baseline
+        else:
+            baseline_loss = None
         sweep = None
         if cfg.sweep and model.cfg.is_causal_lm:
             sw = inactive_sweep(model, eval_texts, ablation_score, PAPER_FRACTIONS, calibration=scores,
@@ -177,13 +218,30 @@ class HeadsCheck(Check):
         return HeadsCheckResult(scores.per_input, scores.n_tokens, scores.model, cfg.fraction, cfg.min_share,
                                 summary.to_dict("records"), iou.values.tolist(), flagged, ablation, sweep,
                                 len(score_texts), len(eval_texts), cfg.convention, cfg.padded_queries,
-                                _pattern_view(model, score_texts[0], scores.ranking(ablation_score)))
+                                _pattern_view(model, score_texts[0], scores.ranking(ablation_score)), ablation_score,
+                                baseline_loss)
+
+    def metrics(self, result: HeadsCheckResult) -> dict[str, Any]:
+        import math
+
+        hs = result.head_scores
+        total = hs.n_layers * hs.n_heads
+        n = len(result.flagged.get(result.ablation_score, []))
+        abl = result.ablation_result
+        loss = result.baseline_loss
+        return {"n_heads": total, "n_flagged": n, "flagged_fraction": n / total if total else None,
+                "baseline_loss": loss, "perplexity": math.exp(loss) if loss is not None and loss < 700 else None,
+                "delta_loss_flagged": None if abl is None else abl.delta,
+                "delta_loss_random": None if abl is None or not abl.random else abl.random_delta,
+                "score_spread": result.spread}
 
     def summary(self, result: HeadsCheckResult) -> dict[str, Any]:
         cfg: HeadsConfig = self.config
         out: dict[str, Any] = {"heads": result.head_scores.n_layers * result.head_scores.n_heads}
         best = resolve_scores(cfg.ablation_score)[0]
         out[f"flagged by {best}"] = len(result.flagged.get(best, []))
+        if result.baseline_loss is not None:
+            out["baseline loss"] = result.baseline_loss
         abl = result.ablation_result
         if abl is not None:
             out["Δloss flagged"] = abl.delta
@@ -197,7 +255,8 @@ class HeadsCheck(Check):
     def to_json(self, result: HeadsCheckResult) -> dict[str, Any]:
         hs = result.head_scores
         return {"schema": "interp.checks.heads/1", "n_layers": hs.n_layers, "n_heads": hs.n_heads,
-                "fraction": result.fraction, "min_share": result.min_share, "convention": result.convention,
+                "ablation_score": result.ablation_score, "baseline_loss": result.baseline_loss,
+                "score_spread": result.spread, "fraction": result.fraction, "min_share": result.min_share, "convention": result.convention,
                 "padded_queries": result.padded_queries,
                 "n_score_texts": result.n_score_texts, "n_eval_texts": result.n_eval_texts,
                 "mean_scores": {n: t.tolist() for n, t in hs.scores.items()},
@@ -225,6 +284,19 @@ class HeadsCheck(Check):
                  f"is strictly below τ<sub>p</sub> (above, for AWFT), {rule}, with p = {100 * result.fraction:g}%; "
                  f"the fixed set below keeps heads flagged on more than {100 * result.min_share:g}% of the inputs."
                  "</p>"]
+        spread = result.spread
+        if spread < UNIFORM_SPREAD:
+            means = hs.scores[best]
+            parts.append(f'<p class="note">Scores nearly uniform: untrained? (mean {html.escape(best)} per head '
+                         f"ranges {float(means.min()):.4g}–{float(means.max()):.4g}, a spread of {100 * spread:.2g}% "
+                         "of its mean; the colour scale below is fitted to that range, so small differences look "
+                         "large.)</p>")
+        if result.baseline_loss is not None:
+            import math
+
+            parts.append(f"<p>Loss of the unablated model on the {result.n_eval_texts} held-out texts: "
+                         f"<b>{result.baseline_loss:.4f}</b> nats per token (perplexity "
+                         f"{math.exp(min(result.baseline_loss, 700)):.4g}).</p>")
         abl = result.ablation_result
         if abl is not None:
             verdict = "smaller" if abs(abl.delta) < abs(abl.random_delta) else "NOT smaller"
@@ -236,7 +308,11 @@ class HeadsCheck(Check):
         else:
             parts.append(f"<p>No head is flagged by {html.escape(best)} on a majority of inputs at this p, so "
                          "there is no ablation comparison.</p>")
-        figures = [("Mean score per layer and head (choose the score function in the dropdown)", hs.figure()),
+        heat = hs.figure()
+        for trace in heat.data:  # the colour scale is fitted to each score's range, with ticks that show it
+            z = torch.as_tensor(trace.z, dtype=torch.float64)
+            trace.update(zmin=float(z.min()), zmax=float(z.max()), colorbar={"tickformat": ".4g"})
+        figures = [("Mean score per layer and head (choose the score function in the dropdown)", heat),
                    ("Share of heads in the fixed flagged set, per score function",
                     _flag_figure(result.summary_rows, result.fraction)),
                    ("How much the score functions agree", _iou_figure(hs.names, result.iou))]

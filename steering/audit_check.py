@@ -1,5 +1,15 @@
 """Steering as an ``interp audit`` check: any registered steering method on refusal or on a contrastive behaviour.
 
+Which evaluation runs by default (``behaviour="auto"``): **refusal** when the model has refusal behaviour to
+steer (a chat template and at least ``min_baseline_refusal`` of a harmful probe refused, see below), otherwise the
+built-in behaviour ``default_behaviour`` (``sentiment``), which a language model exhibits without being asked:
+SmolLM2-135M-Instruct, the default model, continues 11 of the 12 neutral evaluation prompts ("The hotel room turned
+out to be") positively by the marker judge (rate 0.92), and a linear probe separates the contrastive texts (held-out
+accuracy 1.0); on ``uppercase`` its unsteered rate is near 0, so there would be nothing to remove. The check then
+fits ``behaviour_method`` (``diff_in_means`` when ``method`` is RepIt, which needs harm categories) and steers
+*against* the behaviour (``scale=-1``, unless set): on SmolLM2 the behaviour rate falls 0.92 -> 0.00 at layer 15.
+``--set steering.behaviour=refusal`` forces the refusal evaluation (skipped, with the reason, where it does not apply).
+
 Two evaluations:
 
 * **refusal** (RepIt: Siu et al., ICLR 2026, by default; what follows);
@@ -64,9 +74,16 @@ class SteeringCheckConfig:
     nontarget_retain: float = 0.9
     intervention: str = "affine"  #: RepIt deployment: "affine" (paper, one layer) or "ablation" (every layer)
     batch_size: int = 16
-    #: "auto": refusal for repit, and for other methods when the model has refusal behaviour (else
-    #: "sentiment"); "refusal"; or a built-in behaviour (interp.data.behaviour_names())
+    #: "auto": refusal when the model has refusal behaviour, else ``default_behaviour``; "refusal"; or a
+    #: built-in behaviour (interp.data.behaviour_names())
     behaviour: str = "auto"
+    #: the built-in behaviour "auto" falls back to: one the model exhibits unsteered (see the module docstring)
+    default_behaviour: str = "sentiment"
+    #: the method fitted on a behaviour when ``method`` is repit (RepIt needs harm categories)
+    behaviour_method: str = "diff_in_means"
+    #: the scale of the auto fallback's vector when the method has a ``scale`` and it is not set: -1 steers
+    #: against the behaviour the model exhibits
+    behaviour_scale: float = -1.0
     data: str | None = None  #: a JSON contrastive set (interp.data.load_behaviour); overrides behaviour
     probe_layer: int | None = None  #: behaviour probe layer (default: the vector's layer)
     neutral_texts: int = 16  #: audit texts the neutral-text KL runs on
@@ -113,12 +130,42 @@ class SteeringCheckConfig:
         return {**out, **self.method_options}
 
     def evaluation(self) -> str:
-        """``"refusal"``, ``"data"`` (the JSON file), a built-in behaviour name, or ``"auto"`` (decided on the model)."""
+        """``"refusal"``, ``"data"`` (the JSON file), a built-in behaviour name, or ``"auto"`` (decided on the model).
+
+        With ``behaviour="auto"`` RepIt asks for ``"refusal"`` and any other method for ``"auto"``; either way
+        a model without refusal behaviour is evaluated on :attr:`default_behaviour` instead (:meth:`falls_back`)."""
         if self.data is not None:
             return "data"
         if self.behaviour == "auto" and self.method == "repit":
             return "refusal"
         return self.behaviour
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether a model without refusal behaviour is evaluated on :attr:`default_behaviour` (``behaviour="auto"``,
+        no data file) rather than skipped (``behaviour="refusal"``)."""
+        return self.behaviour == "auto" and self.data is None
+
+    def behaviour_method_class(self) -> type[SteeringMethod]:
+        """The class fitted on a behaviour: :attr:`method`'s, or :attr:`behaviour_method`'s for repit."""
+        name = self.behaviour_method if self.method == "repit" else self.method
+        try:
+            return get(name)
+        except KeyError as exc:
+            raise ValueError(f"steering.behaviour_method: {exc.args[0] if exc.args else exc}") from None
+
+    def behaviour_kwargs(self, fallback: bool = False) -> dict[str, Any]:
+        """The behaviour method's config overrides (``fallback``: the auto fallback, which steers with
+        :attr:`behaviour_scale` unless a scale is set)."""
+        if self.method != "repit":
+            kwargs = self.method_kwargs()
+        else:
+            opts = method_fields(self.behaviour_method_class())
+            kwargs = {k: getattr(self, k) for k in self.SHARED if k in opts and getattr(self, k) is not None}
+        if fallback and self.method == "repit" and "scale" in method_fields(self.behaviour_method_class()) \
+                and "scale" not in kwargs:
+            kwargs["scale"] = self.behaviour_scale
+        return kwargs
 
     def validate(self) -> None:
         """Check everything that needs no model (``ValueError`` with what was expected)."""
@@ -134,6 +181,12 @@ class SteeringCheckConfig:
         if self.behaviour not in ("auto", "refusal", *zd.behaviour_names()):
             raise ValueError(f"steering.behaviour must be 'auto', 'refusal' or a built-in behaviour "
                              f"({', '.join(zd.behaviour_names())}), got {self.behaviour!r}")
+        if self.default_behaviour not in zd.behaviour_names():
+            raise ValueError(f"steering.default_behaviour must be a built-in behaviour "
+                             f"({', '.join(zd.behaviour_names())}), got {self.default_behaviour!r}")
+        if self.behaviour_method == "repit":
+            raise ValueError("steering.behaviour_method cannot be 'repit' (it needs harm categories)")
+        self.behaviour_method_class()
         if self.data is not None:
             if self.behaviour not in ("auto",):
                 raise ValueError("give steering.data (a contrastive JSON file) or steering.behaviour, not both")
@@ -213,18 +266,28 @@ class SteeringCheck(Check):
                                   "intervention, held-out refusal rates per category (refusal data set) or a "
                                   "contrastive behaviour's rate, probe score, neutral-text KL and coherence.")
     Config: ClassVar[type] = SteeringCheckConfig
+    METRICS: ClassVar[dict[str, str]] = {
+        "rate_none": "behaviour rate (refusal: target-category refusal rate) without steering",
+        "rate_steered": "the same with the steering vector applied",
+        "effect": "rate_steered - rate_none: the steering effect",
+        "probe_effect": "probe score steered - unsteered (behaviour evaluation only)",
+        "probe_accuracy": "held-out accuracy of the behaviour probe (behaviour evaluation only)",
+        "kl_neutral": "KL divergence on neutral / harmless text caused by the vector (nats)",
+        "ppl_ratio": "perplexity of the steered continuation / unsteered (coherence; behaviour evaluation only)",
+    }
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
         self.title = self._title()
 
-    def _title(self, behaviour: str | None = None) -> str:
+    def _title(self, behaviour: str | None = None, method: str | None = None) -> str:
         """The section title names the method (and the behaviour once known)."""
         c = self.config
-        if c.method == "repit":
+        method = method or c.method
+        if method == "repit":
             return type(self).title
         kind = behaviour or {"auto": None, "data": c.data}.get(c.evaluation(), c.evaluation())
-        return f"Steering: method {c.method}" + (f" on {kind}" if kind else "")
+        return f"Steering: method {method}" + (f" on {kind}" if kind else "")
 
     # ------------------------------------------------------------------ run
     def run(self, model, data: AuditData) -> SteeringCheckResult:
@@ -236,10 +299,10 @@ class SteeringCheck(Check):
         if kind not in ("auto", "refusal"):
             return self._run_behaviour(model, data, kind)
         ok, reason, base_rate = self._refusal_applies(model)
-        if not ok and kind == "auto":  # a method that needs no categories is judged on a built-in behaviour
-            return self._run_behaviour(model, data, "sentiment",
-                                       note=f"not evaluated on refusal ({reason}); built-in behaviour 'sentiment' "
-                                            "instead")
+        if not ok and c.falls_back:  # judged on the built-in behaviour the model exhibits instead
+            return self._run_behaviour(model, data, c.default_behaviour, fallback=True,
+                                       note=f"not evaluated on refusal ({reason}); the built-in behaviour "
+                                            f"'{c.default_behaviour}' instead")
         self.title = self._title("refusal")
         if not ok:
             return SteeringCheckResult(False, reason, baseline_probe=base_rate, method=c.method)
@@ -265,26 +328,31 @@ class SteeringCheck(Check):
                            f"(< {c.min_baseline_refusal:.0%}): it has no refusal behaviour to steer"), base_rate
         return True, "", base_rate
 
-    def _run_behaviour(self, model, data: AuditData, kind: str, note: str = "") -> SteeringCheckResult:
-        """Fit the method on a contrastive behaviour and evaluate it (:func:`~interp.steering.behaviour.evaluate_behaviour`)."""
+    def _run_behaviour(self, model, data: AuditData, kind: str, note: str = "",
+                       fallback: bool = False) -> SteeringCheckResult:
+        """Fit the method on a contrastive behaviour and evaluate it (:func:`~interp.steering.behaviour.evaluate_behaviour`).
+
+        ``fallback``: the auto evaluation's built-in behaviour (the method is :attr:`behaviour_method` for repit,
+        and steers with :attr:`behaviour_scale` unless a scale is set)."""
         from interp import data as zd
 
         c: SteeringCheckConfig = self.config
         beh = zd.load_behaviour(c.data) if kind == "data" else zd.get_behaviour(kind)
-        self.title = self._title(beh.name)
+        method_cls = c.behaviour_method_class()
+        self.title = self._title(beh.name, method_cls.name)
         if model.tokenizer is None:
             return SteeringCheckResult(False, "the model has no tokenizer, so a text behaviour does not apply",
-                                       method=c.method, behaviour=beh.name)
+                                       method=method_cls.name, behaviour=beh.name)
         pos, neg = beh.split("train")
-        kwargs = c.method_kwargs()
-        method = c.method_class()(**kwargs)
+        kwargs = c.behaviour_kwargs(fallback)
+        method = method_cls(**kwargs)
         vec = method.fit(model, SteeringData(pos, neg))
         ev = evaluate_behaviour(model, vec, beh, data.texts[:c.neutral_texts], c.probe_layer, c.max_new_tokens,
                                 c.batch_size)
         rows = [{"metric": m, "condition": cond, "value": ev["conditions"][key][m]}
-                for m in BEHAVIOUR_METRICS for cond, key in (("none", "none"), (c.method, "steered"))
+                for m in BEHAVIOUR_METRICS for cond, key in (("none", "none"), (method_cls.name, "steered"))
                 if ev["conditions"][key][m] is not None]
-        summary: dict[str, Any] = {"method": c.method, "behaviour": beh.name, "layer": vec.layer}
+        summary: dict[str, Any] = {"method": method_cls.name, "behaviour": beh.name, "layer": vec.layer}
         for m in ("behaviour_rate", "probe_score", "continuation_ppl"):
             for cond, key in (("none", "none"), ("steered", "steered")):
                 if ev["conditions"][key][m] is not None:
@@ -292,10 +360,19 @@ class SteeringCheck(Check):
         summary["kl_neutral"] = ev["kl_neutral"]
         summary["probe_test_accuracy"] = ev["probe_test_accuracy"]
         position = vec.metadata.get("position")
-        return SteeringCheckResult(True, "", c.method, vec.layer, position if isinstance(position, int) else None,
-                                   None, [], rows, {c.method: ev["kl_neutral"]}, None, None, summary,
-                                   ev["examples"], behaviour=beh.name, evaluation=ev, method_options=kwargs,
-                                   note=note)
+        if fallback:
+            rate = ev["conditions"]["none"]["behaviour_rate"]
+            shown = f"the unsteered model shows it on {rate:.0%} of its neutral prompts (marker judge)" \
+                if rate is not None else "it needs no steering to appear"
+            note = (f"{note}: a behaviour the model exhibits ({shown}; the probe separates its contrastive texts "
+                    f"at {ev['probe_test_accuracy']:.2f} held-out accuracy), steered with scale "
+                    f"{kwargs.get('scale', 'the method default')}" + (" (against the behaviour)" if
+                                                                       kwargs.get("scale", 1) < 0 else "") +
+                    "; --set steering.behaviour=refusal forces the refusal evaluation")
+        return SteeringCheckResult(True, "", method_cls.name, vec.layer,
+                                   position if isinstance(position, int) else None, None, [], rows,
+                                   {method_cls.name: ev["kl_neutral"]}, None, None, summary, ev["examples"],
+                                   behaviour=beh.name, evaluation=ev, method_options=kwargs, note=note)
 
     def _run_refusal(self, model, base_rate: float | None) -> SteeringCheckResult:
         """The refusal evaluation (RepIt's per-category table, or any method's refusal rates)."""
@@ -417,6 +494,31 @@ class SteeringCheck(Check):
 
     def to_json(self, result: SteeringCheckResult) -> dict[str, Any]:
         return result.to_dict()
+
+    def metrics(self, result: SteeringCheckResult) -> dict[str, Any]:
+        out: dict[str, Any] = dict.fromkeys(self.METRICS)
+        if not result.applicable:
+            return out
+        if result.behaviour != "refusal":
+            cond = result.evaluation["conditions"]
+            none, steered = cond["none"], cond["steered"]
+            out["rate_none"], out["rate_steered"] = none["behaviour_rate"], steered["behaviour_rate"]
+            if none["probe_score"] is not None and steered["probe_score"] is not None:
+                out["probe_effect"] = steered["probe_score"] - none["probe_score"]
+            out["probe_accuracy"] = result.evaluation.get("probe_test_accuracy")
+            out["kl_neutral"] = result.evaluation.get("kl_neutral")
+            if none["continuation_ppl"] and steered["continuation_ppl"] is not None:
+                out["ppl_ratio"] = steered["continuation_ppl"] / none["continuation_ppl"]
+        else:
+            sn = result.summary_numbers
+            grp = "target" if "none target refusal" in sn else "non-target"  # a method without targets: all prompts
+            conds = [k for k in ("repit", result.method) if f"{k} {grp} refusal" in sn]
+            out["rate_none"] = sn.get(f"none {grp} refusal")
+            out["rate_steered"] = sn.get(f"{conds[0]} {grp} refusal") if conds else None
+            out["kl_neutral"] = result.kl.get(conds[0]) if conds else None
+        if out["rate_none"] is not None and out["rate_steered"] is not None:
+            out["effect"] = out["rate_steered"] - out["rate_none"]
+        return out
 
 
 def _rates(flags: list[bool], cats: list[str]) -> dict[str, float]:

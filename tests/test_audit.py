@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -140,7 +141,7 @@ def test_cli_audit_writes_a_complete_self_contained_report(model_dir, tmp_path):
     res = _invoke(model_dir, "--checks", "heads", "--out", out, "--max-texts", 8, "--set", "heads.n_random=2")
     assert res.exit_code == 0, res.output
     data = json.loads((out / "results.json").read_text())  # strict JSON: no NaN tokens
-    assert data["schema"] == SCHEMA and data["schema_version"] == 1
+    assert data["schema"] == SCHEMA and data["schema_version"] == 2
     assert data["model"]["n_layers"] == 2 and data["model"]["n_heads"] == 4 and data["model"]["n_kv_heads"] == 2
     assert data["data"]["n_texts"] == 8 and data["data"]["n_tokens"] > 8
     (check,) = data["checks"]
@@ -148,6 +149,23 @@ def test_cli_audit_writes_a_complete_self_contained_report(model_dir, tmp_path):
     payload = check["result"]
     assert len(payload["mean_scores"]) == 15 and len(payload["mean_scores"]["AHON (LN)"]) == 2
     assert {"load_model", "check:heads", "total"} <= set(data["timings"])
+    # headline metrics: every declared name, the numbers consistent with the payload
+    m = check["metrics"]
+    assert set(m) == set(get_check("heads").METRICS) and m["n_heads"] == 8
+    assert m["n_flagged"] == len(payload["flagged"]["AHON (LN)"]) and m["flagged_fraction"] == m["n_flagged"] / 8
+    assert m["baseline_loss"] > 0 and m["perplexity"] == pytest.approx(__import__("math").exp(m["baseline_loss"]))
+    # provenance: the weights, the checkpoint, the data set and the software that produced the report
+    prov = data["provenance"]
+    model = interp.load(str(model_dir))
+    from interp.store import weights_fingerprint
+    assert prov["weights_fingerprint"] == weights_fingerprint(model) and len(prov["weights_fingerprint"]) == 64
+    import hashlib
+    assert prov["checkpoint"]["path"] == str(model_dir.resolve()) and prov["checkpoint"]["step"] is None
+    assert prov["checkpoint"]["config_hash"] == hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+    assert prov["data_hash"] == AuditData.builtin().head(8).digest() == data["data"]["hash"]
+    assert prov["interp_version"] == interp.__version__ and prov["self_check"] is None
+    assert prov["git_commit"] is None or len(prov["git_commit"]) == 40
+    assert data["gate"] == {"passed": True, "errored": False, "exit_code": 0} and data["thresholds"] == []
     assert (out / "checks" / "heads" / "result.json").is_file()
     page = _parse(out / "index.html")
     assert {"model", "overview", "check-heads", "timings"} <= set(page.sections)
@@ -196,6 +214,8 @@ def test_plugin_check_runs_like_a_builtin_and_failures_are_reported(model_dir, t
         data = json.loads((tmp_path / "bad" / "results.json").read_text())
         assert data["checks"][0]["status"] == "error" and "planned failure" in data["checks"][0]["error"]
         assert "planned failure" in (tmp_path / "bad" / "index.html").read_text()
+        assert data["checks"][0]["reason"] == "RuntimeError: planned failure"  # one line; the traceback in "error"
+        assert "  count: error (" in res.output and "): RuntimeError: planned failure" in res.output
     finally:
         unregister_check("count")
 
@@ -282,3 +302,117 @@ def test_default_audit_skips_opt_in_checks():
     assert not {"gavel", "raptor"} & set(parse_checks(None)) and "gavel" not in parse_checks("default")
     assert "heads" in parse_checks(None)
     assert "gavel" in parse_checks("all") and parse_checks("gavel") == ["gavel"]
+
+
+# ------------------------------------------------------------------ statuses, gating, input checks (issue 41)
+def test_checks_all_runs_what_applies_and_skips_the_rest(model_dir, tmp_path):
+    """On a text model without a chat template: heads and steering run (steering on the built-in behaviour),
+    gavel (no rule file) and raptor (not a vision model) are `skipped`, never `ok`, and the exit code is 0."""
+    out = tmp_path / "all"
+    res = _invoke(model_dir, "--checks", "all", "--out", out, "--max-texts", 4, "--set", "heads.n_random=1",
+                  "--set", "steering.max_new_tokens=2", "--set", "steering.neutral_texts=2")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "results.json").read_text())
+    by = {c["name"]: c for c in data["checks"]}
+    assert by["heads"]["status"] == "ok" and by["steering"]["status"] == "ok"
+    assert by["gavel"]["status"] == "skipped" and "rule file" in by["gavel"]["reason"]
+    assert by["raptor"]["status"] == "skipped" and "vision" in by["raptor"]["reason"]
+    assert by["gavel"]["metrics"] == dict.fromkeys(get_check("gavel").METRICS)
+    assert "  gavel: skipped (" in res.output and "): needs a rule file: --set gavel.rules=FILE" in res.output
+    page = (out / "index.html").read_text()
+    assert 'class="status-skipped">skipped</span>' in page and "Skipped: needs a rule file" in page
+    assert re.search(r"\d ok, 2 skipped<", page)  # the header counts them apart
+    # the steering section evaluates a behaviour the model has, and says which and why
+    steer = by["steering"]
+    assert steer["result"]["behaviour"] == "sentiment" and steer["result"]["method"] == "diff_in_means"
+    assert "no chat template" in steer["result"]["note"] and "exhibits" in steer["result"]["note"]
+    assert steer["metrics"]["effect"] == pytest.approx(steer["metrics"]["rate_steered"] - steer["metrics"]["rate_none"])
+    assert steer["result"]["method_options"]["scale"] == -1.0  # steered against the behaviour
+
+
+def test_a_check_that_does_not_apply_is_skipped_not_ok(tmp_path):
+    hf, tok = tiny_model("llama", n_layers=1)
+    report = run_audit(interp.wrap(hf, None), ["heads"], AuditData(["a b", "c d"]), out=tmp_path / "r")
+    (rec,) = report.checks
+    assert rec.status == "skipped" and "--tokenizer" in rec.reason and report.ok and report.exit_code == 0
+    data = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert data["checks"][0]["status"] == "skipped" and data["checks"][0]["metrics"]["n_heads"] is None
+
+
+def test_naming_a_check_that_cannot_run_is_bad_input_before_loading(tmp_path):
+    res = _invoke("zoo:does-not-matter", "--checks", "gavel", "--out", tmp_path / "r")
+    assert res.exit_code == 2 and "check 'gavel': needs a rule file" in res.output and "loading" not in res.output
+
+
+@pytest.mark.parametrize("expr,match", [
+    ("heads.flaged_fraction > 0.2", r"unknown metric heads.flaged_fraction; did you mean heads.flagged_fraction"),
+    ("heads.flagged_fraction >> 0.2", "expects 'CHECK.METRIC OP NUMBER'"),
+    ("heads.flagged_fraction > lots", "'lots' is not a number"),
+    ("steering.effect < 0", "check 'steering' is not selected"),
+])
+def test_fail_if_is_validated_before_the_model_loads(expr, match, tmp_path):
+    res = _invoke("zoo:does-not-matter", "--checks", "heads", "--fail-if", expr, "--out", tmp_path / "r")
+    assert res.exit_code == 2, res.output
+    assert re.search(match, res.output) and "loading" not in res.output and not (tmp_path / "r").exists()
+
+
+def test_fail_if_gates_the_exit_code(model_dir, tmp_path):
+    args = ["--checks", "heads", "--max-texts", 4, "--set", "heads.n_random=1"]
+    res = _invoke(model_dir, *args, "--out", tmp_path / "fail", "--fail-if", "heads.n_heads >= 8",
+                  "--fail-if", "heads.perplexity > 1e9")
+    assert res.exit_code == 3, res.output
+    data = json.loads((tmp_path / "fail" / "results.json").read_text())
+    first, second = data["thresholds"]
+    assert first["failed"] and first["actual"] == 8 and first["reason"] == "heads.n_heads = 8 >= 8"
+    assert not second["failed"] and data["gate"] == {"passed": False, "errored": False, "exit_code": 3}
+    assert "fail-if heads.n_heads >= 8: FAILED" in res.output
+    assert "1 of 2 thresholds failed" in (tmp_path / "fail" / "index.html").read_text()
+    res = _invoke(model_dir, *args, "--out", tmp_path / "pass", "--fail-if", "heads.flagged_fraction > 0.99")
+    assert res.exit_code == 0, res.output
+
+
+def test_thresholds_parse_and_a_missing_metric_fails():
+    from interp.audit.gate import exit_code, parse_threshold
+
+    metrics = {"heads": {"flagged_fraction": "", "n_flagged": ""}, "steering": {"effect": ""}}
+    t = parse_threshold(" steering.effect>=-0.5 ", metrics)
+    assert (t.check, t.metric, t.op, t.value) == ("steering", "effect", ">=", -0.5)
+    assert t.evaluate({"steering": {"effect": -0.4}})["failed"]
+    assert not t.evaluate({"steering": {"effect": -0.6}})["failed"]
+    miss = t.evaluate({"steering": {"effect": None}}, {"steering": "skipped"})
+    assert miss["failed"] and miss["reason"] == "steering.effect not measured (check steering skipped)"
+    with pytest.raises(ValueError, match="did you mean heads.n_flagged"):
+        parse_threshold("heads.nflagged > 1", metrics)
+    assert (exit_code(False, False), exit_code(True, True), exit_code(False, True)) == (0, 1, 3)
+
+
+def test_device_is_checked_before_the_model_loads(tmp_path):
+    res = _invoke("zoo:does-not-matter", "--device", "nonsense", "--out", tmp_path / "r")
+    assert res.exit_code == 2 and "--device 'nonsense'" in res.output and "loading" not in res.output
+    if not torch.cuda.is_available():
+        res = _invoke("zoo:does-not-matter", "--device", "cuda", "--out", tmp_path / "r")
+        assert res.exit_code == 2 and "no CUDA device" in res.output
+
+
+def test_a_load_error_names_the_model_once(tmp_path):
+    adapter = tmp_path / "lora-adapter"  # a LoRA adapter folder: adapter files, no config.json
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    res = _invoke(adapter, "--out", tmp_path / "r")
+    assert res.exit_code == 2 and res.output.count("cannot load model") == 1, res.output
+    assert f"error: cannot load model {str(adapter)!r}: " in res.output
+
+
+def test_tokenizer_option_for_a_checkpoint_saved_without_one(model_dir, tmp_path):
+    bare = tmp_path / "bare"  # the weights and config only, as a trainer's checkpoint may be saved
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((model_dir / name).read_bytes())
+    args = ["--checks", "heads", "--max-texts", 4, "--set", "heads.n_random=1"]
+    res = _invoke(bare, *args, "--out", tmp_path / "without")
+    assert res.exit_code == 0 and "heads: skipped" in res.output and "--tokenizer" in res.output, res.output
+    res = _invoke(bare, *args, "--tokenizer", model_dir, "--out", tmp_path / "with")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "with" / "results.json").read_text())["checks"][0]["status"] == "ok"
+    res = _invoke(bare, *args, "--tokenizer", tmp_path / "nowhere", "--out", tmp_path / "bad")
+    assert res.exit_code == 2 and "--tokenizer" in res.output and "no such folder" in res.output

@@ -72,6 +72,24 @@ class RaptorCheck(Check):
     Config: ClassVar[type] = RaptorCheckConfig
     #: needs a vision transformer: runs when named (--checks raptor), not in the default audit
     opt_in: ClassVar[bool] = True
+    METRICS: ClassVar[dict[str, str]] = {
+        "n_phases": "phases of the contiguous DP partition at k blocks",
+        "cls_speed_jump_ratio": "CLS-token angular-speed jump ratio at the phase boundaries",
+        "raptor_end_r2": "Raptor R² (official definition) at the last layer (fit=true only)",
+        "raptor_relative_acc": "Raptor / teacher linear-probe accuracy (fit=true only)"}
+
+    def applies(self, model) -> str | None:
+        if model.cfg.modality != "vision":
+            return f"the raptor check needs a vision transformer (this model's modality is {model.cfg.modality})"
+        return None
+
+    def metrics(self, result: RaptorCheckResult) -> dict[str, Any]:
+        cfg: RaptorCheckConfig = self.config
+        jumps = result.trajectories.speed_jumps.get("cls")
+        return {"n_phases": len(result.phases.get(f"dp/k={cfg.k}", [])),
+                "cls_speed_jump_ratio": jumps["ratio"] if jumps else None,
+                "raptor_end_r2": None if result.fit is None else result.fit.end_r2_official,
+                "raptor_relative_acc": None if result.fit is None else result.fit.relative_acc}
 
     def run(self, model, data: AuditData) -> RaptorCheckResult:  # noqa: ARG002 - images, not texts
         from interp.data import digits_images

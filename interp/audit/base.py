@@ -8,7 +8,14 @@ A check is a class with
 * ``run(model, data) -> Result``: the analysis, returning a typed :class:`interp.results.Result`;
 * ``render(result) -> Rendered``: HTML text, plotly figures and tables for the report;
 * optionally ``summary(result) -> dict`` (a few headline numbers for the overview and ``results.json``) and
-  ``to_json(result) -> dict`` (the machine-readable payload; defaults to ``result.to_dict()``).
+  ``to_json(result) -> dict`` (the machine-readable payload; defaults to ``result.to_dict()``);
+* optionally ``METRICS`` (``{name: description}``, the headline metrics a lab can gate on with
+  ``--fail-if 'CHECK.NAME > X'``, plotted against the training step and diffed by ``--compare``) and
+  ``metrics(result) -> {name: float | None}`` (their values; ``None`` where not measured);
+* optionally ``applies(model) -> str | None`` (why the check does not apply to this model, ``None`` if it does)
+  and ``missing() -> str | None`` (what the instance's config lacks for the check to run, e.g. a rule file): a check
+  that does not apply is recorded as ``skipped`` with the reason, never as ``ok``. ``run`` may also raise
+  :class:`SkipCheck` (or return a result whose ``applicable`` is ``False`` with a ``reason``) once it finds out.
 
 Checks are found through the entry-point group ``interp.checks`` (see :mod:`interp.audit.registry`), so a
 third-party package plugs in exactly as a built-in one does.
@@ -54,6 +61,15 @@ class AuditData:
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return cls(lines, str(path))
 
+    def digest(self) -> str:
+        """SHA-256 of the texts (in order, each UTF-8 encoded and newline-terminated): the data set's hash."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for t in self.texts:
+            h.update(t.encode("utf-8") + b"\n")
+        return h.hexdigest()
+
     def head(self, n: int | None) -> "AuditData":
         return self if n is None else AuditData(self.texts[:n], self.source)
 
@@ -65,6 +81,11 @@ class Rendered:
     html: str = ""  #: trusted HTML written by the check (paragraphs, lists)
     figures: list[tuple[str, Any]] = field(default_factory=list)  #: (caption, plotly figure)
     tables: list[tuple[str, Any]] = field(default_factory=list)  #: (caption, pandas DataFrame)
+
+
+class SkipCheck(Exception):
+    """Raised by a check's ``run`` when the check does not apply to the model or data: the audit records the
+    check as ``skipped`` with ``str(exc)`` as the reason (not as an error, not as ``ok``)."""
 
 
 @dataclass
@@ -79,6 +100,8 @@ class Check:
     title: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
+    #: headline metrics ``{name: description}`` (``--fail-if``, trends across checkpoints, ``--compare``)
+    METRICS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()
@@ -94,6 +117,18 @@ class Check:
 
     def to_json(self, result: Result) -> dict[str, Any]:
         return result.to_dict()
+
+    def metrics(self, result: Result) -> dict[str, float | None]:
+        """The values of :attr:`METRICS` for ``result`` (``None`` where not measured)."""
+        return {}
+
+    def applies(self, model: Model) -> str | None:
+        """Why this check does not apply to ``model`` (``None``: it applies). Called before :meth:`run`."""
+        return None
+
+    def missing(self) -> str | None:
+        """What this check's config lacks to run at all (``None``: nothing), checked before any model loads."""
+        return None
 
 
 def _coerce(value: str, annotation: Any) -> Any:
@@ -159,4 +194,4 @@ def configure(check_cls: type, overrides: dict[str, str]) -> Any:
     return cfg_cls(**parse_overrides(cfg_cls, overrides, f"check {check_cls.name!r}", check_cls.name))
 
 
-__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "configure", "parse_overrides"]
+__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "SkipCheck", "configure", "parse_overrides"]

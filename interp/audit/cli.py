@@ -1,16 +1,23 @@
-"""``interp audit``: load a model, run the selected checks, write an HTML + JSON report."""
+"""``interp audit``: load a model, run the selected checks, write an HTML + JSON report.
+
+Exit codes (:data:`interp.audit.gate.EXIT_CODES`): 0 pass (every check ran or was skipped, no threshold failed),
+1 a check or a checkpoint errored (what could be written is written), 2 bad input (nothing audited), 3 a
+``--fail-if`` threshold failed.
+"""
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
+
+from .gate import EXIT_BAD_INPUT
 
 DEFAULT_MODEL = "zoo:smollm2-135m"
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"error: {msg}", err=True)
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
+    typer.echo(f"error: {' '.join(msg.split())}", err=True)
     raise typer.Exit(code)
 
 
@@ -25,11 +32,43 @@ def _parse_sets(items: list[str] | None) -> dict[str, dict[str, str]]:
     return out
 
 
+def check_device(device: str | None) -> None:
+    """``ValueError`` for a device torch does not know or this machine does not have (before any load)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"--device {device!r} is not a device torch knows (e.g. cpu, cuda, cuda:1, mps): "
+                         f"{' '.join(str(exc).split())}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r}: no CUDA device is available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"--device {device!r}: MPS is not available on this machine")
+    elif dev.type not in ("cpu", "cuda", "mps", "meta") and not hasattr(torch, dev.type):
+        raise ValueError(f"--device {device!r}: torch has no {dev.type!r} backend")
+
+
+def _check_line(c: Any) -> str:
+    """``  name: status (1.2 s): reason`` (the reason on the same line, for skipped and errored checks)."""
+    name, status, seconds, reason = ((c["name"], c["status"], c["seconds"], c.get("reason")) if isinstance(c, dict)
+                                     else (c.name, c.status, c.seconds, c.reason))
+    tail = f": {' '.join(str(reason).split())}" if reason and status != "ok" else ""
+    return f"  {name}: {status} ({seconds:.1f} s){tail}"
+
+
 def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s): zoo:NAME, a local Hugging Face folder "
                                                                   f"or a hub name (default {DEFAULT_MODEL}); several "
-                                                                  "give one report each plus an index page."),
+                                                                  "checkpoints (or a run folder holding them) give "
+                                                                  "one report each plus an index with trends."),
           checks: str = typer.Option("default", "--checks", "-c",
-                                     help="Comma-separated checks, 'default' (those that need no options) or 'all'."),
+                                     help="Comma-separated checks, 'default' (those that need no options) or 'all' "
+                                          "(every check: those that do not apply are skipped)."),
           out: str = typer.Option("audit-report", "--out", "-o", help="Output folder for index.html and results.json."),
           force: bool = typer.Option(False, "--force", help="Write into a folder that holds no earlier report, or "
                                      "through a symbolic link, replacing same-named files (nothing else is "
@@ -39,15 +78,28 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
           max_texts: Optional[int] = typer.Option(None, help="Use only the first N texts."),
           dtype: Optional[str] = typer.Option(None, help="Load the weights in this dtype (e.g. float32, bfloat16)."),
           device: Optional[str] = typer.Option(None, help="Device to load the model on (e.g. cpu, cuda)."),
+          tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer to use (a folder, zoo:NAME or "
+                                                  "hub name), for checkpoints saved without one."),
           set_: Optional[List[str]] = typer.Option(None, "--set", "-s",
                                                    help="Override a check option: CHECK.FIELD=VALUE (repeatable)."),
+          fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Fail (exit 3) when a headline metric "
+                                                      "meets a condition, e.g. 'heads.flagged_fraction > 0.2' "
+                                                      "(repeatable)."),
+          steps: Optional[str] = typer.Option(None, "--steps", help="Training steps of the checkpoints, comma-separated "
+                                              "in the order given (default: trainer_state.json or the folder name)."),
+          compare: Optional[str] = typer.Option(None, "--compare", help="Another checkpoint: write a diff report of "
+                                                "MODEL (A) against this one (B)."),
           engine: str = typer.Option("local", help="local | ray: run one audit per model as a Ray task."),
           list_checks: bool = typer.Option(False, "--list", help="List the available checks and exit.")) -> None:
-    """Audit a model: run checks (inactive heads, ...) and write DIR/index.html and DIR/results.json."""
+    """Audit a model: run checks (inactive heads, steering, ...) and write DIR/index.html and DIR/results.json.
+
+    Exit codes: 0 pass; 1 a check or a checkpoint errored; 2 bad input; 3 a --fail-if threshold failed.
+    """
     from .base import AuditData, configure
+    from .gate import parse_thresholds
+    from .multi import expand_specs, parse_steps, resolve_tokenizer
     from .registry import available_checks, get_check, parse_checks
     from .report import prepare_output
-    from .runner import run_audit
 
     if list_checks:
         for name in available_checks():
@@ -59,15 +111,32 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
         return
     try:
         names = parse_checks(checks)
+        explicit = checks.strip().lower() not in ("default", "all")
         options = _parse_sets(set_)
         extra = set(options) - set(names)
         if extra:
             raise ValueError(f"--set given for checks that are not selected: {', '.join(sorted(extra))}")
+        metrics: dict[str, dict[str, str]] = {}
         for name in names:  # load every plug-in and validate its options before any slow work
-            configure(get_check(name), options.get(name, {}))
+            cls = get_check(name)
+            cfg = configure(cls, options.get(name, {}))
+            missing = cls(cfg).missing() if callable(getattr(cls, "missing", None)) else None
+            if missing and explicit:  # named on purpose but cannot run: bad input (with 'all' it is skipped)
+                raise ValueError(f"check {name!r}: {missing}")
+            metrics[name] = dict(getattr(cls, "METRICS", {}) or {})
+        thresholds = parse_thresholds(fail_if, metrics)
         if engine not in ("local", "ray"):
             raise ValueError(f"--engine must be local or ray, got {engine!r}")
-        multi = len(models or []) > 1 or engine == "ray"
+        check_device(device)
+        if tokenizer is not None:
+            resolve_tokenizer(tokenizer)
+        specs = expand_specs(models or [DEFAULT_MODEL])
+        if compare is not None:
+            if len(specs) != 1:
+                raise ValueError(f"--compare diffs one checkpoint against another; give one MODEL, got {len(specs)}")
+            specs = [specs[0], compare]
+        step_list = parse_steps(steps, len(specs))
+        multi = len(specs) > 1 or engine == "ray"
         out_path = None if multi else prepare_output(out, overwrite=force)
         data = AuditData.from_file(texts) if texts else AuditData.builtin()
         if max_texts is not None:
@@ -77,51 +146,71 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
     except (ValueError, ImportError, TypeError) as exc:
         _fail(str(exc))
         return
+    load_kwargs = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
     if multi:
-        _audit_many(models or [DEFAULT_MODEL], names, data, out, options, backend, engine, dtype, device, force)
+        _audit_many(specs, names, data, out, options, backend, engine, load_kwargs, force, thresholds, step_list,
+                    tokenizer, compare is not None)
         return
-    spec = (models or [DEFAULT_MODEL])[0]
+    from .multi import ModelLoadError, load_model
+    from .runner import run_audit
+
+    spec = specs[0]
     typer.echo(f"loading {spec} (backend {backend}) ...", err=True)
     t0 = time.perf_counter()
     try:
-        import interp
-
-        m = interp.load(spec, backend=backend, dtype=dtype, device=device)
-    except Exception as exc:  # noqa: BLE001 - any load failure is a bad model spec for the user
-        _fail(f"cannot load model {spec!r}: {exc}")
+        m = load_model(spec, backend, load_kwargs, tokenizer)
+    except ModelLoadError as exc:
+        _fail(str(exc))
+        return
+    except ValueError as exc:  # the --tokenizer could not be read
+        _fail(str(exc))
         return
     load_s = time.perf_counter() - t0
     typer.echo(f"running {', '.join(names)} on {len(data.texts)} texts ...", err=True)
     try:
-        report = run_audit(m, names, data, None, options, spec=spec, timings={"load_model": load_s})
+        report = run_audit(m, names, data, None, options, spec=spec, timings={"load_model": load_s},
+                           thresholds=thresholds, step=step_list[0] if step_list else None)
         report.write(out_path, overwrite=force)
     except (ValueError, OSError) as exc:
         _fail(str(exc))
         return
     for c in report.checks:
-        typer.echo(f"  {c.name}: {c.status} ({c.seconds:.1f} s)", err=True)
+        typer.echo(_check_line(c), err=True)
+    for t in report.thresholds:
+        typer.echo(f"  fail-if {t['expr']}: {'FAILED (' + t['reason'] + ')' if t['failed'] else 'pass'}", err=True)
     typer.echo(f"wrote {out_path / 'index.html'} and {out_path / 'results.json'}")
-    if not report.ok:
-        raise typer.Exit(1)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
-def _audit_many(specs, names, data, out, options, backend, engine, dtype, device, force) -> None:
-    from .multi import run_audits
+def _audit_many(specs, names, data, out, options, backend, engine, load_kwargs, force, thresholds, steps, tokenizer,
+                compare) -> None:
+    from .multi import exit_code_of, run_audits
 
-    typer.echo(f"auditing {len(specs)} models with {', '.join(names)} on {len(data.texts)} texts "
-               f"(engine {engine}) ...", err=True)
-    load_kwargs = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+    what = "comparing 2 checkpoints" if compare else f"auditing {len(specs)} checkpoints"
+    typer.echo(f"{what} with {', '.join(names)} on {len(data.texts)} texts (engine {engine}) ...", err=True)
     try:
         summaries = run_audits(specs, names, data, out, options, backend=backend, engine=engine,
-                               load_kwargs=load_kwargs, overwrite=force)
-    except Exception as exc:  # noqa: BLE001 - a failing load or worker is reported, not a traceback
-        _fail(f"{type(exc).__name__}: {exc}")
+                               load_kwargs=load_kwargs, overwrite=force, thresholds=thresholds, steps=steps,
+                               tokenizer=tokenizer, compare=compare)
+    except Exception as exc:  # noqa: BLE001 - an unwritable output or a broken engine is reported, not a traceback
+        _fail(f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc))
         return
     for s in summaries:
-        typer.echo(f"  {s['spec']}: " + ", ".join(f"{c['name']} {c['status']}" for c in s["checks"]), err=True)
-    typer.echo(f"wrote {out}/index.html and one report per model")
-    if not all(s["ok"] for s in summaries):
-        raise typer.Exit(1)
+        step = f" (step {s['step']})" if s.get("step") is not None else ""
+        if s.get("error"):
+            typer.echo(f"  {s['spec']}{step}: error: {s['error']}", err=True)
+            continue
+        typer.echo(f"  {s['spec']}{step}:", err=True)
+        for c in s["checks"]:
+            typer.echo("  " + _check_line(c), err=True)
+        for t in s.get("thresholds", []):
+            if t["failed"]:
+                typer.echo(f"    fail-if {t['expr']}: FAILED ({t['reason']})", err=True)
+    typer.echo(f"wrote {out}/index.html and one report per checkpoint")
+    code = exit_code_of(summaries)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
@@ -129,4 +218,4 @@ def register(app: typer.Typer) -> None:
     app.command(name="audit")(audit)
 
 
-__all__ = ["register", "audit", "DEFAULT_MODEL"]
+__all__ = ["register", "audit", "DEFAULT_MODEL", "check_device"]

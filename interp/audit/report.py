@@ -1,16 +1,26 @@
 """The audit report: ``index.html`` (self-contained, plotly inlined once) and ``results.json`` (versioned).
 
-``results.json`` schema (``schema_version`` 1)::
+``results.json`` schema (``schema_version`` 2)::
 
-    {"schema": "interp.audit.results", "schema_version": 1, "created": ISO-8601, "interp_version": str,
+    {"schema": "interp.audit.results", "schema_version": 2, "created": ISO-8601, "interp_version": str,
      "model": {"spec", "backend", "family", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head",
                "d_vocab", "n_params", "dtype", "device"},
-     "data": {"source", "n_texts", "n_tokens"},
-     "checks": [{"name", "title", "status": "ok" | "error", "seconds", "config", "summary",
-                 "result" (the check's JSON payload, null on error), "error" (null on success),
-                 "artifacts" (folder with the full saved Result, relative to the report)}],
+     "data": {"source", "n_texts", "n_tokens", "hash"},
+     "provenance": {"weights_fingerprint", "checkpoint": {"spec", "path", "step", "config_hash"},
+                    "interp_version", "git_commit", "data_hash", "self_check" (the load self-check's
+                    to_dict(), null when the model carries none)},
+     "checks": [{"name", "title", "status": "ok" | "skipped" | "error", "reason" (why skipped, or the error's
+                 one-line message; null when ok), "seconds", "config", "summary", "metrics" (the check's
+                 headline metrics, null where not measured), "result" (the check's JSON payload, null on
+                 error), "error" (the traceback, null unless error), "artifacts" (folder with the full saved
+                 Result, relative to the report)}],
+     "thresholds": [{"expr", "check", "metric", "op", "value", "actual", "failed", "reason"}],
+     "gate": {"passed": bool, "errored": bool, "exit_code": 0 | 1 | 3},
      "timings": {"load_model": s, "check:NAME": s, ..., "total": s},
      "environment": {"python", "platform", "torch", "transformers"}}
+
+Version 2 (this issue): ``skipped`` is its own status (version 1 reported a check that did not apply as
+``ok``), and ``reason``, ``metrics``, ``provenance``, ``thresholds`` and ``gate`` were added.
 """
 from __future__ import annotations
 
@@ -28,7 +38,9 @@ from typing import Any
 from interp.io import OutputError, _json_default, check_output, output_dir
 
 SCHEMA = "interp.audit.results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: the statuses of a check
+STATUSES = ("ok", "skipped", "error")
 
 
 @dataclass
@@ -37,15 +49,17 @@ class CheckRecord:
 
     name: str
     title: str
-    status: str  # "ok" | "error"
+    status: str  # "ok" | "skipped" | "error"
     seconds: float
     config: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     payload: dict[str, Any] | None = None
-    error: str | None = None
+    error: str | None = None  #: the traceback of an error
     result: Any = None  # the Result object (saved under checks/NAME/)
     rendered: Any = None  # interp.audit.base.Rendered
     description: str = ""
+    reason: str | None = None  #: why it was skipped, or the error's one-line message
+    metrics: dict[str, Any] = field(default_factory=dict)  #: headline metrics (Check.METRICS)
 
 
 @dataclass
@@ -57,10 +71,37 @@ class AuditReport:
     checks: list[CheckRecord]
     timings: dict[str, float]
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    provenance: dict[str, Any] = field(default_factory=dict)
+    #: evaluated ``--fail-if`` thresholds (:meth:`interp.audit.gate.Threshold.evaluate`)
+    thresholds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(c.status == "ok" for c in self.checks)
+        """No check errored (a skipped check is not an error)."""
+        return not self.errored
+
+    @property
+    def errored(self) -> bool:
+        return any(c.status == "error" for c in self.checks)
+
+    @property
+    def passed(self) -> bool:
+        """No check errored and no threshold failed."""
+        return not self.errored and not any(t["failed"] for t in self.thresholds)
+
+    @property
+    def exit_code(self) -> int:
+        from .gate import exit_code
+
+        return exit_code(self.errored, any(t["failed"] for t in self.thresholds))
+
+    def evaluate(self, thresholds: Any) -> list[dict[str, Any]]:
+        """Evaluate ``--fail-if`` :class:`~interp.audit.gate.Threshold` s on this report (kept in :attr:`thresholds`)."""
+        from .gate import evaluate_thresholds
+
+        self.thresholds = evaluate_thresholds(list(thresholds), {"checks": [
+            {"name": c.name, "status": c.status, "metrics": c.metrics} for c in self.checks]})
+        return self.thresholds
 
     def to_json(self) -> dict[str, Any]:
         import interp
@@ -68,10 +109,14 @@ class AuditReport:
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": self.created,
             "interp_version": interp.__version__, "model": self.model, "data": self.data,
-            "checks": [{"name": c.name, "title": c.title, "status": c.status, "seconds": round(c.seconds, 3),
-                        "config": c.config, "summary": c.summary, "result": c.payload, "error": c.error,
-                        "artifacts": f"checks/{c.name}" if c.result is not None and c.status == "ok" else None}
+            "provenance": self.provenance,
+            "checks": [{"name": c.name, "title": c.title, "status": c.status, "reason": c.reason,
+                        "seconds": round(c.seconds, 3), "config": c.config, "summary": c.summary,
+                        "metrics": c.metrics, "result": c.payload, "error": c.error,
+                        "artifacts": f"checks/{c.name}" if c.result is not None and c.status != "error" else None}
                        for c in self.checks],
+            "thresholds": self.thresholds,
+            "gate": {"passed": self.passed, "errored": self.errored, "exit_code": self.exit_code},
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "environment": environment(),
         }
@@ -90,7 +135,7 @@ class AuditReport:
         page = self.to_html()
         with output_dir(out, overwrite=overwrite, writer="interp audit", legacy=_legacy_report_files) as tmp:
             for c in self.checks:
-                if c.result is not None and c.status == "ok" and hasattr(c.result, "save"):
+                if c.result is not None and c.status != "error" and hasattr(c.result, "save"):
                     c.result.save(tmp / "checks" / c.name)
             (tmp / "results.json").write_text(text, encoding="utf-8")
             (tmp / "index.html").write_text(page, encoding="utf-8")
@@ -210,6 +255,9 @@ table.data th{background:#f0f2f5}
 table.data td:first-child,table.data th:first-child{text-align:left}
 .status-ok{color:#15803d;font-weight:600}
 .status-error{color:#b91c1c;font-weight:600}
+.status-skipped{color:#92400e;font-weight:600}
+.status-failed{color:#b91c1c;font-weight:600}
+.note{background:#fffbeb;border:1px solid #fde68a;padding:6px 10px;border-radius:4px}
 pre.error{background:#fef2f2;border:1px solid #fecaca;padding:12px;overflow:auto;font-size:12px}
 figure{margin:8px 0 24px 0}
 figcaption{font-size:13px;color:#4b5563;margin-bottom:4px}
@@ -244,6 +292,16 @@ def _figure_html(fig: Any, div_id: str) -> str:
                        config={"responsive": True, "displaylogo": False})
 
 
+def verdict(report: AuditReport) -> str:
+    """One line for the page header: what ran, what was skipped, what errored, whether the gate passed."""
+    n = {st: sum(c.status == st for c in report.checks) for st in STATUSES}
+    bits = [f"{n['ok']} ok"] + [f"{n[st]} {st}" for st in ("skipped", "error") if n[st]]
+    failed = [t for t in report.thresholds if t["failed"]]
+    if report.thresholds:
+        bits.append(f"{len(failed)} of {len(report.thresholds)} thresholds failed" if failed else "thresholds passed")
+    return ", ".join(bits)
+
+
 def render_html(report: AuditReport) -> str:
     """The self-contained HTML page (plotly.js inlined once; no network needed to view it)."""
     from plotly.offline import get_plotlyjs
@@ -257,7 +315,7 @@ def render_html(report: AuditReport) -> str:
              f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{_CSS}</style>",
              f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>",
              f"<header><h1>{title}</h1><p>{len(report.checks)} check(s) · {html.escape(report.created)} · "
-             f"{'all checks passed' if report.ok else 'some checks failed'}</p></header>",
+             f"{html.escape(verdict(report))}</p></header>",
              f"<nav>{''.join(nav)}</nav><main>"]
     card = {"spec": m.get("spec"), "backend": m.get("backend"), "architecture": m.get("family"),
             "layers": m.get("n_layers"), "attention heads": m.get("n_heads"), "key/value heads": m.get("n_kv_heads"),
@@ -265,16 +323,34 @@ def render_html(report: AuditReport) -> str:
             "parameters": f"{m['n_params']:,}" if isinstance(m.get("n_params"), int) else m.get("n_params"),
             "dtype": m.get("dtype"), "device": m.get("device")}
     data = {"text set": report.data.get("source"), "texts": report.data.get("n_texts"),
-            "tokens": report.data.get("n_tokens")}
-    parts.append(f'<section id="model"><h2>Model card</h2>{_kv_table(card)}<h3>Data</h3>{_kv_table(data)}</section>')
+            "tokens": report.data.get("n_tokens"), "hash (SHA-256)": report.data.get("hash")}
+    prov = report.provenance or {}
+    ckpt = prov.get("checkpoint") or {}
+    sc = prov.get("self_check")
+    prov_rows = {"weights fingerprint (SHA-256)": prov.get("weights_fingerprint"), "checkpoint path": ckpt.get("path"),
+                 "training step": ckpt.get("step"), "config hash (SHA-256)": ckpt.get("config_hash"),
+                 "interp version": prov.get("interp_version"), "interp git commit": prov.get("git_commit"),
+                 "load self-check": None if sc is None else ("passed" if sc.get("passed") else "FAILED")}
+    parts.append(f'<section id="model"><h2>Model card</h2>{_kv_table(card)}<h3>Data</h3>{_kv_table(data)}'
+                 f'<h3>Provenance</h3>{_kv_table(prov_rows)}</section>')
     rows = []
     for c in report.checks:
         status = f'<span class="status-{c.status}">{c.status}</span>'
-        summ = "; ".join(f"{html.escape(str(k))}: {html.escape(_fmt(v))}" for k, v in c.summary.items())
+        if c.status == "ok":
+            summ = "; ".join(f"{html.escape(str(k))}: {html.escape(_fmt(v))}" for k, v in c.summary.items())
+        else:
+            summ = html.escape(c.reason or "")
         rows.append(f"<tr><td><a href=\"#check-{html.escape(c.name)}\">{html.escape(c.name)}</a></td><td>{status}</td>"
                     f"<td>{c.seconds:.1f} s</td><td style=\"text-align:left\">{summ}</td></tr>")
     parts.append('<section id="overview"><h2>Overview</h2><table class="data"><tr><th>check</th><th>status</th>'
-                 f'<th>time</th><th>summary</th></tr>{"".join(rows)}</table></section>')
+                 f'<th>time</th><th>summary</th></tr>{"".join(rows)}</table>')
+    if report.thresholds:
+        trows = "".join(f"<tr><td><code>{html.escape(t['expr'])}</code></td><td>{html.escape(_fmt(t['actual']))}</td>"
+                        f"<td class=\"status-{'failed' if t['failed'] else 'ok'}\">{'FAILED' if t['failed'] else 'pass'}"
+                        f"</td></tr>" for t in report.thresholds)
+        parts.append('<h3 id="gate">Gate (--fail-if)</h3><table class="data"><tr><th>fails if</th><th>value</th>'
+                     f'<th>outcome</th></tr>{trows}</table>')
+    parts.append("</section>")
     for c in report.checks:
         parts.append(f'<section id="check-{html.escape(c.name)}" class="check" data-check="{html.escape(c.name)}">'
                      f"<h2>{html.escape(c.title or c.name)}</h2>")
@@ -282,9 +358,11 @@ def render_html(report: AuditReport) -> str:
             parts.append(f'<p class="muted">{html.escape(c.description)}</p>')
         parts.append(f'<p class="muted">status <span class="status-{c.status}">{c.status}</span> · '
                      f"{c.seconds:.1f} s · config: <code>{html.escape(json.dumps(_clean(c.config), default=str))}</code></p>")
-        if c.status != "ok":
+        if c.status == "error":
             parts.append(f'<pre class="error">{html.escape(c.error or "unknown error")}</pre></section>')
             continue
+        if c.status == "skipped":
+            parts.append(f'<p class="note">Skipped: {html.escape(c.reason or "the check does not apply")}.</p>')
         r = c.rendered
         if r is not None:
             parts.append(r.html)
@@ -303,5 +381,5 @@ def render_html(report: AuditReport) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["AuditReport", "CheckRecord", "SCHEMA", "SCHEMA_VERSION", "REPORT_FILES", "prepare_output", "is_report_dir",
+__all__ = ["AuditReport", "CheckRecord", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "REPORT_FILES", "verdict", "prepare_output", "is_report_dir",
            "render_html", "environment"]

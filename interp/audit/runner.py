@@ -10,9 +10,24 @@ from typing import Any, Mapping, Sequence
 from interp.model import Model
 from interp.progress import progress
 
-from .base import AuditData, configure
+from .base import AuditData, SkipCheck, configure
 from .registry import get_check
 from .report import AuditReport, CheckRecord, prepare_output
+
+
+def _first_line(exc: BaseException) -> str:
+    """``"Type: first line of the message"``: an error's reason on one console line."""
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0]}" if msg and msg[0] else type(exc).__name__
+
+
+def _metrics(check: Any, result: Any) -> dict[str, Any]:
+    """The check's headline metrics, every declared name present (``None`` where not measured)."""
+    declared = dict(getattr(check, "METRICS", {}) or {})
+    got = dict(check.metrics(result)) if callable(getattr(check, "metrics", None)) else {}
+    out = {k: got.get(k) for k in declared}
+    out.update({k: v for k, v in got.items() if k not in out})
+    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in out.items()}
 
 
 def model_card(model: Model, spec: str | None = None) -> dict[str, Any]:
@@ -42,12 +57,16 @@ def _count_tokens(model: Model, texts: Sequence[str]) -> int | None:
 def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None = None,
               out: str | Path | None = None, options: Mapping[str, Mapping[str, str]] | None = None,
               spec: str | None = None, timings: Mapping[str, float] | None = None,
-              keep_going: bool = True) -> AuditReport:
+              keep_going: bool = True, thresholds: Sequence[Any] = (), step: int | None = None) -> AuditReport:
     """Run ``checks`` (names or check instances) on ``model`` and ``data``; write the report to ``out``.
 
-    ``options`` maps a check name to string overrides of its config fields. A check that raises is
-    recorded as ``status="error"`` with its traceback (``keep_going=False`` re-raises instead). The
-    output folder is validated before anything runs and written atomically at the end.
+    ``options`` maps a check name to string overrides of its config fields. A check that does not apply
+    (its ``missing()`` or ``applies(model)`` gives a reason, its ``run`` raises :class:`~interp.audit.SkipCheck`
+    or returns a result with ``applicable`` false) is recorded as ``status="skipped"`` with the reason; a check
+    that raises is recorded as ``status="error"`` with its traceback (``keep_going=False`` re-raises instead).
+    ``thresholds`` (:class:`~interp.audit.gate.Threshold`) are evaluated on the checks' metrics; ``step`` is
+    the checkpoint's training step for the provenance (default: read from the checkpoint). The output folder
+    is validated before anything runs and written atomically at the end.
     """
     t_start = time.perf_counter()
     if out is not None:
@@ -71,25 +90,44 @@ def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None 
         cfg = getattr(check, "config", None)
         cfg_dict = dataclasses.asdict(cfg) if cfg is not None and dataclasses.is_dataclass(cfg) else {}
         t0 = time.perf_counter()
+        desc = getattr(check, "description", "")
         try:
+            why = (check.missing() if callable(getattr(check, "missing", None)) else None) or \
+                (check.applies(model) if callable(getattr(check, "applies", None)) else None)
+            if why:
+                raise SkipCheck(why)
             result = check.run(model, data)
             rendered = check.render(result)
             summary = dict(check.summary(result)) if hasattr(check, "summary") else {}
             payload = check.to_json(result) if hasattr(check, "to_json") else result.to_dict()
-            rec = CheckRecord(name, getattr(check, "title", name), "ok", time.perf_counter() - t0, cfg_dict,
-                              summary, payload, None, result, rendered, getattr(check, "description", ""))
+            skipped = getattr(result, "applicable", True) is False
+            rec = CheckRecord(name, getattr(check, "title", name), "skipped" if skipped else "ok",
+                              time.perf_counter() - t0, cfg_dict, summary, payload, None, result, rendered, desc,
+                              reason=str(getattr(result, "reason", "") or "the check does not apply") if skipped
+                              else None, metrics=_metrics(check, result) if not skipped else
+                              {k: None for k in getattr(check, "METRICS", {})})
+        except SkipCheck as exc:
+            rec = CheckRecord(name, getattr(check, "title", name), "skipped", time.perf_counter() - t0, cfg_dict,
+                              description=desc, reason=str(exc) or "the check does not apply",
+                              metrics={k: None for k in getattr(check, "METRICS", {})})
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             if not keep_going:
                 raise
             rec = CheckRecord(name, getattr(check, "title", name), "error", time.perf_counter() - t0, cfg_dict,
                               error=f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}",
-                              description=getattr(check, "description", ""))
+                              description=desc, reason=_first_line(exc),
+                              metrics={k: None for k in getattr(check, "METRICS", {})})
         records.append(rec)
         all_timings[f"check:{name}"] = rec.seconds
+    from .provenance import provenance
+
+    digest = data.digest()
+    prov = provenance(model, spec, digest, step)
     all_timings["total"] = all_timings.get("load_model", 0.0) + (time.perf_counter() - t_start)
     report = AuditReport(model_card(model, spec),
-                         {"source": data.source, "n_texts": len(data.texts), "n_tokens": _count_tokens(model, data.texts)},
-                         records, all_timings)
+                         {"source": data.source, "n_texts": len(data.texts), "n_tokens": _count_tokens(model, data.texts),
+                          "hash": digest}, records, all_timings, provenance=prov)
+    report.evaluate(thresholds)
     if out is not None:
         report.write(out)
     return report

@@ -102,6 +102,22 @@ class GavelCheck(Check):
     Config: ClassVar[type] = GavelConfig
     #: needs a rule file (--set gavel.rules=FILE): runs when named, not in the default audit (opt-in)
     opt_in: ClassVar[bool] = True
+    METRICS: ClassVar[dict[str, str]] = {"rules": "rules evaluated", "mean_auc": "mean per-rule AUC",
+                                         "mean_fpr": "mean per-rule false-positive rate",
+                                         "mean_fpr_audit_texts": "mean share of the audit texts a rule fires on"}
+
+    def missing(self) -> str | None:
+        """Without a rule file there is nothing to run (``--checks all`` skips it; naming it is an input error)."""
+        return None if self.config.rules else "needs a rule file: --set gavel.rules=FILE"
+
+    def applies(self, model) -> str | None:
+        if model.cfg.modality != "text" or model.tokenizer is None:
+            return "GAVEL reads conversations: it needs a text model with a tokenizer"
+        return None
+
+    def metrics(self, result: GavelAuditResult) -> dict:
+        s = self.summary(result)
+        return {k: s.get(k) for k in self.METRICS}
 
     def run(self, model, data: AuditData) -> GavelAuditResult:
         cfg: GavelConfig = self.config

@@ -24,6 +24,8 @@ def test_config_validation():
     assert configure(GavelCheck, {"rules": "r.json", "n_test": "4"}).n_test == 4
     with pytest.raises(ValueError, match="needs a rule file"):
         GavelCheck(GavelConfig()).run(None, AuditData(["x"]))
+    assert GavelCheck(GavelConfig()).missing() == "needs a rule file: --set gavel.rules=FILE"
+    assert GavelCheck(GavelConfig(rules="r.json")).missing() is None
 
 
 def test_check_runs_rule_file_over_conversations(tmp_path):
@@ -66,4 +68,6 @@ def test_check_runs_rule_file_over_conversations(tmp_path):
     rendered = check.render(res)
     assert len(rendered.figures) == 2 and len(rendered.tables) == 2
     assert set(check.summary(res)) >= {"rules", "mean_auc"}
+    m = check.metrics(res)
+    assert set(m) == set(GavelCheck.METRICS) and m["rules"] == 2 and m["mean_auc"] == check.summary(res)["mean_auc"]
     res.save(tmp_path / "out")
