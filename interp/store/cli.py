@@ -29,7 +29,6 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
                 model_dtype: Optional[str] = typer.Option(None, help="Load the weights in this dtype."),
                 device: Optional[str] = typer.Option(None, help="Device to load the model on (cpu, cuda ...).")) -> None:
     """Harvest activations to a sharded safetensors store with a JSON manifest (resumable by rerunning)."""
-    import errno
     from pathlib import Path
 
     from .harvest import harvest
@@ -46,15 +45,41 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno is None:  # not an error of the operating system: a bug, shown in full
             raise
-        # shards are written atomically and recorded only once complete: what is recorded is intact
-        typer.echo(f"error: disk full at {Path(out).expanduser().absolute()}; the store resumes: free some space "
-                   "and rerun the same command", err=True)
+        typer.echo(f"error: {write_error_message(exc, Path(out).expanduser().absolute())}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{res.path}: {res.n_tokens} tokens ({res.n_contexts} contexts) in {res.n_shards} shards; "
                f"this run wrote {res.shards_written}, kept {res.shards_skipped}"
                + (f", {res.tokens_per_s:.0f} tokens/s" if res.tokens_computed else ""))
+
+
+def write_error_message(exc: OSError, store: "Path") -> str:
+    """The one line ``interp harvest`` prints for an ``OSError`` with an errno (exit code 1).
+
+    Disk full (``ENOSPC``, ``EDQUOT``) and a file-size limit (``EFBIG``) say what to do about them; any other
+    errno (a failed write of a shard or the manifest, a :class:`~interp.store.manifest.StoreWriteError`, or a
+    file that cannot be read) is named with its message and file. Shards are written atomically and recorded
+    only once complete, so after a failed write the store resumes when the same command is rerun.
+    """
+    import errno
+    import os
+
+    from .manifest import StoreWriteError
+
+    code = exc.errno
+    name = errno.errorcode.get(code, str(code))
+    resumes = "the store resumes: {} and rerun the same command"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full at {store}; " + resumes.format("free some space")
+    if code == errno.EFBIG:
+        return (f"file too large at {store} (EFBIG: a file-size limit such as 'ulimit -f', or the file system's "
+                "largest file); " + resumes.format("raise the limit"))
+    what = exc.strerror or os.strerror(code)
+    where = f" ({exc.filename})" if exc.filename else ""
+    if isinstance(exc, StoreWriteError):
+        return f"cannot write the store at {store}: {what} [{name}]{where}; " + resumes.format("fix the cause")
+    return f"{what} [{name}]{where}"
 
 
 def check_load_options(model_dtype: Optional[str], device: Optional[str]) -> None:
@@ -88,4 +113,4 @@ def register(app: typer.Typer) -> None:
     app.command(name="harvest")(harvest_cmd)
 
 
-__all__ = ["register", "harvest_cmd", "check_load_options"]
+__all__ = ["register", "harvest_cmd", "check_load_options", "write_error_message"]

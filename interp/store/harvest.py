@@ -217,21 +217,31 @@ def _probe(model: Model, first: Context, names: Sequence[str], stop: int | None)
     return resolved, shapes, probe
 
 
-def weights_fingerprint(model: Model) -> str | None:
+#: how the harvest's ``identity["weights"]`` is computed: 2 = :func:`weights_fingerprint` without all-zero
+#: biases (stores written before it record no scheme: their fingerprint includes them)
+WEIGHTS_SCHEME = 2
+
+
+def weights_fingerprint(model: Model, *, zero_biases: bool = True) -> str | None:
     """SHA-256 over the shape, dtype and bytes of every parameter of ``model``, in the module's order.
 
     Names are left out, so wrappers that prefix them (the torch and nnsight backends share the Hugging Face
-    module) give the same fingerprint; a reordering of equal-shaped weights still changes it. ``None`` when
-    the model exposes no parameters or some live on the ``meta`` device (offloaded): then nothing identifies
-    its weights. Cost: one SHA-256 pass over the weights per harvest call.
+    module; TransformerLens's bridge nests it under ``_original_component``) give the same fingerprint; a
+    reordering of equal-shaped weights still changes it. ``zero_biases=False`` leaves out biases that are
+    all zeros: a zero bias computes what no bias does, and TransformerLens's bridge adds one to an
+    unembedding that has none, so the same weights then give the same fingerprint on every backend (the
+    harvest's identity). ``None`` when the model exposes no parameters or some live on the ``meta`` device
+    (offloaded): then nothing identifies its weights. Cost: one SHA-256 pass over the weights per call.
     """
     h = hashlib.sha256()
     n = 0
     with torch.no_grad():
-        for _, p in model.named_parameters():
+        for name, p in model.named_parameters():
             t = p.detach()
             if t.device.type == "meta":
                 return None
+            if not zero_biases and name.rsplit(".", 1)[-1] == "bias" and not bool(t.any()):
+                continue
             h.update(f"{tuple(t.shape)}|{t.dtype}|".encode())
             flat = t.reshape(-1).contiguous().cpu()
             if flat.numel():
@@ -240,19 +250,58 @@ def weights_fingerprint(model: Model) -> str | None:
     return h.hexdigest() if n else None
 
 
-def _check_same(old: dict[str, Any], new: dict[str, Any], folder: Path) -> None:
-    changed = [k for k in sorted(set(old) | set(new)) if k not in ("probe", "weights") and old.get(k) != new.get(k)]
+def _harvest_weights(model: Model) -> str | None:
+    """The harvest's weight identity (scheme :data:`WEIGHTS_SCHEME`): the same on every backend for equal weights."""
+    return weights_fingerprint(model, zero_biases=False)
+
+
+#: identity keys compared on their own terms, not by equality: the model's description (its ``family`` is the
+#: backend's spelling, ``'llama'`` or ``'LlamaForCausalLM'``) and how it is identified (weights, else probe)
+_OWN_TERMS = ("model", "probe", "weights", "weights_scheme")
+#: the model's sizes that must agree whatever identifies it
+_MODEL_SIZES = ("n_layers", "d_model", "d_vocab")
+
+
+def _check_same(old: dict[str, Any], new: dict[str, Any], folder: Path, model: Model | None = None,
+                backends: tuple[Any, Any] = (None, None)) -> None:
+    """Refuse to resume when the store's identity ``old`` and this run's ``new`` differ.
+
+    Configuration, names, shapes, data and tokenizer must be equal; the model must have the same sizes and,
+    when both record one, the same weights (:func:`weights_fingerprint`; ``model`` recomputes it by the
+    store's scheme for stores written before :data:`WEIGHTS_SCHEME`), else the same activations on the first
+    context. The ``family`` string is only recorded: backends spell it differently for the same weights.
+    ``backends``: the store's and this run's backend, named in the refusal when they differ.
+    """
+    changed = [k for k in sorted(set(old) | set(new)) if k not in _OWN_TERMS and old.get(k) != new.get(k)]
+    old_m, new_m = old.get("model"), new.get("model")
+    if not isinstance(old_m, dict) or not isinstance(new_m, dict):
+        changed.append("model")
+    else:
+        changed += [f"model.{k}" for k in _MODEL_SIZES if old_m.get(k) != new_m.get(k)]
+
+    def value(d: dict[str, Any], key: str) -> Any:
+        head, _, tail = key.partition(".")
+        return d.get(head) if not tail else (d.get(head) or {}).get(tail)
+
     if changed:
-        lines = "; ".join(f"{k}: store has {old.get(k)!r}, this run {new.get(k)!r}" for k in changed[:6])
+        lines = "; ".join(f"{k}: store has {value(old, k)!r}, this run {value(new, k)!r}" for k in changed[:6])
         raise IncompatibleStoreError(f"cannot resume the harvest in {str(folder)!r}: the {', '.join(changed)} "
                                      f"changed ({lines}). Use a new output folder, or delete this one to start over.")
-    if old.get("weights") is not None and new.get("weights") is not None:  # the model, identified by its weights
-        if old["weights"] != new["weights"]:
+    theirs, ours = old.get("weights"), new.get("weights")
+    if theirs is not None and ours is not None and old.get("weights_scheme") != new.get("weights_scheme") \
+            and model is not None:  # a store from before the current scheme: fingerprint the way it did
+        ours = weights_fingerprint(model)
+    if theirs is not None and ours is not None:  # the model, identified by its weights
+        if theirs != ours:
+            was, now = backends
+            hint = (f" The store was harvested with backend {was!r}, this run uses {now!r}: a backend may hold the "
+                    "weights differently (TransformerLens's bridge splits GPT-2's fused QKV weight, for example); "
+                    f"resume with backend {was!r}." if was is not None and now is not None and was != now else "")
             raise IncompatibleStoreError(
                 f"cannot resume the harvest in {str(folder)!r}: the model changed (its weights' fingerprint is "
-                f"{new['weights'][:12]}..., the store was harvested from {old['weights'][:12]}...: another "
+                f"{ours[:12]}..., the store was harvested from {theirs[:12]}...: another "
                 "checkpoint, weight dtype, or a backend that holds processed weights). Use a new output folder, "
-                "or resume with the model the store was harvested from.")
+                f"or resume with the model the store was harvested from.{hint}")
         return
     # a store from before weight fingerprints (or a model without accessible weights): the activation probe
     for n, vec in new["probe"].items():
@@ -392,14 +441,18 @@ def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: H
         "contexts_per_shard": per_shard, "data": source.fingerprint, "tokenizer": _vocab_hash(m.tokenizer),
         "first_context": hashlib.sha256(first.tokens.tobytes()).hexdigest(),
         "model": {"family": m.cfg.family, "n_layers": m.cfg.n_layers, "d_model": m.cfg.d_model,
-                  "d_vocab": m.cfg.d_vocab}, "probe": probe, "weights": weights_fingerprint(m),
+                  "d_vocab": m.cfg.d_vocab}, "probe": probe, "weights": _harvest_weights(m),
+        "weights_scheme": WEIGHTS_SCHEME,
     }
     _remove_own_temporaries(folder)
     if (folder / MANIFEST).exists():
         manifest = read_manifest(folder)
-        _check_same(manifest["identity"], identity, folder)
+        recorded = manifest.get("model")
+        _check_same(manifest["identity"], identity, folder, m,
+                    (recorded.get("backend") if isinstance(recorded, dict) else None, m.backend))
         if manifest["identity"].get("weights") is None:  # a store from before fingerprints: record it now
             manifest["identity"]["weights"] = identity["weights"]
+            manifest["identity"]["weights_scheme"] = WEIGHTS_SCHEME
         for key, entry in list(manifest["shards"].items()):
             try:
                 check_shard(folder, manifest, entry, sample=True, full=cfg.verify)

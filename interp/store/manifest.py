@@ -25,12 +25,13 @@ in between; all of a shard up to 4 MiB), which the reader checks before it first
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -62,6 +63,28 @@ class CorruptShardError(StoreError):
     """A shard file is missing, unreadable or does not match the checksum in the manifest."""
 
 
+class StoreWriteError(OSError):
+    """Writing a shard or the manifest failed with an operating-system error: a full disk (``ENOSPC``), a
+    quota (``EDQUOT``), a file-size limit (``EFBIG``, ``ulimit -f``), an I/O error ... ``errno``,
+    ``strerror`` and ``filename`` are the original error's (it is also the ``__cause__``). Shards are written
+    atomically and recorded only once complete, so what the manifest lists is intact and rerunning the same
+    harvest resumes."""
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` with an errno raised while writing ``path`` into a :class:`StoreWriteError` (errno
+    kept), the one class the command line reports in one line, whatever the errno."""
+    try:
+        yield
+    except StoreWriteError:
+        raise
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise StoreWriteError(exc.errno, exc.strerror or os.strerror(exc.errno), str(exc.filename or path)) from exc
+
+
 def shard_file(index: int) -> str:
     return f"shard_{index:06d}.safetensors"
 
@@ -86,7 +109,8 @@ def write_shard(folder: Path, index: int, first_context: int, tensors: dict[str,
     # no safetensors metadata: its header order is not stable across processes (and the manifest has it all)
     data = save({k: v.contiguous() for k, v in tensors.items()})
     name = shard_file(index)
-    atomic_write_bytes(folder / name, data)
+    with _writing(folder / name):
+        atomic_write_bytes(folder / name, data)
     rows = int(tensors["tokens"].numel())
     return {"file": name, "sha256": sha256_bytes(data), "sample": sample_hash(folder / name, len(data)),
             "bytes": len(data), "first_context": first_context, "n_contexts": n_contexts, "n_rows": rows}
@@ -313,10 +337,12 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    atomic_write_json(Path(folder) / MANIFEST, manifest)
+    """Replace the store's manifest atomically; an OS error is a :class:`StoreWriteError` (errno kept)."""
+    with _writing(Path(folder) / MANIFEST):
+        atomic_write_json(Path(folder) / MANIFEST, manifest)
 
 
 __all__ = ["MANIFEST", "SCHEMA", "SCHEMA_VERSION", "META_KEYS", "HEADER_DTYPES", "LOCK", "StoreError",
-           "IncompatibleStoreError", "CorruptShardError", "shard_file", "shard_path", "write_shard", "verify_shard",
+           "IncompatibleStoreError", "CorruptShardError", "StoreWriteError", "shard_file", "shard_path", "write_shard", "verify_shard",
            "check_shard", "read_header", "shard_layout", "sample_hash", "read_manifest", "validate_manifest",
            "write_manifest", "sha256_file", "sha256_bytes"]

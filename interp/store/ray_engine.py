@@ -52,6 +52,19 @@ class _HarvestWorker:
         return write_shard(Path(folder), index, first_context, tensors)
 
 
+def _get(ray, ref):
+    """``ray.get(ref)``, with a worker's ``OSError`` (a full disk, a file-size limit) raised as itself: Ray's
+    wrapper (``RayTaskError(OSError)``) is an ``OSError`` whose ``errno`` is ``None``, which loses the one-line
+    message of ``interp harvest``."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, OSError) and cause.errno is not None:
+            raise cause from exc
+        raise
+
+
 def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str, load_kwargs: dict[str, Any],
                folder: Path, names: list[str], shapes: dict[str, list[int]], stop: int | None, batch_size: int,
                dtype: str, num_workers: int, record: Callable[[int, dict[str, Any], int], None],
@@ -72,7 +85,7 @@ def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str
             for ref in ready:
                 index, w, n_tokens = pending.pop(ref)
                 load[w] -= 1
-                record(index, ray.get(ref), n_tokens)
+                record(index, _get(ray, ref), n_tokens)
                 done += 1
 
     try:
