@@ -36,7 +36,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from interp.io import atomic_dir, atomic_write_bytes, check_meta, load_json, load_tensors, save_tensors_json
+from interp.io import atomic_dir, atomic_write_bytes, check_meta, legacy_by_json, load_json, load_tensors, save_tensors_json
 from interp.progress import progress
 
 __all__ = [
@@ -433,7 +433,8 @@ class CityGraph:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, writer="CityGraph.save", former=("interp",),
+                        legacy=legacy_by_json("graph.json", ("graph.json", "tensors.safetensors"), "format", _FORMAT)) as tmp:
             save_tensors_json(tmp, {k: getattr(self, k) for k in self._TENSORS},
                               {"format": _FORMAT, "name": self.name, "feature_names": self.feature_names,
                                "edge_feature_names": self.edge_feature_names, "nodes": self.nodes, "meta": self.meta},

@@ -6,12 +6,17 @@ from typing import Sequence
 
 import torch
 
-from interp.io import atomic_dir, load_json, save_tensors_json
+from interp.io import atomic_dir, legacy_by_json, load_json, save_tensors_json
 
 from .plm import embed_residues, load_plm
 from .scaler import RDChain, ScalerConfig
 
 __all__ = ["ReverseDistilledFamily"]
+
+
+#: a family folder written before the writer had its own name (its manifest names the shared "interp")
+_LEGACY_FAMILY = legacy_by_json("family.json", ("family.json", "chain/chain.json", "chain/scalers.safetensors",
+                                                "chain/.interp-output.json"), "models")
 
 
 class ReverseDistilledFamily:
@@ -59,7 +64,7 @@ class ReverseDistilledFamily:
     def save(self, path: str | Path) -> Path:
         """``family.json`` (model names) + the chain (``chain.json``, ``scalers.safetensors``)."""
         path = Path(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, writer="ReverseDistilledFamily.save", former=("interp",), legacy=_LEGACY_FAMILY) as tmp:
             self.chain.save(tmp / "chain")
             save_tensors_json(tmp, {}, {"models": [str(m) for m in self.models]}, stem="family")
         return path

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from interp.io import atomic_dir, load_json, load_tensors, save_tensors_json
+from interp.io import atomic_dir, legacy_by_json, load_json, load_tensors, save_tensors_json
 
 __all__ = [
     "REGRESSORS", "VARIANTS", "SCALER_KINDS", "ScalerConfig", "johnstone_threshold", "estimate_noise_variance",
@@ -326,6 +326,11 @@ class NaiveScaler:
 
 
 # ------------------------------------------------------------------------------------------ chains
+#: an RDChain folder written before the writer had its own name (its manifest names the shared "interp")
+_LEGACY_CHAIN = legacy_by_json("chain.json", ("chain.json", "scalers.safetensors"), "format",
+                               "interp.reverse_distillation.RDChain")
+
+
 @dataclass
 class RDChain:
     """Scalers along a family of increasing widths ``k_0 < k_1 < ... < k_m`` (one scaler per step).
@@ -381,7 +386,7 @@ class RDChain:
         meta = {"format": "interp.reverse_distillation.RDChain", "version": 1, "widths": list(self.widths),
                 "config": asdict(self.config), "steps": steps}
         path = Path(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, writer="RDChain.save", former=("interp",), legacy=_LEGACY_CHAIN) as tmp:
             save_tensors_json(tmp, tensors, meta, tensor_file="scalers.safetensors", json_file="chain.json")
         return path
 
