@@ -21,13 +21,14 @@ distinct heads; a per-input mask is permuted per input, keeping each input's cou
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
 from interp.cache import Cache
-from interp.interventions import HookContext, Intervention
+from interp.interventions import HookContext, Intervention, resolve_heads
 from interp.model import Model, next_token_loss
 from interp.progress import progress
 from interp.results import Result
@@ -37,6 +38,18 @@ from .scores import (BEST_SCORE, PADDED_QUERIES, PAPER_FRACTIONS, SCORE_FUNCTION
                      score_heads, scores_from_statistics)
 
 HeadSet = Any  # Iterable[(layer, head)] | BoolTensor [n_layers, n_heads] | BoolTensor [batch, n_layers, n_heads]
+
+
+def _pair(item: Any) -> tuple[int, int]:
+    """A ``(layer, head)`` pair of integers, as the interventions take indices (``1.5`` or ``True`` is a
+    mistake, not index 1): otherwise a ``ValueError`` naming the item."""
+    try:
+        vals = tuple(item)
+        if len(vals) != 2 or any(isinstance(v, bool) for v in vals):
+            raise TypeError
+        return operator.index(vals[0]), operator.index(vals[1])
+    except TypeError:
+        raise ValueError(f"heads must be (layer, head) pairs of integers, got {item!r}") from None
 
 
 def head_mask(model: Model, heads: HeadSet) -> torch.Tensor:
@@ -49,12 +62,11 @@ def head_mask(model: Model, heads: HeadSet) -> torch.Tensor:
         return heads.cpu()
     mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     for item in heads:
-        try:
-            layer, head = (int(x) for x in item)
-        except (TypeError, ValueError):
-            raise ValueError(f"heads must be (layer, head) pairs, got {item!r}") from None
-        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        layer, head = _pair(item)
+        if not 0 <= layer < n_layers:
             raise ValueError(f"head ({layer}, {head}) out of range: the model has {n_layers} layers × {n_heads} heads")
+        # the interventions' rule (Ablate, Scale, Add, Patch): -1 is the last head; outside -n..n-1 an IndexError
+        (head,) = resolve_heads([head], n_heads, f"blocks.{layer}.attn.hook_z")
         mask[layer, head] = True
     return mask
 
