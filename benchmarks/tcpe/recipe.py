@@ -153,7 +153,9 @@ class TcpeRecipe(Recipe):
         met = stages("facts-metrics", metrics)
         res = stages("facts-comparison", lambda: compare_methods(
             model, task, tc, layer=c.layer, n_edits=c.n_edits, taus=c.taus, n_context=c.n_context, seed=c.seed,
-            config=EditConfig(fact_token=c.fact_token)))
+            # every method under ROME's hyper-parameters, with ROME's working KL term (kl_mode="rome"), for TCPE
+            # too: TCPE's official code has a KL term that is identically zero (kl_mode="tcpe_code"; docs/editing.md)
+            config=EditConfig(fact_token=c.fact_token, kl_mode="rome")))
         return {"metrics": met, "comparison": res}
 
     # ------------------------------------------------------------------ validation 2

@@ -1,5 +1,6 @@
 """ROME / TCPE against the official code (issue #35 items 7-10, #34 §4): each test compares with a hand computation
 or the official formula on fixed small inputs, and names what the code before the fix did instead."""
+import pytest
 import torch
 
 import interp
@@ -207,3 +208,22 @@ def test_rome_from_defaults_uses_a_cached_built_in_corpus(model, tmp_path, monke
     assert torch.allclose(C, second_moment(site, texts, n_samples=12), atol=1e-6)
     stored = list((tmp_path / "stages" / "editing" / "mom2").glob("*/C/value.json"))
     assert len(stored) == 1 and list((tmp_path / "stages" / "editing" / "mom2").glob("*/templates/value.json"))
+
+
+# ---------------------------------------------------------------------------------------------- #42 item 7
+def test_kl_mode_tcpe_code_is_the_official_zero_kl_term(model):
+    """TCPE's official code never adds δ at the KL prompt, so its KL term is identically zero:
+    ``kl_mode="tcpe_code"`` gives that behaviour (v* as with kl_factor = 0), the default keeps ROME's KL term."""
+    site = MLPSite(model, 1)
+    steps = dict(v_num_grad_steps=4, v_lr=0.5, stop_rule="none")
+    v_code, log_code = compute_v(site, REQ, TEMPLATES, EditConfig(kl_mode="tcpe_code", **steps))
+    v_nokl, log_nokl = compute_v(site, REQ, TEMPLATES, EditConfig(kl_factor=0.0, **steps))
+    _, log_rome = compute_v(site, REQ, TEMPLATES, EditConfig(kl_factor=10.0, **steps))
+    assert torch.allclose(v_code, v_nokl, atol=1e-5) and log_code["loss"] == pytest.approx(log_nokl["loss"], abs=1e-6)
+    assert log_code["kl"] == [0.0] * len(log_code["kl"])  # the KL prompt never sees δ: identically zero
+    # ROME's: the KL prompt receives δ, so its logits move off the unedited ones once δ moves (in this tiny
+    # model with sharpened embeddings by little: |KL| ~ 1e-10, against exactly 0 above)
+    assert all(k != 0.0 for k in log_rome["kl"][1:])
+    assert EditConfig.tcpe().kl_mode == "rome" and EditConfig.tcpe(kl_mode="tcpe_code").kl_mode == "tcpe_code"
+    with pytest.raises(ValueError, match="kl_mode"):
+        EditConfig(kl_mode="zero")
