@@ -96,23 +96,69 @@ class LastDimSlice(Lens):
         return torch.cat([raw[..., :self.start], value.to(raw.dtype), raw[..., self.stop:]], dim=-1)
 
 
-class InterleavedQKV(Lens):
-    """GPT-NeoX's ``query_key_value`` output: per head ``[q | k | v]``; gives ``[..., head, d_head]``."""
+class Columns(Lens):
+    """Columns ``index`` of the last axis, in that order (a copy): one of q, k, v out of a fused projection
+    whose layout interleaves them (per head, per key/value group, per model-parallel shard); see
+    :func:`qkv_columns`. A write puts the new columns back in place."""
 
-    def __init__(self, n_heads: int, which: int):
-        self.n_heads, self.which = n_heads, which
+    def __init__(self, index: torch.Tensor):
+        self.index = index
 
     def get(self, raw):
-        per_head = raw.unflatten(-1, (self.n_heads, -1))
-        d = per_head.shape[-1] // 3
-        return per_head[..., self.which * d:(self.which + 1) * d]
+        return raw.index_select(-1, self.index.to(raw.device))
 
     def set(self, raw, value):
-        per_head = raw.unflatten(-1, (self.n_heads, -1))
-        d = per_head.shape[-1] // 3
-        parts = [per_head[..., i * d:(i + 1) * d] for i in range(3)]
-        parts[self.which] = value.to(raw.dtype)
-        return torch.cat(parts, dim=-1).flatten(-2)
+        return raw.index_copy(-1, self.index.to(raw.device), value.to(raw.dtype))
+
+
+class Scaled(Lens):
+    """``factor * raw``: a sub-layer output that the block multiplies before the residual add (Granite's
+    ``residual_multiplier``, its ``embedding_multiplier``); a write stores ``value / factor``."""
+
+    def __init__(self, factor: float):
+        if not factor:
+            raise ValueError("Scaled needs a non-zero factor")
+        self.factor = float(factor)
+
+    def get(self, raw):
+        return raw * self.factor
+
+    def set(self, raw, value):
+        return value / self.factor
+
+
+#: the fused query/key/value layouts :func:`qkv_columns` knows
+QKV_LAYOUTS = ("split", "concat", "per_head", "grouped", "codegen")
+
+
+def qkv_columns(layout: str, which: int, n_heads: int, n_kv_heads: int, d_head: int, shards: int = 4) -> torch.Tensor:
+    """The columns of a fused q/k/v projection's output that hold q (``which=0``), k (1) or v (2), ordered as
+    ``[head, d_head]`` (``n_heads`` heads for q, ``n_kv_heads`` for k and v).
+
+    Layouts (from each family's Hugging Face code): ``concat`` ``[q | k | v]`` (GPT-2, Phi-3, multi-query
+    GPT-BigCode and Falcon); ``per_head`` ``[head][q | k | v]`` (GPT-NeoX, Bloom, multi-head Falcon and
+    GPT-BigCode); ``grouped`` ``[kv group][q x (H / kv) | k | v]`` (Falcon's new decoder architecture);
+    ``codegen`` ``[shard][q | v | k]`` over CodeGen's ``shards`` model-parallel shards."""
+    H, K, d = n_heads, n_kv_heads, d_head
+    if layout == "concat":
+        start = (0, H * d, H * d + K * d)[which]
+        return torch.arange(start, start + (H if which == 0 else K) * d)
+    if layout == "per_head":
+        if K != H:
+            raise ValueError("the per-head q/k/v layout has as many key/value heads as query heads")
+        return (torch.arange(H)[:, None] * 3 * d + which * d + torch.arange(d)[None, :]).flatten()
+    if layout == "grouped":
+        G = H // K
+        group = torch.arange(K) * (G + 2) * d
+        if which == 0:
+            return (group[:, None, None] + torch.arange(G)[None, :, None] * d + torch.arange(d)).flatten()
+        return (group[:, None] + (G + which - 1) * d + torch.arange(d)[None, :]).flatten()
+    if layout == "codegen":
+        local = H * d // shards
+        f = torch.arange(H * d)
+        offset = (0, 2, 1)[which] * local  # each shard holds [q | v | k]
+        return (f // local) * 3 * local + f % local + offset
+    raise ValueError(f"unknown q/k/v layout {layout!r}; known: {', '.join(QKV_LAYOUTS)}")
 
 
 class NormLens(Lens):
@@ -135,10 +181,12 @@ class NormLens(Lens):
 
     @staticmethod
     def _eps(module) -> float:
-        for key in ("eps", "variance_epsilon", "epsilon"):
+        for key in ("eps", "variance_epsilon", "epsilon", "layer_norm_eps"):
             v = getattr(module, key, None)
             if isinstance(v, (int, float)):
                 return float(v)
+        if type(module).__name__ == "OlmoLayerNorm":  # F.layer_norm(..., eps=1e-5), hard-coded by the module
+            return 1e-5
         raise ValueError(f"cannot find the epsilon of {type(module).__name__}")
 
     def parts(self, module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,6 +269,9 @@ class Site:
     module: str
     io: str  # "input" | "output" | "attention" (inside the attention function: see backends/attention.py)
     lens: Lens = field(default_factory=Identity)
+    #: the module sees the tokens flattened to rows (``[batch * pos, ...]``, OPT's MLP): the backend shows
+    #: hooks ``[batch, pos, ...]`` and flattens writes back
+    token_rows: bool = False
 
     @property
     def needs_input(self) -> bool:
@@ -245,7 +296,7 @@ class ArchSpec:
     k: str | None = None
     v: str | None = None
     qkv: str | None = None
-    qkv_layout: str = "split"  # "split" (separate q/k/v), "concat" (GPT-2), "interleaved" (NeoX)
+    qkv_layout: str = "split"  # "split" (separate q/k/v) or a fused layout of qkv_columns
     o: str | None = None
     ln1: str | None = None
     ln2: str | None = None
@@ -267,13 +318,21 @@ class ArchSpec:
     vocab: int | None = None
     rotary: bool = False  # rotary position embeddings: attn.hook_rot_q / hook_rot_k exist
     pos_embed: str | None = None  # a learned position table (GPT-2's wpe): ``W_pos``
+    mlp_module: str | None = None  # the whole MLP (a mixture of experts has no single mlp_out projection)
+    resid_mid_at_mlp: bool = False  # post-norm blocks (OLMo-2/3): resid_mid is the MLP module's input
+    attention_hooks: bool = True  # the attention module calls transformers' attention interface (pattern etc.)
+    token_rows: tuple[str, ...] = ()  # hooks whose module sees [batch * pos, ...] rows (OPT's MLP half)
+    residual_multiplier: float = 1.0  # Granite: sub-layer outputs are scaled before the residual add
+    embedding_multiplier: float = 1.0  # Granite: the token embedding is scaled before block 0
 
     def sites(self) -> dict[str, Site]:
         """Canonical name -> Site for every hook this architecture offers, in execution order."""
         out: dict[str, Site] = {}
         first = Item(0)
         if self.embed:
-            out["hook_embed"] = Site(self.embed, "output", first)
+            emb = first >> Scaled(self.embedding_multiplier) if self.embedding_multiplier != 1.0 else first
+            out["hook_embed"] = Site(self.embed, "output", emb)
+        added = first >> Scaled(self.residual_multiplier) if self.residual_multiplier != 1.0 else first
         for layer in range(self.n_layers):
             blk = f"{self.blocks}.{layer}"
             sub = lambda p: f"{blk}.{p}"  # noqa: E731
@@ -292,28 +351,34 @@ class ArchSpec:
                 s["attn.hook_q"] = Site(sub(self.q), "output", Heads(self.n_heads))
                 s["attn.hook_k"] = Site(sub(self.k), "output", Heads(self.n_kv_heads))
                 s["attn.hook_v"] = Site(sub(self.v), "output", Heads(self.n_kv_heads))
-            elif self.qkv_layout == "concat":
-                d = self.n_heads * self.d_head
-                for i, h in enumerate(("q", "k", "v")):
-                    s[f"attn.hook_{h}"] = Site(sub(self.qkv), "output", LastDimSlice(i * d, (i + 1) * d) >> Heads(self.n_heads))
             else:
                 for i, h in enumerate(("q", "k", "v")):
-                    s[f"attn.hook_{h}"] = Site(sub(self.qkv), "output", InterleavedQKV(self.n_heads, i))
-            for kind in (("rot_q", "rot_k") if self.rotary else ()) + ("attn_scores", "pattern"):
-                s[f"attn.hook_{kind}"] = Site(sub(self.attn), "attention")
+                    heads = Heads(self.n_heads if i == 0 else self.n_kv_heads)
+                    cols = qkv_columns(self.qkv_layout, i, self.n_heads, self.n_kv_heads, self.d_head)
+                    lens = LastDimSlice(int(cols[0]), int(cols[-1]) + 1) if self.qkv_layout == "concat" else Columns(cols)
+                    s[f"attn.hook_{h}"] = Site(sub(self.qkv), "output", lens >> heads)
+            if self.attention_hooks:
+                for kind in (("rot_q", "rot_k") if self.rotary else ()) + ("attn_scores", "pattern"):
+                    s[f"attn.hook_{kind}"] = Site(sub(self.attn), "attention")
             s["attn.hook_z"] = Site(sub(self.o), "input", Heads(self.n_heads))
             s["attn.hook_result"] = Site(sub(self.o), "output", HeadResult(self.n_heads))
-            s["hook_attn_out"] = Site(sub(self.attn_out_norm or self.o), "output", first)
+            s["hook_attn_out"] = Site(sub(self.attn_out_norm or self.o), "output", added)
             if self.resid_mid_from:
                 s["hook_resid_mid"] = Site(sub(self.resid_mid_from), "output", first)
+            elif self.resid_mid_at_mlp and self.mlp_module:
+                s["hook_resid_mid"] = Site(sub(self.mlp_module), "input")
             elif not self.parallel and self.ln2:
                 s["hook_resid_mid"] = Site(sub(self.ln2), "input")
-            s["mlp.hook_post"] = Site(sub(self.mlp_out), "input")
-            s["hook_mlp_out"] = Site(sub(self.mlp_out_norm or self.mlp_out), "output", first)
+            if self.mlp_out:
+                s["mlp.hook_post"] = Site(sub(self.mlp_out), "input")
+            s["hook_mlp_out"] = Site(sub(self.mlp_out_norm or self.mlp_out or self.mlp_module), "output", added)
             s["hook_resid_post"] = Site(blk, "output", first)
             for hook in BLOCK_HOOKS:
                 if hook in s:
-                    out[f"blocks.{layer}.{hook}"] = s[hook]
+                    site = s[hook]
+                    if hook in self.token_rows:
+                        site = Site(site.module, site.io, site.lens, token_rows=True)
+                    out[f"blocks.{layer}.{hook}"] = site
         if self.ln_final:
             for part in ("scale", "normalized"):
                 out[f"ln_final.hook_{part}"] = Site(self.ln_final, "output", NormLens(part, self.norm_kind, self.norm_offset))
@@ -374,15 +439,20 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         return _esm_spec(model, cfg)
     adapter_cfg = cfg
     archs = list(getattr(cfg, "architectures", None) or [])
-    wanted = _FOR_TYPE.get(cfg.model_type)
-    if wanted and (not archs or archs[0] != wanted):
+    # the adapter is chosen by config.architectures, which is None for any model built in memory (and may name
+    # a base model): fall back on the model's own class, then on the family's causal-LM class
+    own = type(model).__name__
+    wanted = _FOR_TYPE.get(cfg.model_type) or (own if own.endswith(("ForCausalLM", "LMHeadModel")) else None)
+    if not archs or (wanted and archs[0] != wanted):
         adapter_cfg = type(cfg).from_dict(cfg.to_dict())
-        adapter_cfg.architectures = [wanted]
+        adapter_cfg.architectures = [wanted or own]
     try:
         adapter = _tl_adapter(adapter_cfg)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the cause
-        raise ValueError(f"no architecture map for model_type={cfg.model_type!r} "
-                         f"({type(model).__name__}): {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - re-raised with the cause, in one line
+        raise UnsupportedArchitecture(
+            f"no architecture map for the {cfg.model_type!r} family ({own}) on the torch and nnsight backends: "
+            f"TransformerLens has no adapter for {adapter_cfg.architectures[0]!r}; pass arch=ArchSpec(...) to "
+            "interp.wrap") from exc
     comp = adapter.component_mapping
     tl = adapter.cfg
 
@@ -421,40 +491,125 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         return local(f"{name(mlp_node)}.{n}") if name(mlp_node) else local(n)
 
     q, k, v, qkv = in_attn("q"), in_attn("k"), in_attn("v"), in_attn("qkv")
-    layout = "split" if (q and k and v) else ("interleaved" if cfg.model_type == "gpt_neox" else "concat")
+    layout = "split" if (q and k and v) else _fused_layout(cfg)
     n_heads = int(tl.n_heads)
-    n_kv = int(getattr(tl, "n_key_value_heads", None) or n_heads)
+    n_kv = _kv_heads(cfg, int(getattr(tl, "n_key_value_heads", None) or n_heads))
+    d_head = int(tl.d_head)
     post_norm = cfg.model_type == "bert"
     ln1 = local(name(bsub.get("ln1")))  # BERT (post-norm): the attention block's output LayerNorm
-    ln_module = block0.get_submodule(ln1) if ln1 else None
+    ln2 = local(name(bsub.get("ln2")))
+    attn_out_norm, mlp_out_norm = local(name(bsub.get("ln1_post"))), local(name(bsub.get("ln2_post")))
     mlp_path = local(name(mlp_node)) if mlp_node is not None else None
+    resid_mid_at_mlp = False
+    if cfg.model_type in _POST_NORM_BLOCKS:  # OLMo-2/3: x + norm(attn(x)), then h + norm(mlp(h)); no pre-norms
+        attn_out_norm, mlp_out_norm = _POST_NORM_BLOCKS[cfg.model_type]
+        ln1 = ln2 = None
+        resid_mid_at_mlp = True
+    if cfg.model_type == "falcon":  # the new layout has one norm per branch; the multi-query one a single norm
+        two = hasattr(block0, "ln_attn")
+        ln1 = "ln_attn" if two else "input_layernorm"
+        ln2 = "ln_mlp" if two else ("post_attention_layernorm" if hasattr(block0, "post_attention_layernorm") else None)
+    ln_module = block0.get_submodule(ln1 or ln2) if (ln1 or ln2) else None
+    mlp_out = in_mlp("out")
+    parallel = bool(getattr(cfg, "use_parallel_residual", False) or getattr(cfg, "parallel_attn", False)
+                    or getattr(cfg, "new_decoder_architecture", False)) or cfg.model_type in _PARALLEL_BLOCKS
     spec = ArchSpec(
         family=cfg.model_type, n_layers=int(tl.n_layers), n_heads=n_heads, n_kv_heads=n_kv,
-        d_model=int(tl.d_model), d_head=int(tl.d_head),
-        embed=path(name(comp.get("embed"))) if cfg.model_type != "vit" else path(name(comp.get("embed"))),
+        d_model=int(tl.d_model), d_head=d_head,
+        embed=path(name(comp.get("embed"))),
         blocks=blocks, attn=attn, q=q, k=k, v=v, qkv=qkv, qkv_layout=layout, o=in_attn("o"),
-        ln1=ln1, ln2=local(name(bsub.get("ln2"))),
+        ln1=ln1, ln2=ln2,
         norm_kind=_norm_kind(ln_module), norm_offset=1.0 if cfg.model_type.startswith("gemma") else 0.0,
-        act=_act_path(block0, mlp_path), mlp_gate_path=in_mlp("gate"),
-        mlp_in=in_mlp("in"), mlp_out=in_mlp("out"),
-        attn_out_norm=local(name(bsub.get("ln1_post"))), mlp_out_norm=local(name(bsub.get("ln2_post"))),
+        act=_act_path(block0, mlp_path) if mlp_out else None, mlp_gate_path=in_mlp("gate") if mlp_out else None,
+        mlp_in=in_mlp("in") if mlp_out else None, mlp_out=mlp_out,
+        attn_out_norm=attn_out_norm, mlp_out_norm=mlp_out_norm,
         resid_mid_from=local(name(bsub.get("ln1"))) if post_norm else None,
         ln_final=None if post_norm else path(name(comp.get("ln_final"))),
-        parallel=bool(getattr(cfg, "use_parallel_residual", False)),
+        parallel=parallel,
         vocab=getattr(tl, "d_vocab", None),
         rotary=getattr(tl, "positional_embedding_type", None) == "rotary",
         pos_embed=path(name(comp.get("pos_embed"))),
+        mlp_module=mlp_path, resid_mid_at_mlp=resid_mid_at_mlp,
+        attention_hooks=_calls_attention_interface(block0.get_submodule(attn)) if attn else False,
+        token_rows=_OPT_ROWS if cfg.model_type == "opt" else (),
+        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0) or 1.0) if cfg.model_type == "granite" else 1.0,
+        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0) or 1.0) if cfg.model_type == "granite" else 1.0,
     )
-    missing = [f for f in ("attn", "o", "mlp_out") if getattr(spec, f) is None]
+    missing = [f for f in ("attn", "o") if getattr(spec, f) is None]
+    if spec.mlp_out is None and spec.mlp_module is None:
+        missing.append("mlp")
     if missing or (layout != "split" and qkv is None):
-        raise ValueError(f"architecture map for {cfg.model_type!r} is incomplete (missing {missing})")
+        raise UnsupportedArchitecture(f"the architecture map for the {cfg.model_type!r} family ({own}) is incomplete "
+                                      f"(no {', '.join(missing) or 'fused qkv projection'} found) on the torch and "
+                                      "nnsight backends; try backend='transformer_lens'")
     return spec
 
 
+class UnsupportedArchitecture(ValueError):
+    """No (complete) map of canonical hooks for this family on the torch / nnsight backends."""
+
+
+#: families whose decoder blocks run attention and MLP in parallel from one residual stream (no resid_mid)
+_PARALLEL_BLOCKS = frozenset({"gptj", "codegen", "phi", "cohere"})
+#: post-norm blocks: (attention output norm, MLP output norm) inside the block
+_POST_NORM_BLOCKS = {"olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"),
+                     "olmo3": ("post_attention_layernorm", "post_feedforward_layernorm")}
+#: OPT flattens the tokens to rows for the second half of its decoder layer
+_OPT_ROWS = ("hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
+             "hook_mlp_out")
+
+
+def _fused_layout(cfg) -> str:
+    """The fused q/k/v layout of a family (see :func:`qkv_columns`), read from its Hugging Face code."""
+    t = cfg.model_type
+    if t in ("gpt_neox", "bloom"):
+        return "per_head"
+    if t == "falcon":
+        if getattr(cfg, "new_decoder_architecture", False):
+            return "grouped"
+        return "concat" if getattr(cfg, "multi_query", False) else "per_head"
+    if t == "gpt_bigcode":
+        return "concat" if getattr(cfg, "multi_query", True) else "per_head"
+    if t == "codegen":
+        return "codegen"
+    return "concat"
+
+
+def _kv_heads(cfg, default: int) -> int:
+    """Key/value heads as the Hugging Face module computes them (TransformerLens's config can say otherwise
+    for multi-query layouts)."""
+    t = cfg.model_type
+    if t == "falcon":
+        if getattr(cfg, "new_decoder_architecture", False):
+            return int(cfg.num_kv_heads)
+        return 1 if getattr(cfg, "multi_query", False) else int(cfg.num_attention_heads)
+    if t == "gpt_bigcode":
+        return 1 if getattr(cfg, "multi_query", True) else int(cfg.n_head)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    return int(kv) if kv else default
+
+
+def _calls_attention_interface(attn: nn.Module) -> bool:
+    """Whether an attention module computes attention through ``transformers``' attention interface (where
+    :mod:`interp.backends.attention` sees the pattern); Bloom, Falcon and GPT-Neo compute it inline."""
+    import inspect
+    try:
+        src = inspect.getsource(type(attn).forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in src or "attention_interface" in src
+
+
 def _norm_kind(module: nn.Module | None) -> str:
-    if module is None or isinstance(module, nn.LayerNorm) or getattr(module, "bias", None) is not None:
+    """``"layer"`` (centred: LayerNorm, Cohere's bias-free LayerNorm, OLMo's weightless one) or ``"rms"``."""
+    if module is None or isinstance(module, nn.LayerNorm):
         return "layer"
-    return "rms" if "rms" in type(module).__name__.lower() or hasattr(module, "variance_epsilon") else "layer"
+    cls = type(module).__name__.lower()
+    if "rms" in cls:
+        return "rms"
+    if "layernorm" in cls or getattr(module, "bias", None) is not None:
+        return "layer"
+    return "rms" if hasattr(module, "variance_epsilon") else "layer"
 
 
 def norm_parts(module: nn.Module, offset: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor | None, str, float]:

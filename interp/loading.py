@@ -99,6 +99,10 @@ def _boot_bridge(hf_model, tokenizer):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
+    if not getattr(hf_model.config, "architectures", None):
+        # TransformerLens picks its adapter by config.architectures, None for a model built in memory: name the
+        # model's own class, as save_pretrained would
+        hf_model.config.architectures = [type(hf_model).__name__]
     src = getattr(hf_model.config, "_name_or_path", "") or ""
     tmp = None
     if not src or not (Path(src) / "config.json").exists():

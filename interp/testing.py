@@ -100,3 +100,110 @@ def tiny_model(arch: str, seed: int = 0, folder: str | Path | None = None, pertu
     model.config._name_or_path = str(folder)
     tok = None if arch in ("vit", "dinov2") else tiny_tokenizer(folder)
     return model, tok
+
+
+# ------------------------------------------------------------------------------------ causal-LM families
+def _family_configs(n_layers: int, d: int, h: int, kv: int) -> dict:
+    """Keyword builders of a tiny config per causal-LM family (and layout variant) that ``transformers`` ships.
+
+    Grouped-query attention (``kv`` key/value heads) wherever the family has it; the variants cover the
+    other weight layouts: Falcon's new (grouped, fused ``[q.. k v]`` per group), multi-query and
+    per-head-interleaved layouts, GPT-BigCode multi-query and multi-head."""
+    ids = dict(vocab_size=VOCAB, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+    llama = dict(num_hidden_layers=n_layers, hidden_size=d, num_attention_heads=h, num_key_value_heads=kv,
+                 intermediate_size=2 * d, max_position_embeddings=128, **ids)
+    gpt = dict(n_layer=n_layers, n_embd=d, n_head=h, n_positions=128, **ids)
+    falcon = dict(num_hidden_layers=n_layers, hidden_size=d, num_attention_heads=h, max_position_embeddings=128, **ids)
+    return {
+        "gpt2": ("GPT2Config", "GPT2LMHeadModel", gpt),
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                     dict(num_hidden_layers=n_layers, hidden_size=d, num_attention_heads=h, intermediate_size=4 * d,
+                          max_position_embeddings=128, rotary_pct=0.25, **ids)),
+        "gpt_neox_sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                                dict(num_hidden_layers=n_layers, hidden_size=d, num_attention_heads=h,
+                                     intermediate_size=4 * d, max_position_embeddings=128, rotary_pct=0.5,
+                                     use_parallel_residual=False, **ids)),
+        "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(gpt, rotary_dim=d // h // 2)),
+        "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM",
+                    dict(num_layers=n_layers, hidden_size=d, num_heads=h, max_position_embeddings=128,
+                         attention_types=[[["global", "local"], n_layers // 2]] + [[["global"], n_layers % 2]] * (n_layers % 2),
+                         window_size=4, **ids)),
+        "opt": ("OPTConfig", "OPTForCausalLM",
+                dict(num_hidden_layers=n_layers, hidden_size=d, num_attention_heads=h, ffn_dim=4 * d,
+                     max_position_embeddings=128, word_embed_proj_dim=d, **ids)),
+        "bloom": ("BloomConfig", "BloomForCausalLM", dict(n_layer=n_layers, hidden_size=d, n_head=h, **ids)),
+        "falcon": ("FalconConfig", "FalconForCausalLM",
+                   dict(falcon, new_decoder_architecture=True, num_kv_heads=kv, parallel_attn=True, bias=False)),
+        "falcon_mq": ("FalconConfig", "FalconForCausalLM",
+                      dict(falcon, new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False)),
+        "falcon_rw": ("FalconConfig", "FalconForCausalLM",
+                      dict(falcon, new_decoder_architecture=False, multi_query=False, parallel_attn=False,
+                           alibi=True, bias=True)),
+        "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(gpt, multi_query=True)),
+        "gpt_bigcode_mha": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(gpt, multi_query=False)),
+        "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(gpt, n_ctx=128, rotary_dim=d // h // 2)),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", llama),
+        "mistral": ("MistralConfig", "MistralForCausalLM", dict(llama, sliding_window=4)),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(llama, num_local_experts=4, num_experts_per_tok=2)),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", llama),
+        "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                      dict(llama, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=d,
+                           shared_expert_intermediate_size=d)),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(llama, head_dim=d // h)),
+        "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(llama, head_dim=d // h)),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(llama, head_dim=d // h, sliding_window=4)),
+        "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(llama, head_dim=d // h, sliding_window=4)),
+        "phi": ("PhiConfig", "PhiForCausalLM", dict(llama, num_key_value_heads=h)),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", llama),
+        "olmo": ("OlmoConfig", "OlmoForCausalLM", llama),
+        "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", llama),
+        "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(llama, sliding_window=4)),
+        "granite": ("GraniteConfig", "GraniteForCausalLM",
+                    dict(llama, embedding_multiplier=3.0, residual_multiplier=0.3, attention_multiplier=0.2,
+                         logits_scaling=2.5)),
+        "cohere": ("CohereConfig", "CohereForCausalLM", dict(llama, logit_scale=0.5)),
+        "stablelm": ("StableLmConfig", "StableLmForCausalLM", llama),
+        "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", llama),
+        "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(llama, no_rope_layer_interval=2)),
+    }
+
+
+#: causal-LM families (and layout variants) of :func:`tiny_causal_lm`, each one ``transformers`` ships
+CAUSAL_LM_FAMILIES = tuple(_family_configs(3, 64, 4, 2))
+
+
+def tiny_causal_lm(family: str, seed: int = 0, n_layers: int = 3, d_model: int = 64, n_heads: int = 4,
+                   n_kv_heads: int = 2, peaked: float = 1.0, perturb_norms: bool = True, dtype=torch.float32,
+                   **overrides):
+    """A tiny randomly initialised ``transformers`` causal LM of ``family`` (see :data:`CAUSAL_LM_FAMILIES`),
+    built in memory: ``config.architectures`` is None, as for any freshly built model.
+
+    ``peaked`` multiplies the query and key weights (attention logits grow with its square), so attention is
+    peaked and a wrong mask, scale or head order changes the output visibly; ``perturb_norms`` gives norm
+    weights ``1 + 0.5 N(0, 1)`` and biases ``0.3 N(0, 1)``; ``overrides`` go to the config."""
+    import transformers as T
+
+    table = _family_configs(n_layers, d_model, n_heads, n_kv_heads)
+    if family not in table:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(table)}")
+    cfg_name, model_name, kwargs = table[family]
+    cfg = getattr(T, cfg_name)(**{**kwargs, **overrides})
+    if hasattr(cfg, "_attn_implementation"):
+        cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(T, model_name)(cfg).to(dtype).eval()
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            kind = type(mod).__name__.lower()
+            if perturb_norms and ("norm" in kind or "layerscale" in kind):
+                for pname, p in mod.named_parameters(recurse=False):
+                    if p.dim() >= 1:
+                        base = 0.0 if (pname == "bias" or kind.startswith("gemma")) else 1.0
+                        scale = 0.3 if pname == "bias" else 0.5
+                        p.copy_(base + scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            leaf = name.rsplit(".", 1)[-1]
+            if peaked != 1.0 and leaf in ("q_proj", "k_proj", "query", "key", "c_attn", "query_key_value",
+                                          "qkv_proj", "Wqkv"):
+                mod.weight.mul_(peaked)
+    return model

@@ -215,15 +215,33 @@ class HFModel(Model):
         for name, site, fns in entries:
             lens = site.lens
             t = lens.get_io(module, inp, raw) if site.needs_input else lens.get(raw)
+            if site.token_rows:  # [batch * pos, ...] rows (OPT's MLP half): hooks see [batch, pos, ...]
+                t = t.unflatten(0, (self._pass_batch(name, pass_ctx), -1))
+            version = _version(t)
             t, changed = self._call_hooks(name, t, fns, lens.writable, pass_ctx)
+            # a hook that edited the tensor in place and returned None (TransformerLens allows it) changed it too:
+            # a lens that copies (fused q/k/v columns, scaled outputs) must then write it back
+            changed = changed or _version(t) != version
             # with a graph, the forward continues from the hooked tensor itself (a lens view such as the
             # per-head z, or a derived tensor such as hook_result, is otherwise off the path and its
             # gradient would be zero)
             changed = changed or (lens.writable and t.requires_grad and torch.is_grad_enabled())
             if changed:
+                if site.token_rows:
+                    t = t.flatten(0, 1)
                 raw = lens.set_io(module, inp, raw, t) if site.needs_input else lens.set(raw, t)
                 changed_any = True
         return raw, changed_any
+
+    def _pass_batch(self, name: str, pass_ctx=None) -> int:
+        """The batch size of the running pass (to unflatten a site whose module sees token rows)."""
+        ctx = pass_ctx or current_pass(self)
+        mask = getattr(ctx, "attention_mask", None)
+        if mask is None:
+            raise RuntimeError(f"{name!r} is computed on flattened token rows in the {self.spec.family} model, and "
+                               "this forward pass was not run through the interp Model (no batch shape known): run "
+                               "it with model(...) / model.run_with_cache(...)")
+        return int(mask.shape[0])
 
     def _output(self, out: Any, batch: dict[str, Any] | None = None) -> Any:
         if batch is not None and batch.get("use_cache"):
@@ -338,6 +356,14 @@ class HFModel(Model):
             for d in (m._forward_hooks, m._forward_pre_hooks):
                 for k in [k for k, fn in d.items() if id(fn) in ids]:
                     d.pop(k, None)
+
+
+def _version(t: torch.Tensor) -> int:
+    """The in-place version counter of ``t`` (-1 for inference-mode tensors, which keep none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 def hf_max_positions(hf_model: Any) -> int | None:
