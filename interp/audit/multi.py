@@ -546,11 +546,15 @@ def compare_figures(diff: Mapping[str, Any]) -> list[tuple[str, Any]]:
         fig.update_layout(title={"text": f"Per-head change of mean {h['score']} (B − A)"}, height=420,
                           yaxis={"autorange": "reversed"})
         figs.append(("Per-head score change and flagged-set change", fig))
-    rows = [(k, v["delta"]) for k, v in diff["metrics"].items() if v["delta"] is not None]
-    if rows:
-        fig = go.Figure(go.Bar(x=[k for k, _ in rows], y=[v for _, v in rows],
-                               hovertemplate="%{x}: %{y:+.4g}<extra></extra>"))
-        fig.update_layout(title={"text": "Change of each headline metric (B − A)"}, height=380, margin={"b": 160})
+    rows = [(k, v) for k, v in diff["metrics"].items() if v["delta"] is not None]
+    if rows:  # relative change, so that a loss and a head count share one axis; hover gives both values
+        rel = [100 * v["delta"] / abs(v["a"]) if v["a"] else None for _, v in rows]
+        fig = go.Figure(go.Bar(x=[k for k, _ in rows], y=rel,
+                               customdata=[[v["a"], v["b"], v["delta"]] for _, v in rows],
+                               hovertemplate="%{x}: %{y:+.1f}%<br>A %{customdata[0]:.4g} → B %{customdata[1]:.4g} "
+                                             "(%{customdata[2]:+.4g})<extra></extra>"))
+        fig.update_layout(title={"text": "Relative change of each headline metric, (B − A) / |A|"}, height=380,
+                          yaxis={"title": {"text": "% change"}}, margin={"b": 160})
         figs.append(("Headline metric changes", fig))
     return figs
 
