@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from interp.models.bayesian_tpnn import BayesianTPNNConfig
-from interp.models.common import limit_threads
 from interp.reproduce import Outcome, Recipe
 
 from .experiments import ABLATION_METRICS, ablation_means, classification_experiment, experiment, stepwise_ablation
@@ -94,20 +93,19 @@ class BayesianTPNNRecipe(Recipe):
         kind, seed = unit
 
         def compute():
-            with limit_threads(1):
-                if kind == "main":   # the main fit, its own seed's ablation (reusing the fit) and diabetes
-                    own = (seed,) if seed in config.ablation_seeds else ()
-                    return experiment(config.model, seed=seed, n_train=config.n_train, n_test=config.n_test,
-                                      noise=config.noise, ablation_seeds=own, hierarchical_seeds=(),
-                                      diabetes=config.diabetes)
-                if kind == "ablation":
-                    return stepwise_ablation(config.model, [seed], config.n_train, config.noise,
-                                             n_generate=config.n_train + config.n_test)
-                if kind == "hierarchical":
-                    hier = dataclasses.replace(config.model, n_iter=config.hierarchical_iter,
-                                               burn_in=config.hierarchical_iter // 2)
-                    return stepwise_ablation(hier, [seed], config.hierarchical_n, config.noise, hierarchical=True)
-                return classification_experiment(config.classification, seeds=(seed,))
+            if kind == "main":   # the main fit, its own seed's ablation (reusing the fit) and diabetes
+                own = (seed,) if seed in config.ablation_seeds else ()
+                return experiment(config.model, seed=seed, n_train=config.n_train, n_test=config.n_test,
+                                  noise=config.noise, ablation_seeds=own, hierarchical_seeds=(),
+                                  diabetes=config.diabetes)
+            if kind == "ablation":
+                return stepwise_ablation(config.model, [seed], config.n_train, config.noise,
+                                         n_generate=config.n_train + config.n_test)
+            if kind == "hierarchical":
+                hier = dataclasses.replace(config.model, n_iter=config.hierarchical_iter,
+                                           burn_in=config.hierarchical_iter // 2)
+                return stepwise_ablation(hier, [seed], config.hierarchical_n, config.noise, hierarchical=True)
+            return classification_experiment(config.classification, seeds=(seed,))
 
         return {"kind": kind, "seed": seed, "value": stages(f"{kind}-{seed}", compute)}
 

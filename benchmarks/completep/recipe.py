@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.models.completep import load_kjv_corpus
 from interp.reproduce import Outcome, Recipe
 
@@ -45,8 +44,7 @@ class CompletePRecipe(Recipe):
         return list(config.stages)
 
     def run_unit(self, config: CompletePConfig, unit: str, stages) -> CompletePResult:
-        with limit_threads(1):
-            return EXPERIMENTS[unit](config, load_kjv_corpus(), stages)
+        return EXPERIMENTS[unit](config, load_kjv_corpus(), stages)
 
     def combine(self, config: CompletePConfig, outputs: list) -> Outcome:
         res = CompletePResult(config=config.to_dict())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interp.models.common import limit_threads
 from interp.models.copypaste import DPOConfig
 from interp.reproduce import Outcome, Recipe
 
@@ -67,11 +66,10 @@ class CopyPasteRecipe(Recipe):
         return list(config.units)
 
     def run_unit(self, config: CopyPasteRunConfig, unit: str, stages):
-        with limit_threads(1):
-            if unit == "toy":
-                return {"unit": unit, "result": stages("toy", lambda: toy_experiment(config.toy))}
-            res = smollm_experiment(config.smollm, stages=_Prefixed(stages, "smollm"), log=lambda *a: None)
-            return {"unit": unit, "result": res}
+        if unit == "toy":
+            return {"unit": unit, "result": stages("toy", lambda: toy_experiment(config.toy))}
+        res = smollm_experiment(config.smollm, stages=_Prefixed(stages, "smollm"), log=lambda *a: None)
+        return {"unit": unit, "result": res}
 
     def combine(self, config: CopyPasteRunConfig, outputs: list) -> Outcome:
         measured: dict = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.reproduce import Outcome, Recipe
 
 from .experiment import DequantConfig, assemble, run_seed
@@ -35,8 +34,7 @@ class DequantizationRecipe(Recipe):
 
     def run_unit(self, config: DequantConfig, seed: int, stages) -> dict:
         def compute() -> dict:
-            with limit_threads(1):
-                return run_seed(config, seed)
+            return run_seed(config, seed)
 
         return stages(f"seed-{seed}", compute)
 

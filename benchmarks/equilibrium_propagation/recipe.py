@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.models.equilibrium_propagation import EPConfig
 from interp.reproduce import Outcome, Recipe
 
@@ -40,8 +39,7 @@ class EquilibriumPropagationRecipe(Recipe):
         fn = {"seed": run_seed, "beta": run_beta, "depth": run_depth}[kind]
 
         def compute() -> dict:
-            with limit_threads(1):  # small matrices: one thread is fastest (and the docs' timings use one)
-                return fn(config, value)
+            return fn(config, value)
 
         return {"kind": kind, **stages(f"{kind}-{value:g}", compute)}
 

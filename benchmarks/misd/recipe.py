@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.models.misd import LMNConfig
 from interp.reproduce import Outcome, Recipe
 
@@ -113,8 +112,7 @@ class MisDRecipe(Recipe):
         kind, seed = unit
 
         def compute() -> dict:
-            with limit_threads(1):
-                return run_toy_seed(config.toy, seed) if kind == "toy" else run_zero_shot(config, kind, seed)
+            return run_toy_seed(config.toy, seed) if kind == "toy" else run_zero_shot(config, kind, seed)
 
         if kind == "fashion-mnist":
             from .zero_shot import has_fashion_mnist

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.models.reverse_distillation.plm import PLMConfig, build_plm
 from interp.reproduce import Outcome, Recipe
 
@@ -72,8 +71,7 @@ class ReverseDistillationRecipe(Recipe):
     def run_unit(self, config: ReverseDistillationRun, unit: str, stages):
         if unit == "synthetic":
             def synthetic():
-                with limit_threads(1):
-                    return synthetic_experiment(config.synthetic)
+                return synthetic_experiment(config.synthetic)
 
             return stages("synthetic", synthetic)
         models, metrics = None, None
@@ -85,8 +83,7 @@ class ReverseDistillationRecipe(Recipe):
                 metrics[f"plm-{cfg.width}"] = json.loads((folder / "metrics.json").read_text())
 
         def protein():
-            with limit_threads(1):
-                return protein_experiment(config.protein, models=models, model_metrics=metrics)
+            return protein_experiment(config.protein, models=models, model_metrics=metrics)
 
         return stages("protein", protein)
 

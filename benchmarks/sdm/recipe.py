@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-from interp.models.common import limit_threads
 from interp.models.sdm import SAEConfig
 from interp.reproduce import Outcome, Recipe
 
@@ -40,8 +39,7 @@ class SDMRecipe(Recipe):
         kind, value = unit
 
         def compute() -> dict:
-            with limit_threads(1):
-                return run_seed(config, value) if kind == "seed" else objective_checks(config)
+            return run_seed(config, value) if kind == "seed" else objective_checks(config)
 
         return {"kind": kind, **stages(f"{kind}-{value}", compute)}
 

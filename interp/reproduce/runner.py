@@ -150,6 +150,11 @@ def run_recipe(name: str, preset: str = "quick", config: Any = None, engine: str
             error = traceback.format_exc(limit=20)
             measured, tables, notes, figures = {}, {}, "", []
         where = provenance(threads)
+        # a recipe whose config sets its own thread count (heads, planning, repit: threads; gavel, tcpe: num_threads)
+        # runs its units with that count: recorded beside the run's
+        own = {k: getattr(cfg, k) for k in ("threads", "num_threads") if hasattr(cfg, k)}
+        if own:
+            where["config_threads"] = own
     seconds = time.perf_counter() - t0
     resumed = 0.0 if fresh else _stages(recipe, cfg).stored_seconds(before=started)
     record = ReproductionRecord(
