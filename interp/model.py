@@ -45,6 +45,8 @@ class _Opened:
 #: the contexts open in this thread (a :class:`contextvars.ContextVar`, so each thread and each asyncio task
 #: has its own), every model's, outermost first
 _OPEN: contextvars.ContextVar[tuple[_Opened, ...]] = contextvars.ContextVar("interp_open_contexts", default=())
+#: the backward hooks of ``model.hooks(bwd_hooks=...)`` blocks open in this thread / context
+_BWD_OPEN: contextvars.ContextVar[tuple] = contextvars.ContextVar("interp_backward_hooks", default=())
 #: guards the lazy creation of each model's run lock
 _LOCK_GUARD = threading.Lock()
 
@@ -192,9 +194,9 @@ class ModelConfig:
         return self._derive("positional_embedding_type", _position_kind)
 
     @property
-    def rotary_base(self) -> float | None:
-        """The rotary embedding's base (HF ``rope_theta``) on rotary models."""
-        return self._derive("rotary_base", _rope_theta)
+    def rotary_base(self) -> float:
+        """The rotary embedding's base (HF ``rope_theta``); TL's default ``10000.0`` where the model has none."""
+        return self._derive("rotary_base", lambda m: _rope_theta(m) or 10000.0)
 
     @property
     def parallel_attn_mlp(self) -> bool:
@@ -628,14 +630,16 @@ class Model:
         made = []
         for n, fns in back.items():
             for fn in fns:
-                made.append(_BackwardHook(n, fn))
+                made.append(_BackwardHook(n, fn, self))
                 hookset[n].append(made[-1])
+        token = _BWD_OPEN.set(_BWD_OPEN.get() + tuple(made))
         try:
             with self.intervene(dict(hookset)):
                 yield self
         finally:
             for b in made:
                 b.live = False
+            _BWD_OPEN.reset(token)
 
     def _hookset(self, pairs: Iterable[tuple[Any, Any]], what: str = "hook") -> HookSet:
         """``{hook name: [fn, ...]}`` from ``(name, glob or filter; fn or list of fns)`` pairs, checked."""
@@ -854,9 +858,38 @@ class Model:
         return keep[-1]
 
     # ------------------------------------------------------------------ names
+    def _withdraw(self, reasons: dict[str, str]) -> None:
+        """Withdraw hook names from :meth:`hook_names` (the load self-check, :mod:`interp.selfcheck`), keeping
+        the reason for the error a request for them gets."""
+        self.__dict__.setdefault("_withdrawn", {}).update(reasons)
+
+    def _unavailable_reason(self, name: str) -> str | None:
+        """Why a canonical ``name`` is not offered by this model on this backend (``None``: not known)."""
+        from .names import BLOCK_HOOKS
+        from .support import offered_by
+        why = self.__dict__.get("_withdrawn", {}).get(name)
+        if why is not None:
+            why = f"withdrawn by the load self-check ({why})"
+        else:
+            layer, hook = parse(name)
+            canonical = hook in BLOCK_HOOKS if layer is not None else hook in (
+                "hook_embed", "hook_pos_embed", "ln_final.hook_scale", "ln_final.hook_normalized")
+            if not canonical or (layer is not None and not 0 <= layer < self.cfg.n_layers):
+                return None
+            why = self._why_not_offered(hook)
+        return (f"{name!r} is not available for the {self.cfg.family} family on the {self.backend} backend: "
+                f"{why}{offered_by(self.cfg.family, name, self.backend)}")
+
+    def _why_not_offered(self, hook: str) -> str:
+        """Why this backend has no site for a canonical ``hook`` on this model (backends say more)."""
+        return "this backend's map of the family has no such site"
+
     def _all_names(self) -> list[str]:
         """Every hook name: the backend's, with the hooks of spliced SAEs after their base hook."""
         names = self._all_hook_names()
+        withdrawn = self.__dict__.get("_withdrawn")
+        if withdrawn:
+            names = [n for n in names if n not in withdrawn]
         if not self._splices:
             return names
         out: list[str] = []
@@ -892,7 +925,14 @@ class Model:
         return expand(pattern, self._all_names(), strict=False)
 
     def _resolve(self, names) -> list[str]:
-        return expand(names, self._all_names())
+        try:
+            return expand(names, self._all_names())
+        except UnknownHookError:
+            for n in ([names] if isinstance(names, str) else names if isinstance(names, (list, tuple)) else []):
+                why = self._unavailable_reason(n) if isinstance(n, str) else None
+                if why:
+                    raise UnknownHookError(why) from None
+            raise
 
     # ------------------------------------------------------------------ inputs
     def tokenize(self, texts: str | Sequence[str], padding_side: str | None = None,
@@ -1058,12 +1098,19 @@ class Model:
                 merged[k].extend(v)
         for k, v in (hooks or {}).items():
             merged[k].extend(v)
-        if not grad and torch.is_grad_enabled() and any(isinstance(f, _BackwardHook) and f.live
-                                                        for fns in merged.values() for f in fns):
+        if not grad and torch.is_grad_enabled() and self._backward_hooks_live(merged):
             grad = True  # a backward hook needs this forward's graph (TransformerLens keeps it too)
             with _graph_params(self):
                 return self._run_merged(batch, merged, stop_at_layer, grad)
         return self._run_merged(batch, merged, stop_at_layer, grad)
+
+    def _backward_hooks_live(self, merged: HookSet) -> bool:
+        """Whether a live backward hook applies to this run: its own or persistent ones (in ``merged``), or those
+        of a ``hooks(bwd_hooks=...)`` block open in this thread (some backends install a block's hooks as module
+        hooks rather than merging them, so those are tracked apart)."""
+        if any(b.owner is self and b.live for b in _BWD_OPEN.get()):
+            return True
+        return any(isinstance(f, _BackwardHook) and f.live for fns in merged.values() for f in fns)
 
     def _run_merged(self, batch: dict, merged: HookSet, stop_at_layer: int | None, grad: bool) -> Any:
         if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
@@ -1548,8 +1595,8 @@ class _BackwardHook:
     gradient (a tensor hook), so ``fn(grad, hook)`` runs when a backward pass goes through that activation; a
     returned tensor replaces the gradient. ``live`` turns it off (also for graphs made before)."""
 
-    def __init__(self, name: str, fn: Callable) -> None:
-        self.name, self.fn, self.live = name, fn, True
+    def __init__(self, name: str, fn: Callable, owner: "Model | None" = None) -> None:
+        self.name, self.fn, self.live, self.owner = name, fn, True, owner
 
     def __call__(self, tensor: torch.Tensor, ctx: HookContext) -> None:
         if not (self.live and tensor.requires_grad):

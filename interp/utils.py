@@ -61,14 +61,18 @@ def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_an
     return _test_prompt(model, prompt, answer, prepend_space_to_answer, top_k, print_details, prepend_bos)
 
 
-def get_device() -> torch.device:
-    """TransformerLens's ``utils.get_device()``: CUDA if available, else Apple's MPS, else the CPU."""
+def get_device() -> str:
+    """TransformerLens's ``utils.get_device()``: ``"cuda"`` if available, else ``"mps"`` where Apple's MPS is
+    available and ``TRANSFORMERLENS_ALLOW_MPS=1`` opts in (TL's rule: MPS has known correctness issues), else
+    ``"cpu"``; a device name, as TL returns it."""
+    import os
+
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        return "cuda"
     mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available() and mps.is_built():
-        return torch.device("mps")
-    return torch.device("cpu")
+    if mps is not None and mps.is_available() and mps.is_built() and os.environ.get("TRANSFORMERLENS_ALLOW_MPS", "") == "1":
+        return "mps"
+    return "cpu"
 
 
 def to_numpy(tensor: Any) -> np.ndarray:

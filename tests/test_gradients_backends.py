@@ -67,3 +67,41 @@ def test_read_only_site_refuses_instead_of_zeros(llama):
     assert not model.can_write("blocks.1.ln2.hook_scale")
     with pytest.raises(ValueError, match="hook_scale.*read-only"):
         model.gradients(TEXTS, "blocks.1.ln2.hook_scale")
+
+
+@pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])
+def test_gradient_caches_know_they_are_gradients(llama, backend):
+    """``gradients(...).grads`` carries the model and knows it holds gradients (issue #44): ``accumulated_resid``
+    works on it as on TL's gradient cache; ``stack_head_results`` is the gradient with respect to each head's
+    output (``attn.hook_result``'s), so per-head attribution (grad x (clean - corrupted)) equals the one
+    taken at ``hook_z`` (it used to multiply dL/dz by W_O: another number); a gradient cache without
+    ``hook_result`` and the norm helpers refuse in one line."""
+    hf, tok = llama
+    model = interp.wrap(copy.deepcopy(hf) if backend == "transformer_lens" else hf, tok, backend=backend)
+    clean = model.to_tokens(["a b c d e", "f g h i j"])
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 3) % model.cfg.d_vocab
+    names = ["blocks.*.attn.hook_result", "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre", "blocks.*.hook_resid_mid",
+             "blocks.2.hook_resid_post"]
+    g = model.gradients(corrupted, names)
+    assert g.grads.model is model and g.activations.model is model
+    assert g.grads.is_gradient and not g.activations.is_gradient and "GradientCache" in repr(g.grads)
+    acc = g.grads.accumulated_resid(-1, incl_mid=True)
+    assert acc.shape[0] == 7 and torch.equal(acc[0], g.grads["blocks.0.hook_resid_pre"])
+    _, clean_cache = model.run_with_cache(clean)
+    heads_grad = g.grads.stack_head_results(-1)
+    delta = clean_cache.stack_head_results(-1) - g.activations.stack_head_results(-1)
+    per_head = (heads_grad * delta).sum((1, 2, 3))
+    z_grad = torch.stack([g.grads[f"blocks.{l}.attn.hook_z"] for l in range(3)])  # [L, b, p, H, e]
+    dz = torch.stack([clean_cache[f"blocks.{l}.attn.hook_z"] - g.activations[f"blocks.{l}.attn.hook_z"]
+                      for l in range(3)])
+    torch.testing.assert_close(per_head, (z_grad * dz).sum((1, 2, 4)).flatten(), atol=1e-5, rtol=1e-4)
+    only_z = model.gradients(corrupted, "blocks.*.attn.hook_z").grads
+    with pytest.raises(ValueError, match="gradient at attn.hook_result"):
+        only_z.stack_head_results(-1)
+    with pytest.raises(ValueError, match="gradients"):
+        only_z.compute_head_results()
+    with pytest.raises(ValueError, match="gradients"):
+        g.grads.accumulated_resid(-1, apply_ln=True)
+    with pytest.raises(ValueError, match="gradients"):
+        g.grads.select("blocks.0.*").apply_ln_to_stack(acc[:1], layer=0)

@@ -94,3 +94,65 @@ def test_pad_token_ids_right_pads_and_matches_unpadded_runs():
         torch.testing.assert_close(cache[name][i, :len(s)], alone[name][0], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="no sequences"):
         model.pad_token_ids([])
+
+
+@pytest.fixture(scope="module")
+def three_backends():
+    import copy
+    hf, tok = tiny_model("llama", seed=7, n_layers=3)
+    return {b: interp.wrap(copy.deepcopy(hf) if b == "transformer_lens" else hf, tok, backend=b)
+            for b in ("torch", "nnsight", "transformer_lens")}
+
+
+@pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])
+def test_one_token_id_dtype_rule_at_every_entry_point(three_backends, backend):
+    """Bool token ids are refused as float ones are, in one line naming the dtype, at every entry point of the
+    TransformerLens-style API (issue #43): calls, run_with_cache / run_with_hooks, generate, gradients, dicts,
+    pad_token_ids, loss_fn, tokens_to_residual_directions, to_string, get_token_position."""
+    from interp.model import TokenIdsError
+
+    model = three_backends[backend]
+    ids = model.to_tokens(["ab cd", "ef gh"])
+    calls = {
+        "call": lambda t: model(t),
+        "run_with_cache": lambda t: model.run_with_cache(t),
+        "run_with_hooks": lambda t: model.run_with_hooks(t, fwd_hooks=[]),
+        "generate": lambda t: model.generate(t, max_new_tokens=1),
+        "gradients": lambda t: model.gradients(t, "blocks.0.hook_resid_pre"),
+        "dict": lambda t: model({"input_ids": t}),
+        "pad_token_ids": lambda t: model.pad_token_ids(list(t)),
+        "loss_fn": lambda t: model.loss_fn(model(ids), t),
+        "tokens_to_residual_directions": lambda t: model.tokens_to_residual_directions(t),
+        "get_token_position": lambda t: model.get_token_position(1, t[:1]),
+    }
+    for bad in (ids.bool(), ids.float()):
+        for name, call in calls.items():
+            with pytest.raises(TokenIdsError, match="must be an integer tensor") as err:
+                call(bad)
+            assert str(bad.dtype).replace("torch.", "") in str(err.value), name
+            assert isinstance(err.value, TypeError) and isinstance(err.value, ValueError)
+    images = torch.zeros(1, 3, 8, 8)  # a 4-d float tensor is an image batch, not ids: not this rule's
+    with pytest.raises(Exception) as err:
+        model(images)
+    assert not isinstance(err.value, TokenIdsError)
+
+
+@pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])
+def test_device_is_checked_before_any_forward(three_backends, backend):
+    model = three_backends[backend]
+    runs = []
+    model.add_hook("blocks.0.hook_resid_pre", lambda t, hook: runs.append(1))
+    try:
+        for bad in ("nodevice", "cuda:99", 3.5):
+            with pytest.raises(ValueError, match="device"):
+                model.run_with_cache("ab cd", device=bad)
+            with pytest.raises(ValueError, match="device"):
+                with model.capture("blocks.0.hook_resid_pre", device=bad):
+                    model("ab cd")
+        assert runs == []  # refused before the forward pass
+        _, cache = model.run_with_cache("ab cd", device="cpu", names="blocks.0.hook_resid_pre")
+        assert runs == [1] and cache["blocks.0.hook_resid_pre"].device.type == "cpu"
+        with pytest.raises(ValueError, match="device"):
+            cache.to("nodevice")
+    finally:
+        model.reset_hooks()
