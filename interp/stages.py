@@ -210,12 +210,31 @@ def code_version(*sources: str | ModuleType | Path) -> str:
     every project module they import (:func:`code_files`), so any edit of the code that computes a stage —
     the recipe's own or the library's — gives a new key (and hence a recomputation) rather than a stale
     cache hit. The hash names files by module, not by path: the same code gives the same version on any
-    machine."""
+    machine. A module already imported counts with its source as first hashed in this process."""
     h = hashlib.sha256()
     for name, f in sorted(code_files(*sources).items()):
         h.update(name.encode() + b"\x00")
-        h.update(hashlib.sha256(f.read_bytes()).digest())
+        h.update(_source_digest(name, f))
     return h.hexdigest()[:16]
+
+
+#: digests of the source of modules this process has imported, taken the first time they are hashed
+_LOADED_DIGESTS: dict[str, bytes] = {}
+
+
+def _source_digest(name: str, f: Path) -> bytes:
+    """The sha256 of a module's source. For a module this process has imported, the source as first hashed
+    here is kept for the process: the code it runs is the code it imported, whatever the file says later
+    (another edit of the file gives a new key in the next process, not half-way through a run)."""
+    mod = sys.modules.get(name.partition(":")[2]) if name.startswith("module:") else None
+    loaded = mod is not None and getattr(mod, "__file__", None) and Path(mod.__file__) == f
+    key = str(f)
+    if loaded and key in _LOADED_DIGESTS:
+        return _LOADED_DIGESTS[key]
+    digest_ = hashlib.sha256(f.read_bytes()).digest()
+    if loaded:
+        _LOADED_DIGESTS[key] = digest_
+    return digest_
 
 
 def stages_root() -> Path:

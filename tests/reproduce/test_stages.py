@@ -226,3 +226,14 @@ def test_the_default_code_is_the_creating_module(tmp_path):
     s = Stages("t/default", {"a": 1}, root=tmp_path)
     assert s.code and s.code == Stages("t/default", {"a": 1}, code=[sys.modules[__name__]], root=tmp_path).code
     assert Stages("t/default", {"a": 1}, code=[], root=tmp_path).code == ""
+
+
+def test_a_damaged_or_deep_value_json_is_recomputed_not_a_traceback(tmp_path):
+    s, _ = _stored(tmp_path)
+    f = s.folder / "train" / "value.json"
+    f.write_text('{"value": ' + "[" * 100_000 + "]" * 100_000 + "}")  # nested past the JSON parser's recursion limit
+    with pytest.raises(StageIntegrityError, match="stage 'train'"):
+        _again(s, on_mismatch="refuse")
+    assert _again(s)[1] == 1
+    f.write_text("{ truncated")
+    assert _again(s)[1] == 1
