@@ -531,3 +531,20 @@ def test_a_killed_report_write_leaves_nothing_behind(toy, tmp_path):
     inside.mkdir()
     write_report(tmp_path / "o", [run])
     assert not left.exists() and not inside.exists() and (tmp_path / "o" / "index.html").is_file()
+
+
+def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path):
+    from interp.reproduce.spread import measure_spread, write_spread
+
+    ref = run_recipe(toy.name, "full").record
+    same = run_recipe(toy.name, "full", threads=2).record
+    drift = ReproductionRecord(**{**vars(same), "measured": {"x": 11.5, "per_seed": [-1.0, 0.25, "inf"]}})
+    spread = measure_spread(ref, [same, drift])
+    assert spread["metrics"]["x"]["abs"] == 0.5 and spread["metrics"]["x"]["rel"] == pytest.approx(0.5 / 11)
+    assert spread["metrics"]["per_seed"]["abs"] == "inf" and spread["reruns"][0]["provenance"]["threads"] == 2
+    assert measure_spread(ref, [same])["metrics"]["x"]["abs"] == 0.0
+    path = write_spread(tmp_path, spread)
+    json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
+    other = run_recipe(toy.name, "full", config=ToyConfig(scale=3.0)).record
+    with pytest.raises(ValueError, match="not a rerun"):
+        measure_spread(ref, [other])
