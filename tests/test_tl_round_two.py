@@ -269,3 +269,50 @@ def test_generate_verbose_and_return_type(backend, capsys):
     assert model.generate([TEXT, "ab"], max_new_tokens=2, return_type="str")[1].startswith("ab")
     with pytest.raises(ValueError, match="return_type"):
         model.generate(TEXT, max_new_tokens=2, return_type="text")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_key_value_weights_both_conventions(backend):
+    """Issue #44 item 4, decided: ``model.W_K`` / ``W_V`` repeat grouped key/value heads per query head
+    (HookedTransformer's ``W_K``, so ``model.QK`` / ``model.OV`` and ``W_Q[l, h] @ W_K[l, h].T`` are per query
+    head); ``model._W_K`` / ``_W_V`` and ``model.weight("W_K")`` are the grouped ``[layer, kv_head, ...]`` that the
+    bridge's ``W_K`` gives (HookedTransformer's ``_W_K``)."""
+    model, bridge = pair("llama", backend)
+    grouped, repeated = model._W_K, model.W_K
+    assert grouped.shape == (3, 2, 64, 16) and repeated.shape == (3, 4, 64, 16)
+    assert torch.allclose(grouped, bridge.W_K.detach(), atol=1e-6)
+    assert torch.allclose(model._W_V, bridge.W_V.detach(), atol=1e-6) and torch.equal(model.weight("W_K"), grouped)
+    assert torch.equal(repeated, grouped.repeat_interleave(2, dim=1))
+    assert torch.allclose(model.QK.AB[1, 3], model.W_Q[1, 3] @ grouped[1, 1].T, atol=1e-5)  # query head 3 -> kv head 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resid_mid_writes_feed_the_mlp_and_its_gradient_is_the_residuals(backend):
+    """Issue #44 item 5, decided and held: a write at ``hook_resid_mid`` changes the MLP's input only (as on TL's
+    bridge: the residual add after the MLP reads the unhooked value), while ``gradients()`` there is the gradient
+    of the residual stream at that point (through the MLP and the skip path). So the attribution that predicts
+    activation patching at ``hook_resid_mid`` is ``(grad[resid_mid] - grad[resid_post]) . delta`` (the MLP path
+    only); a write that moves the whole residual between attention and MLP goes at ``hook_attn_out``."""
+    model, _ = pair("llama", backend)
+    ids = model.to_tokens(["ab cd ef gh"])
+    g = model.gradients(ids, ["blocks.1.hook_resid_mid", "blocks.1.hook_resid_post", "blocks.1.hook_attn_out"])
+    delta = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    delta = delta / delta.norm()
+    _, before = model.run_with_cache(ids, names=["blocks.1.hook_resid_post", "blocks.1.hook_mlp_out"])
+
+    def write_loss(site, s):
+        with model.intervene({site: lambda t, ctx: t + s * delta}):
+            return float(model(ids, return_type="loss"))
+    eps = 1e-2
+    with model.intervene({"blocks.1.hook_resid_mid": lambda t, ctx: t + delta}):
+        _, after = model.run_with_cache(ids, names=["blocks.1.hook_resid_post", "blocks.1.hook_mlp_out"])
+    d_post = after["blocks.1.hook_resid_post"] - before["blocks.1.hook_resid_post"]
+    d_mlp = after["blocks.1.hook_mlp_out"] - before["blocks.1.hook_mlp_out"]
+    assert torch.allclose(d_post, d_mlp, atol=1e-5)  # the residual itself did not move by delta
+    fd_mid = (write_loss("blocks.1.hook_resid_mid", eps) - write_loss("blocks.1.hook_resid_mid", -eps)) / (2 * eps)
+    mlp_path = float(((g.grads["blocks.1.hook_resid_mid"] - g.grads["blocks.1.hook_resid_post"]) * delta).sum())
+    full = float((g.grads["blocks.1.hook_resid_mid"] * delta).sum())
+    assert abs(fd_mid - mlp_path) < 3e-2 * abs(mlp_path) + 1e-3
+    assert abs(full - mlp_path) > 10 * abs(fd_mid - mlp_path)  # the residual's gradient is another number
+    fd_attn = (write_loss("blocks.1.hook_attn_out", eps) - write_loss("blocks.1.hook_attn_out", -eps)) / (2 * eps)
+    assert abs(fd_attn - full) < 3e-2 * abs(full) + 1e-3  # a write at attn_out moves the whole residual
