@@ -68,14 +68,19 @@ class ReproductionRecord(Result):
                        if self.resumed_seconds >= 0.5 else "")
 
     def counts(self) -> dict[str, int]:
+        """Claims per verdict, wall-clock claims (``timing``: every metric they read is left out of --check)
+        not counted: their verdict depends on the machine's load, not on the method."""
         out = {v: 0 for v in VERDICT_COLOURS}
         for v in self.verdicts:
-            out[v["verdict"]] = out.get(v["verdict"], 0) + 1
+            if not v.get("timing"):
+                out[v["verdict"]] = out.get(v["verdict"], 0) + 1
         return {k: n for k, n in out.items() if n}
 
     def summary(self) -> str:
-        """E.g. ``"2 reproduced, 1 partly, 1 not reproduced"``."""
-        return ", ".join(f"{n} {v}" for v, n in self.counts().items()) or "no claims"
+        """E.g. ``"2 reproduced, 1 partly, 1 not reproduced"`` (``"; 1 wall-clock claim not counted"`` after it)."""
+        timing = sum(1 for v in self.verdicts if v.get("timing"))
+        text = ", ".join(f"{n} {v}" for v, n in self.counts().items()) or "no claims"
+        return text + (f"; {timing} wall-clock claim{'s' if timing > 1 else ''} not counted" if timing else "")
 
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(index=False)
@@ -124,6 +129,7 @@ def verdict_rows(claims: Claims, measured: dict | None, error: str | None) -> li
                      "changed": None if c.changed is None else {"original": c.changed.original, "why": c.changed.why,
                                                                 "date": c.changed.date},
                      "posthoc": None if c.posthoc is None else {"seen": c.posthoc.seen, "date": c.posthoc.date},
+                     "timing": all(claims.tolerance(k.metric).ignore for k in c.criteria),
                      "expect": dict(c.expect), "note": c.note, "ours": v.ours, "verdict": v.verdict,
                      "passed": v.passed, "total": v.total, "error": v.error or None})
     return rows

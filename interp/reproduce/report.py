@@ -71,6 +71,9 @@ def _claims_table(rec: ReproductionRecord) -> str:
         if v.get("error"):
             ours += f'<br><span class="muted">{html.escape(v["error"])}</span>'
         note = f'<br><span class="muted">{html.escape(v["note"])}</span>' if v.get("note") else ""
+        if v.get("timing"):
+            note += ('<br><span class="changed">wall-clock: this verdict depends on the machine\'s load; it is not '
+                     "counted in the paper's verdicts and not compared by --check</span>")
         rows.append(f'<tr><td>{html.escape(v["claim"])}{note}</td><td>{html.escape(str(v["paper"]))}'
                     f'<br><span class="muted">{html.escape(v["where"])}</span></td><td>{crit}</td><td>{ours}</td>'
                     f'<td>{_verdict(v["verdict"])}</td></tr>')

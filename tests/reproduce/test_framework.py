@@ -548,3 +548,16 @@ def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path
     other = run_recipe(toy.name, "full", config=ToyConfig(scale=3.0)).record
     with pytest.raises(ValueError, match="not a rerun"):
         measure_spread(ref, [other])
+
+
+def test_wall_clock_claims_are_not_counted_in_the_verdicts(toy):
+    from interp.reproduce.record import verdict_rows
+
+    data = json.loads(json.dumps(CLAIMS))
+    data["tolerances"]["per_seed"] = {"ignore": True}  # per_seed stands for a wall-clock time here
+    claims = parse_claims(data, "toy.yaml")
+    rec = run_recipe(toy.name, "full").record
+    rec.verdicts = verdict_rows(claims, rec.measured, None)
+    assert [v["timing"] for v in rec.verdicts] == [False, True]
+    assert rec.counts() == {"reproduced": 1} and rec.summary() == "1 reproduced; 1 wall-clock claim not counted"
+    assert rec.verdicts[1]["verdict"] == "partly"  # still judged and shown
