@@ -345,3 +345,26 @@ def test_cached_second_moment_is_checked_on_read(model, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", StageWarning)
         assert torch.equal(default_second_moment(site, cfg, root=tmp_path), C)  # stored again, intact
+
+
+def test_cached_default_transcoder_is_checked_on_read(model, tmp_path, monkeypatch):
+    """The default transcoder (stage ``editing/transcoder``) carries a checksum and its code key: a flipped bit
+    in the stored weights is found on the next read (in a new process: here, the in-process cache cleared) and
+    the transcoder retrained, not returned as good (issue #42)."""
+    from interp.editing import transcoders as tcmod
+    from interp.editing.transcoders import TranscoderTrainingConfig, default_transcoder
+    from interp.stages import StageWarning
+
+    monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tcmod, "_DEFAULT_TRANSCODERS", {})
+    cfg = TranscoderTrainingConfig(d_sae=32, batch_size=64, text_batch_size=4, max_length=16, buffer_batches=2)
+    texts = ["The cat sat on the mat.", "A dog ran in the park.", "Paris is in France."] * 4
+    first = default_transcoder(model, 1, cfg, texts)
+    (f,) = (tmp_path / "stages" / "editing" / "transcoder").glob("*/transcoder/value.safetensors")
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x10
+    f.write_bytes(bytes(data))
+    monkeypatch.setattr(tcmod, "_DEFAULT_TRANSCODERS", {})
+    with pytest.warns(StageWarning, match=r"stage 'transcoder' of editing/transcoder .*checksum"):
+        again = default_transcoder(model, 1, cfg, texts)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
