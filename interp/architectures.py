@@ -593,11 +593,14 @@ def _calls_attention_interface(attn: nn.Module) -> bool:
     """Whether an attention module computes attention through ``transformers``' attention interface (where
     :mod:`interp.backends.attention` sees the pattern); Bloom, Falcon and GPT-Neo compute it inline."""
     import inspect
-    try:
-        src = inspect.getsource(type(attn).forward)
-    except (OSError, TypeError):
-        return False
-    return "ALL_ATTENTION_FUNCTIONS" in src or "attention_interface" in src
+    for mod in attn.modules():  # the module itself or the self-attention it wraps (BERT, ViT)
+        try:
+            src = inspect.getsource(type(mod).forward)
+        except (OSError, TypeError):
+            continue
+        if "ALL_ATTENTION_FUNCTIONS" in src or "attention_interface" in src:
+            return True
+    return False
 
 
 def _norm_kind(module: nn.Module | None) -> str:

@@ -327,3 +327,69 @@ def check(model, hf_model: nn.Module, sequences: list[list[int]], padding_side: 
             continue
         result.groups[g] = worst.result(tol)
     return result
+
+
+# ------------------------------------------------------------------------------------ the family suite
+#: token ids of the suite's padded batch (three lengths)
+SEQUENCES = [[5, 17, 33, 90, 12, 7, 101], [44, 3, 250], [9, 9, 200, 18, 64]]
+#: families whose HF code cannot run in float64 (grouped expert matmuls) or gives NaN there (Bloom's alibi with
+#: a float64 padding mask): checked in float32
+FLOAT32 = frozenset({"bloom", "mixtral", "qwen2_moe"})
+#: a name per site group, to ask for a group a backend does not offer
+GROUP_PROBE = {"qkv": "blocks.0.attn.hook_q", "pattern": "blocks.0.attn.hook_pattern",
+               "norms": "blocks.0.ln1.hook_normalized", "attn_out": "blocks.0.hook_attn_out",
+               "mlp_out": "blocks.0.hook_mlp_out", "residual": "blocks.0.hook_resid_mid"}
+
+
+def suite_dtype(family: str) -> torch.dtype:
+    return torch.float32 if family in FLOAT32 else torch.float64
+
+
+def suite_tolerance(family: str) -> float:
+    return 1e-4 if family in FLOAT32 else 1e-6
+
+
+def save_family(family: str, folder) -> str:
+    """Build the suite's tiny ``family`` checkpoint (:func:`interp.testing.tiny_causal_lm`, peaked attention) and
+    save it with its tokenizer to ``folder``, as a training run would."""
+    from .testing import tiny_causal_lm, tiny_tokenizer
+    model = tiny_causal_lm(family, peaked=3.0, dtype=suite_dtype(family))
+    model.save_pretrained(folder)
+    tiny_tokenizer(folder)
+    return str(folder)
+
+
+@dataclass
+class PairOutcome:
+    """One (family, backend) pair of the suite: ``statuses`` ``{column: status}`` (the support matrix's row
+    cell), the load refusal's message (if any), the wrapped model and the per-padding results."""
+
+    statuses: dict[str, str]
+    refusal: str | None = None
+    model: Any = None
+    results: dict[str, Conformance] = field(default_factory=dict)
+
+
+def run_pair(family: str, backend: str, folder: str) -> PairOutcome:
+    """Load ``folder`` (saved by :func:`save_family`) on ``backend`` by path and hold it to the oracle with the
+    batch padded on the right and on the left."""
+    import warnings
+
+    import transformers
+
+    from . import load
+    from .selfcheck import SelfCheckError
+    dtype = suite_dtype(family)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = load(folder, backend=backend, dtype=dtype)
+    except (SelfCheckError, ValueError) as exc:
+        return PairOutcome({"load": "refused"}, refusal=str(exc))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    out = PairOutcome({"load": "ok"}, model=model)
+    for side in ("right", "left"):
+        result = out.results[side] = check(model, ref, SEQUENCES, side, tol=suite_tolerance(family))
+        for g, r in result.groups.items():
+            out.statuses[g if side == "right" else f"{g} (left padding)"] = r.status
+    return out

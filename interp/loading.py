@@ -41,14 +41,30 @@ def _check_backend(backend: str) -> str:
     return backend
 
 
-def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
+def wrap(model: Any, tokenizer=None, backend: str = "torch", check: bool = True) -> Model:
     """Wrap an in-memory model.
 
     ``model`` is a ``transformers`` model (any backend), a TransformerLens ``TransformerBridge`` or
     ``HookedTransformer`` (``transformer_lens`` backend), or an ``nnsight.NNsight`` wrapper of an HF model.
     For ``backend="transformer_lens"`` an HF model is booted into a TransformerBridge around the same
     module (no copy of the weights).
+
+    ``check`` (default on) runs the load self-check (:mod:`interp.selfcheck`): one short forward that verifies
+    the residual identities, that listed hooks fire, and that logits recomputed from the final residual stream
+    equal the model's (on ``transformer_lens``, also that they equal the wrapped Hugging Face module's). A wrong
+    site is withdrawn from ``hook_names()`` with a warning; a wrong backend raises
+    :class:`~interp.selfcheck.SelfCheckError`. The outcome is ``model.self_check`` (``None`` with ``check=False``).
     """
+    state: dict[str, Any] = {}
+    wrapped = _wrap(model, tokenizer, backend, check, state)
+    wrapped.self_check = None  # type: ignore[attr-defined]
+    if check:
+        from .selfcheck import self_check
+        wrapped.self_check = self_check(wrapped, state.get("reference"), state.get("ids"))  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _wrap(model: Any, tokenizer, backend: str, check: bool, state: dict[str, Any]) -> Model:
     from transformer_lens import HookedTransformer
 
     backend = _check_backend(backend)
@@ -88,10 +104,21 @@ def wrap(model: Any, tokenizer=None, backend: str = "torch") -> Model:
         cls = found if isinstance(found, type) else found()
         return cls(model, tokenizer)
     from .backends.transformer_lens import TLModel
-    if getattr(model, "_interp_bridged", False):
-        raise ValueError("this Hugging Face module is already bridged by TransformerLens (wrapped with "
-                         "backend='transformer_lens' before); wrap that Model again instead of the module")
-    return TLModel(_boot_bridge(model, tokenizer), tokenizer, use_own_tokenizer=tokenizer is not None)
+    hf_config = getattr(model, "config", None)
+    if hf_config is None or not hasattr(hf_config, "model_type"):
+        raise ValueError(f"backend='transformer_lens' bridges Hugging Face transformers models (with a .config); "
+                         f"got a {type(model).__name__}: use backend='torch' with arch=..., or wrap a transformers model")
+    if check:  # the oracle for the bridge: the HF module's own logits, before the bridge rewires it
+        from .selfcheck import probe_ids, reference_logits
+        state["ids"] = probe_ids(getattr(hf_config, "vocab_size", None))
+        state["reference"] = reference_logits(model, state["ids"])
+    bridge = _boot_bridge(model, tokenizer)
+    try:
+        return TLModel(bridge, tokenizer, use_own_tokenizer=tokenizer is not None)
+    except Exception as exc:  # noqa: BLE001 - the bridge cannot run this family: say so in one line
+        raise ValueError(f"TransformerLens cannot run the {hf_config.model_type!r} family ({type(model).__name__}): "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; use backend='torch' "
+                         "or 'nnsight'") from exc
 
 
 def _boot_bridge(hf_model, tokenizer):
@@ -128,8 +155,9 @@ def _boot_bridge(hf_model, tokenizer):
         hf_model._interp_bridged = True
         return bridge
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"TransformerLens cannot bridge {type(hf_model).__name__}: {exc}. "
-                         "Use backend='torch' or 'nnsight'.") from exc
+        first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise ValueError(f"TransformerLens cannot bridge the {hf_model.config.model_type!r} family "
+                         f"({type(hf_model).__name__}): {first}; use backend='torch' or 'nnsight'") from exc
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -174,12 +202,13 @@ def _check_source(spec: str) -> None:
 
 def load(spec: str | Path, backend: str = "torch", device: str | torch.device | None = None,
          dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
-         attn_implementation: str | None = None, **from_pretrained_kwargs) -> Model:
+         attn_implementation: str | None = None, check: bool = True, **from_pretrained_kwargs) -> Model:
     """Load a model by spec and wrap it.
 
     ``spec`` is ``zoo:NAME`` (see :mod:`interp.zoo`), a local folder in Hugging Face format, or a hub
     name (needs network access). ``device``, ``dtype`` and ``device_map`` go to ``from_pretrained``,
-    so ``device_map="auto"`` splits a large model across accelerators the standard way.
+    so ``device_map="auto"`` splits a large model across accelerators the standard way. ``check``: the load
+    self-check (see :func:`wrap`).
     """
     import transformers
     from transformers import AutoConfig
@@ -217,6 +246,6 @@ def load(spec: str | Path, backend: str = "torch", device: str | torch.device | 
             tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError, TypeError):
             tokenizer = None
-    model = wrap(hf_model, tokenizer, backend)
+    model = wrap(hf_model, tokenizer, backend, check=check)
     model.source = spec  # type: ignore[attr-defined]
     return model

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .architectures import qkv_columns
+
 #: norm gains and biases (read through :meth:`Model.norm_parts`, the same on every backend)
 NORM_WEIGHT_NAMES = ("ln1.w", "ln1.b", "ln2.w", "ln2.b", "ln_final.w", "ln_final.b")
 WEIGHT_NAMES = ("W_E", "W_pos", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
@@ -42,6 +44,17 @@ def _is_conv1d(mod: nn.Module) -> bool:
 def _w_in_out(mod: nn.Module) -> torch.Tensor:
     """The weight as ``[in, out]``."""
     return mod.weight if _is_conv1d(mod) else mod.weight.T
+
+
+def _logit_multiplier(hf: nn.Module) -> float:
+    """The fixed factor a family's LM head multiplies its logits by: Cohere's ``logit_scale``, Granite's
+    ``1 / logits_scaling`` (1 elsewhere), so that ``logits = x @ W_U + b_U`` holds on every family."""
+    cfg = getattr(hf, "config", None)
+    scale = getattr(hf, "logit_scale", None) if "cohere" in str(getattr(cfg, "model_type", "")) else None
+    if isinstance(scale, (int, float)):
+        return float(scale)
+    div = getattr(cfg, "logits_scaling", None)
+    return 1.0 / float(div) if isinstance(div, (int, float)) and div else 1.0
 
 
 def _bias(mod: nn.Module, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -69,7 +82,8 @@ def hf_weight(model, name: str) -> torch.Tensor:
         if head is None:
             raise KeyError(f"{name}: this model has no unembedding (language-model head)")
         w = head.weight.detach()
-        return w.T.clone() if name == "W_U" else _bias(head, w.shape[0], w).detach().clone()
+        scale = _logit_multiplier(hf)  # logits = (x @ W_U + b_U) including the head's fixed scale
+        return w.T * scale if name == "W_U" else _bias(head, w.shape[0], w).detach() * scale
 
     def qkv(l: int, which: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``([d_model, heads * d_head], [heads * d_head])`` of q (0), k (1) or v (2)."""
@@ -80,12 +94,8 @@ def hf_weight(model, name: str) -> torch.Tensor:
         mod = blk(l, spec.qkv)
         w = _w_in_out(mod)
         b = _bias(mod, w.shape[1], w)
-        if spec.qkv_layout == "concat":
-            sl = slice(which * H * dh, (which + 1) * H * dh)
-            return w[:, sl], b[sl]
-        w3 = w.unflatten(1, (H, 3 * dh))[:, :, which * dh:(which + 1) * dh].flatten(1)  # interleaved (NeoX)
-        b3 = b.unflatten(0, (H, 3 * dh))[:, which * dh:(which + 1) * dh].flatten()
-        return w3, b3
+        cols = qkv_columns(spec.qkv_layout, which, H, Hkv, dh).to(w.device)  # fused layouts (architectures.py)
+        return w[:, cols], b[cols]
 
     out: list[torch.Tensor] = []
     for l in range(L):

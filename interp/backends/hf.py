@@ -48,6 +48,30 @@ class HFModel(Model):
     def _all_hook_names(self) -> list[str]:
         return list(self.sites)
 
+    def _why_not_offered(self, hook: str) -> str:
+        spec = self.spec
+        if hook.startswith("attn.hook_rot") and not spec.rotary:
+            return "the model has no rotary position embeddings"
+        if hook.startswith(("attn.hook_rot", "attn.hook_attn_scores", "attn.hook_pattern")) and not spec.attention_hooks:
+            return ("its attention module computes attention inline, not through transformers' attention interface "
+                    "where this backend reads it")
+        if hook.startswith("mlp.") and spec.mlp_out is None:
+            return "its MLP is a mixture of experts (no single hidden layer)"
+        if hook == "hook_resid_mid" and spec.parallel:
+            return "attention and MLP run in parallel from the same residual stream (there is no resid_mid)"
+        if hook.startswith(("ln1.", "ln2.")):
+            return f"its blocks have no {hook.split('.')[0]} (pre-)norm"
+        return super()._why_not_offered(hook)
+
+    def _residual_identities(self) -> bool:
+        """Whether ``resid_mid = resid_pre + attn_out`` etc. hold (not in post-norm encoders such as BERT)."""
+        return self.spec.resid_mid_from is None
+
+    def _final_softcap(self) -> float | None:
+        """Gemma-2/3's final logit soft-capping (``tanh(x / c) * c``), or ``None``."""
+        cap = getattr(getattr(self.hf_model, "config", None), "final_logit_softcapping", None)
+        return float(cap) if cap else None
+
     def parameters(self):
         return self.hf_model.parameters()
 

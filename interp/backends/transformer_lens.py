@@ -28,6 +28,10 @@ from ..names import BLOCK_HOOKS, order_key
 _BRIDGE_ALIASES: dict[str, dict[str, str | None]] = {
     "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out", "hook_resid_mid": "ln1.hook_out",
              "ln_final.hook_normalized": None, "ln_final.hook_scale": None},
+    # OLMo-2/3 blocks are post-norm (x + norm(attn(x))): the bridge's ln1/ln2 are those output norms, not
+    # the norms of the attention / MLP inputs that ln1/ln2 mean (the conformance suite's norms check)
+    **{family: {f"{ln}.hook_{part}": None for ln in ("ln1", "ln2") for part in ("scale", "normalized")}
+       for family in ("olmo2", "olmo3")},
 }
 
 
@@ -142,6 +146,19 @@ class TLModel(Model):
     def _all_hook_names(self) -> list[str]:
         return self._names
 
+    def _why_not_offered(self, hook: str) -> str:
+        return "TransformerLens does not offer it (or it never fires) for this architecture"
+
+    def _residual_identities(self) -> bool:
+        """Whether the residual identities hold (not in post-norm encoders such as BERT)."""
+        model_type = getattr(getattr(self.hf_model, "config", None), "model_type", None)
+        return model_type != "bert" and "bert" not in str(self.cfg.family).lower()
+
+    def _final_softcap(self) -> float | None:
+        """The final logit soft-capping of the model (TransformerLens's ``output_logits_soft_cap``), or ``None``."""
+        cap = getattr(self.tl.cfg, "output_logits_soft_cap", None)
+        return float(cap) if cap and cap > 0 else None
+
     #: Causal LMs generate with a key-value cache here too (see :meth:`Model._generate_ids`): pass 0 reads
     #: the prompt, pass ``k`` only the ``k``-th new token. A HookedTransformer uses its own
     #: ``HookedTransformerKeyValueCache``; a bridge uses the HF model's cache object (a ``DynamicCache``)
@@ -162,6 +179,9 @@ class TLModel(Model):
         except (AttributeError, TypeError):
             w = None
         if isinstance(w, torch.Tensor):
+            if name in ("W_U", "b_U") and self.hf_model is not None:  # the head's fixed logit scale (Cohere, Granite)
+                from ..weights import _logit_multiplier
+                return w.detach() * _logit_multiplier(self.hf_model)
             return w.detach().clone()
         if name == "W_pos":  # a bridge has no W_pos attribute: the table of its position-embedding component
             table = getattr(getattr(self.tl, "pos_embed", None), "weight", None)
