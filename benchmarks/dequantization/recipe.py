@@ -26,7 +26,7 @@ class DequantizationRecipe(Recipe):
         # the digest's recipe: 64-256-256-10 A1W1, Adam 1e-3, 200 epochs, 5 seeds, + STE/ridge at lr 0.05
         "full": DequantConfig(),
     }
-    cost = {"quick": "about 10 s", "full": "about 5 CPU-minutes"}
+    cost = {"quick": "about 10 s", "full": "about 27 CPU-minutes (the committed record: 1,613 s on one thread)"}
     code = ("interp.benchmarks.dequantization", "interp.models.dequantization", "interp.models.common")
 
     def units(self, config: DequantConfig) -> list:
