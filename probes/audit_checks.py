@@ -10,6 +10,7 @@ heads. Optionally it runs the paper's full sweep over p = 0 ... 30 %.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -87,6 +88,8 @@ class HeadsCheckResult(AblationViews, Result):
     ablation_score: str = BEST_SCORE  #: the score whose flagged heads are ablated (and drift is tracked on)
     #: mean next-token loss of the unablated model on the held-out texts (also without an ablation run)
     baseline_loss: float | None = None
+    #: ln(vocabulary size): the loss of a uniform guess, which a random-init model scores
+    uniform_loss: float | None = None
     kind: ClassVar[str] = "heads_check"
 
     @property
@@ -107,8 +110,12 @@ class HeadsCheckResult(AblationViews, Result):
 
 
 #: relative spread of the per-head ablation score below which the report says "scores nearly uniform: untrained?"
-#: (a random-init 2-layer Llama: ~0.3 %; SmolLM2-135M: > 100 %)
+#: (the random-init 4-layer Llama of issue 41: 0.3 %; SmolLM2-135M: > 100 %). Tiny models (d_head 16) spread
+#: ~10 % even at random init, so the loss test below catches those.
 UNIFORM_SPREAD = 0.02
+#: loss / ln(vocabulary) above which the report says the predictions are nearly uniform ("untrained?"): a random
+#: init scores ~1.0 (the tiny byte-level run of interp.audit.demo: 1.006 at step 0, 0.68 after 10 steps)
+UNIFORM_LOSS = 0.95
 
 
 def _flag_figure(rows: list[dict[str, Any]], fraction: float):
@@ -165,6 +172,7 @@ class HeadsCheck(Check):
         "delta_loss_flagged": "loss change from ablating the flagged heads (null when none is flagged)",
         "delta_loss_random": "mean loss change from ablating as many random heads (null when none is flagged)",
         "score_spread": "relative spread (max - min) / |mean| of the per-head ablation score (near 0: untrained?)",
+        "loss_vs_uniform": "baseline_loss / ln(vocabulary size): ~1 for a model that predicts uniformly (untrained?)",
     }
 
     def applies(self, model) -> str | None:
@@ -219,11 +227,9 @@ class HeadsCheck(Check):
                                 summary.to_dict("records"), iou.values.tolist(), flagged, ablation, sweep,
                                 len(score_texts), len(eval_texts), cfg.convention, cfg.padded_queries,
                                 _pattern_view(model, score_texts[0], scores.ranking(ablation_score)), ablation_score,
-                                baseline_loss)
+                                baseline_loss, math.log(model.cfg.d_vocab) if model.cfg.d_vocab else None)
 
     def metrics(self, result: HeadsCheckResult) -> dict[str, Any]:
-        import math
-
         hs = result.head_scores
         total = hs.n_layers * hs.n_heads
         n = len(result.flagged.get(result.ablation_score, []))
@@ -233,7 +239,8 @@ class HeadsCheck(Check):
                 "baseline_loss": loss, "perplexity": math.exp(loss) if loss is not None and loss < 700 else None,
                 "delta_loss_flagged": None if abl is None else abl.delta,
                 "delta_loss_random": None if abl is None or not abl.random else abl.random_delta,
-                "score_spread": result.spread}
+                "score_spread": result.spread,
+                "loss_vs_uniform": loss / result.uniform_loss if loss is not None and result.uniform_loss else None}
 
     def summary(self, result: HeadsCheckResult) -> dict[str, Any]:
         cfg: HeadsConfig = self.config
@@ -256,6 +263,7 @@ class HeadsCheck(Check):
         hs = result.head_scores
         return {"schema": "interp.checks.heads/1", "n_layers": hs.n_layers, "n_heads": hs.n_heads,
                 "ablation_score": result.ablation_score, "baseline_loss": result.baseline_loss,
+                "uniform_loss": result.uniform_loss,
                 "score_spread": result.spread, "fraction": result.fraction, "min_share": result.min_share, "convention": result.convention,
                 "padded_queries": result.padded_queries,
                 "n_score_texts": result.n_score_texts, "n_eval_texts": result.n_eval_texts,
@@ -291,9 +299,12 @@ class HeadsCheck(Check):
                          f"ranges {float(means.min()):.4g}–{float(means.max()):.4g}, a spread of {100 * spread:.2g}% "
                          "of its mean; the colour scale below is fitted to that range, so small differences look "
                          "large.)</p>")
+        elif result.baseline_loss is not None and result.uniform_loss and \
+                result.baseline_loss >= UNIFORM_LOSS * result.uniform_loss:
+            parts.append(f'<p class="note">Predictions nearly uniform: untrained? (loss {result.baseline_loss:.3f} '
+                         f"nats per token against {result.uniform_loss:.3f} = ln(vocabulary) for a uniform guess; "
+                         "score differences between heads are then noise.)</p>")
         if result.baseline_loss is not None:
-            import math
-
             parts.append(f"<p>Loss of the unablated model on the {result.n_eval_texts} held-out texts: "
                          f"<b>{result.baseline_loss:.4f}</b> nats per token (perplexity "
                          f"{math.exp(min(result.baseline_loss, 700)):.4g}).</p>")

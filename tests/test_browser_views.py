@@ -1,6 +1,7 @@
 """The notebook views, checked where they are seen: rendered in headless Chromium, offline.
 
-A real audit report (heads + steering checks on a 3-layer model) and a notebook-style page (the attention view
+A real audit report (heads + steering checks on a 3-layer model), the training-run index and the ``--compare``
+page of a tiny model trained here, and a notebook-style page (the attention view
 with plotly.js inlined, as ``fig.write_html`` writes it, and a token view) are opened in Chromium with every
 network feature off. A probe script, added to a copy of each page, waits for plotly, clicks the attention view's
 head drop-down and reads the rendered page back: the heatmap is drawn, the token labels are on the axes, a click
@@ -39,7 +40,13 @@ function probe() {
   for (const gd of document.querySelectorAll(".js-plotly-plot")) {
     out.graphs.push({id: gd.id, traces: gd._fullData.length, title: gd._fullLayout.title.text,
                      heatmapImages: gd.querySelectorAll(".hm image").length,
+                     subplots: Object.keys(gd._fullLayout._plots).length,
+                     points: gd.querySelectorAll(".scatterlayer .points path.point").length,
+                     lines: Array.from(gd.querySelectorAll(".scatterlayer .js-line")).filter(
+                         l => (l.getAttribute("d") || "").length > 2).length,
+                     bars: gd.querySelectorAll(".barlayer .point path").length,
                      xticks: Array.from(gd.querySelectorAll(".xtick text")).map(t => t.textContent),
+                     yticks: Array.from(gd.querySelectorAll(".ytick text")).map(t => t.textContent),
                      menuHeader: Array.from(gd.querySelectorAll(".updatemenu-header text")).map(t => t.textContent)});
   }
   const att = Array.from(document.querySelectorAll(".js-plotly-plot")).find(
@@ -139,3 +146,68 @@ def test_audit_report_shows_the_attention_and_token_views(model, tmp_path):
     assert [t["value"] for t in got["tokens"]] == pytest.approx(kl["kl"], rel=1e-4, abs=1e-9)
     top = max(range(len(kl["kl"])), key=lambda i: kl["kl"][i])
     assert got["tokens"][top]["background"] == "rgb(220, 38, 38)"  # the largest KL: full red
+
+
+def test_training_run_index_and_compare_page_are_drawn(tmp_path):
+    """A real 3-checkpoint run (step 0 is the random initialisation): the index's trend panels are drawn with a
+    line and a point per checkpoint, the drift heatmap has a row per head, and the --compare page draws its
+    per-head heatmap and metric bars."""
+    from interp.audit.demo import tiny_training_run
+    from interp.audit.multi import run_audits
+
+    ckpts = tiny_training_run(tmp_path / "run", (0, 10, 30))
+    data = AuditData(AuditData.builtin().texts[:4])
+    opts = {"heads": {"n_random": "1"}}
+    summaries = run_audits([str(c) for c in ckpts], ["heads"], data, tmp_path / "index", opts)
+    assert [s["step"] for s in summaries] == [0, 10, 30] and all(s["ok"] for s in summaries)
+    got = render(tmp_path / "index" / "index.html", tmp_path)
+    assert got["errors"] == []
+    by = {g["id"]: g for g in got["graphs"]}
+    trends = by["fig-trends"]
+    series = [k for k, v in summaries[0]["checks"][0]["metrics"].items()
+              if any(s["checks"][0]["metrics"][k] is not None for s in summaries)]
+    assert trends["traces"] == trends["subplots"] == len(series) >= 5
+    assert trends["lines"] == len(series) and trends["points"] == 3 * len(series)  # every metric, every step
+    assert {"0", "10", "20", "30"} <= set(trends["xticks"])  # the x axis is the training step
+    drift = by["fig-drift"]
+    assert drift["heatmapImages"] == 1 and sorted(drift["yticks"]) == [f"L{l}H{h}" for l in range(2) for h in range(4)]
+    assert drift["xticks"] == ["step 0", "step 10", "step 30"]
+    # the random initialisation: its heads report says the predictions are nearly uniform (untrained?)
+    first = (tmp_path / "index" / summaries[0]["folder"] / "index.html").read_text()
+    assert summaries[0]["checks"][0]["metrics"]["loss_vs_uniform"] > 0.95 and "nearly uniform: untrained?" in first
+    assert "untrained?" not in (tmp_path / "index" / summaries[-1]["folder"] / "index.html").read_text()
+    run_audits([str(ckpts[0]), str(ckpts[-1])], ["heads"], data, tmp_path / "compare", opts, compare=True)
+    got = render(tmp_path / "compare" / "index.html", tmp_path)
+    assert got["errors"] == []
+    by = {g["id"]: g for g in got["graphs"]}
+    assert by["fig-compare-0"]["heatmapImages"] == 1 and by["fig-compare-0"]["xticks"] == ["H0", "H1", "H2", "H3"]
+    diff = json.loads((tmp_path / "compare" / "results.json").read_text())["diff"]
+    assert by["fig-compare-1"]["bars"] == sum(v["delta"] is not None and bool(v["a"]) for v in diff["metrics"].values())
+
+
+@pytest.mark.slow
+def test_the_main_job_on_the_default_model_shows_every_section(tmp_path):
+    """`interp audit --out report` on zoo:smollm2-135m (the README's first command): heads and steering both `ok`
+    with real numbers (steering on the behaviour the model exhibits, sentiment), every figure drawn in Chromium.
+    ~10 min on the shared 2-core machine (the zoo model is built on first use)."""
+    from typer.testing import CliRunner
+
+    from interp.cli import app
+
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["audit", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["model"]["spec"] == "zoo:smollm2-135m"
+    by = {c["name"]: c for c in data["checks"]}
+    assert set(by) == {"heads", "steering"} and all(c["status"] == "ok" for c in by.values())
+    heads, steer = by["heads"]["metrics"], by["steering"]["metrics"]
+    assert heads["n_heads"] == 270 and 0 < heads["baseline_loss"] < 5 and heads["loss_vs_uniform"] < 0.6
+    assert by["steering"]["result"]["behaviour"] == "sentiment" and steer["rate_none"] >= 0.5
+    assert steer["effect"] <= -0.5 and steer["probe_accuracy"] >= 0.8 and steer["kl_neutral"] > 0
+    page = (out / "index.html").read_text()
+    assert "Skipped" not in page and "untrained?" not in page
+    got = render(out / "index.html", tmp_path)
+    assert got["errors"] == []
+    drawn = {g["id"].rsplit("-", 1)[0] for g in got["graphs"] if g["traces"] >= 1}
+    assert {"fig-heads", "fig-steering"} <= drawn

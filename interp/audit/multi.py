@@ -118,11 +118,22 @@ def audit_one(spec: str, backend: str, checks: list[str], texts: list[str], sour
     Never raises for the checkpoint's own failures: a load error (or a failure of the audit itself) is returned
     as ``{"ok": False, "error": "reason", ...}`` with no report written, so the other checkpoints go on.
     """
-    from interp.progress import set_progress
+    from interp.progress import progress_enabled, set_progress
 
+    before = progress_enabled()
+    set_progress(progress)
+    try:
+        return _audit_one(spec, backend, checks, texts, source, options, out, load_kwargs, tokenizer, thresholds, step)
+    finally:
+        set_progress(before)
+
+
+def _audit_one(spec: str, backend: str, checks: list[str], texts: list[str], source: str,
+               options: dict[str, dict[str, str]], out: str, load_kwargs: dict[str, Any], tokenizer: str | None,
+               thresholds: Sequence[Any], step: int | None) -> dict[str, Any]:
+    """:func:`audit_one`'s work, with the progress setting already applied."""
     from .runner import _first_line, run_audit
 
-    set_progress(progress)
     base = {"spec": spec, "step": step, "ok": False, "error": None, "model": {}, "timings": {}, "provenance": {},
             "thresholds": [], "checks": [], "written": False}
     t0 = time.perf_counter()
@@ -546,9 +557,11 @@ def compare_figures(diff: Mapping[str, Any]) -> list[tuple[str, Any]]:
         fig.update_layout(title={"text": f"Per-head change of mean {h['score']} (B − A)"}, height=420,
                           yaxis={"autorange": "reversed"})
         figs.append(("Per-head score change and flagged-set change", fig))
-    rows = [(k, v) for k, v in diff["metrics"].items() if v["delta"] is not None]
-    if rows:  # relative change, so that a loss and a head count share one axis; hover gives both values
-        rel = [100 * v["delta"] / abs(v["a"]) if v["a"] else None for _, v in rows]
+    # relative change, so that a loss and a head count share one axis (hover gives both values); a metric that
+    # is 0 in A has no relative change and is left to the table
+    rows = [(k, v) for k, v in diff["metrics"].items() if v["delta"] is not None and v["a"]]
+    if rows:
+        rel = [100 * v["delta"] / abs(v["a"]) for _, v in rows]
         fig = go.Figure(go.Bar(x=[k for k, _ in rows], y=rel,
                                customdata=[[v["a"], v["b"], v["delta"]] for _, v in rows],
                                hovertemplate="%{x}: %{y:+.1f}%<br>A %{customdata[0]:.4g} → B %{customdata[1]:.4g} "
