@@ -163,7 +163,12 @@ def test_cli_audit_writes_a_complete_self_contained_report(model_dir, tmp_path):
     assert prov["checkpoint"]["path"] == str(model_dir.resolve()) and prov["checkpoint"]["step"] is None
     assert prov["checkpoint"]["config_hash"] == hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
     assert prov["data_hash"] == AuditData.builtin().head(8).digest() == data["data"]["hash"]
-    assert prov["interp_version"] == interp.__version__ and prov["self_check"] is None
+    assert prov["interp_version"] == interp.__version__
+    own = getattr(model, "self_check", None)  # the load self-check, where interp.load attaches one
+    if own is None:
+        assert prov["self_check"] is None
+    else:
+        assert prov["self_check"]["passed"] == own.passed and set(prov["self_check"]) == set(own.to_dict())
     assert prov["git_commit"] is None or len(prov["git_commit"]) == 40
     assert data["gate"] == {"passed": True, "errored": False, "exit_code": 0} and data["thresholds"] == []
     assert (out / "checks" / "heads" / "result.json").is_file()
@@ -416,3 +421,33 @@ def test_tokenizer_option_for_a_checkpoint_saved_without_one(model_dir, tmp_path
     assert json.loads((tmp_path / "with" / "results.json").read_text())["checks"][0]["status"] == "ok"
     res = _invoke(bare, *args, "--tokenizer", tmp_path / "nowhere", "--out", tmp_path / "bad")
     assert res.exit_code == 2 and "--tokenizer" in res.output and "no such folder" in res.output
+
+
+def test_provenance_records_the_load_self_check(tmp_path):
+    """A model carrying the load self-check (``model.self_check``: ``.passed`` and ``.to_dict()``) has its outcome in
+    results.json; the weights fingerprint changes with the weights."""
+    from interp.audit.provenance import provenance
+
+    class _SelfCheck:
+        passed = False
+
+        def to_dict(self):
+            return {"passed": False, "checks": [{"name": "logits", "max_abs_diff": 0.5}]}
+
+    hf, tok = tiny_model("llama", n_layers=1)
+    model = interp.wrap(hf, tok)
+    before = provenance(model, None, "abc")
+    assert before["data_hash"] == "abc" and before["checkpoint"]["path"] is None
+    assert before["self_check"] == (model.self_check.to_dict() if getattr(model, "self_check", None) else None)
+    model.self_check = _SelfCheck()
+    register_check(CountCheck)
+    try:
+        report = run_audit(model, ["count"], AuditData(["one"]), out=tmp_path / "r")
+    finally:
+        unregister_check("count")
+    data = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert data["provenance"]["self_check"] == _SelfCheck().to_dict() == report.provenance["self_check"]
+    assert "FAILED" in (tmp_path / "r" / "index.html").read_text()  # the model card's load self-check row
+    with torch.no_grad():
+        next(hf.parameters()).add_(1.0)
+    assert provenance(model, None, None)["weights_fingerprint"] != before["weights_fingerprint"]
