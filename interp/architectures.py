@@ -509,7 +509,15 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         two = hasattr(block0, "ln_attn")
         ln1 = "ln_attn" if two else "input_layernorm"
         ln2 = "ln_mlp" if two else ("post_attention_layernorm" if hasattr(block0, "post_attention_layernorm") else None)
-    ln_module = block0.get_submodule(ln1 or ln2) if (ln1 or ln2) else None
+    resid_mid_from = local(name(bsub.get("ln1"))) if post_norm else None
+    token_rows = _OPT_ROWS if cfg.model_type == "opt" else ()
+    if cfg.model_type == "opt" and not getattr(cfg, "do_layer_norm_before", True):
+        # post-norm OPT (opt-350m): x = norm1(x + attn(x)), then norm2(x + mlp(x)), as BERT: resid_mid is the
+        # first norm's output, attn_out / mlp_out the sub-layers' outputs before the add
+        resid_mid_from, ln1, ln2 = "self_attn_layer_norm", None, None
+        token_rows = tuple(h for h in _OPT_ROWS if h != "hook_resid_mid")
+    ln_module = block0.get_submodule(ln1 or ln2) if (ln1 or ln2) else block0.get_submodule(resid_mid_from) \
+        if resid_mid_from else None
     mlp_out = in_mlp("out")
     parallel = bool(getattr(cfg, "use_parallel_residual", False) or getattr(cfg, "parallel_attn", False)
                     or getattr(cfg, "new_decoder_architecture", False)) or cfg.model_type in _PARALLEL_BLOCKS
@@ -523,7 +531,7 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         act=_act_path(block0, mlp_path) if mlp_out else None, mlp_gate_path=in_mlp("gate") if mlp_out else None,
         mlp_in=in_mlp("in") if mlp_out else None, mlp_out=mlp_out,
         attn_out_norm=attn_out_norm, mlp_out_norm=mlp_out_norm,
-        resid_mid_from=local(name(bsub.get("ln1"))) if post_norm else None,
+        resid_mid_from=resid_mid_from,
         ln_final=None if post_norm else path(name(comp.get("ln_final"))),
         parallel=parallel,
         vocab=getattr(tl, "d_vocab", None),
@@ -531,9 +539,10 @@ def arch_spec(model: nn.Module) -> ArchSpec:
         pos_embed=path(name(comp.get("pos_embed"))),
         mlp_module=mlp_path, resid_mid_at_mlp=resid_mid_at_mlp,
         attention_hooks=_calls_attention_interface(block0.get_submodule(attn)) if attn else False,
-        token_rows=_OPT_ROWS if cfg.model_type == "opt" else (),
-        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0) or 1.0) if cfg.model_type == "granite" else 1.0,
-        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0) or 1.0) if cfg.model_type == "granite" else 1.0,
+        token_rows=token_rows,
+        # Granite and its MoE variants scale sub-layer outputs and the embedding (x + m * f(x))
+        residual_multiplier=float(getattr(cfg, "residual_multiplier", None) or 1.0),
+        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", None) or 1.0),
     )
     missing = [f for f in ("attn", "o") if getattr(spec, f) is None]
     if spec.mlp_out is None and spec.mlp_module is None:

@@ -35,11 +35,17 @@ def matrix() -> dict:
         return {}
 
 
+def _family_key(family: str) -> str:
+    """The matrix's family for a TransformerLens architecture name (``OPTForCausalLM`` -> ``opt``)."""
+    squash = lambda s: s.lower().replace("_", "").replace("forcausallm", "").replace("lmheadmodel", "")  # noqa: E731
+    return next((f for f in matrix() if squash(f) == squash(family)), family)
+
+
 def offered_by(family: str, name: str, backend: str) -> str:
     """A clause naming the other backends on which ``name``'s site group is right for ``family`` (``""`` when the
     matrix does not say)."""
     group = site_group(name)
-    row = matrix().get(family, {})
+    row = matrix().get(family) or matrix().get(_family_key(family), {})
     if group is None or not row:
         return ""
     others = [b for b in BACKENDS if b != backend and row.get(b, {}).get(group) == "ok"]

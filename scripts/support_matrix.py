@@ -22,7 +22,7 @@ from interp.testing import CAUSAL_LM_FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architectures.md"
-GLYPH = {"ok": "✓", "missing": "—", "wrong": "✗", "error": "✗"}
+GLYPH = {"ok": "✓", "missing": "—", "wrong": "✗", "error": "✗", "refused": "refused"}
 TITLES = {"fires": "hooks fire", "residual": "residual", "attn_out": "attn out", "mlp_out": "MLP out",
           "qkv": "q/k/v", "pattern": "pattern", "norms": "norms", "logits": "logits"}
 
@@ -46,6 +46,8 @@ def main() -> None:
                 families[family][backend] = out.statuses
                 if out.refusal:
                     refusals[f"{family} / {backend}"] = out.refusal
+                for side, message in out.padding_refusals.items():
+                    refusals[f"{family} / {backend} ({side} padding)"] = message
                 print(family, backend, out.statuses if not out.refusal else "refused", flush=True)
     env = {"transformers": transformers.__version__, "torch": torch.__version__,
            "transformer_lens": _version("transformer_lens"), "nnsight": _version("nnsight"),

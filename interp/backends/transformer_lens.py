@@ -310,11 +310,27 @@ class TLModel(Model):
         if stop_at_layer is not None:
             return None
         if not cached:
+            self._check_padded_output(out, batch)
             return out
         if self.is_bridge:
             out, past = out
         self._check_cache(past, batch["attention_mask"].shape[1])
         return out, past
+
+    def _check_padded_output(self, out: Any, batch: dict[str, Any]) -> None:
+        """Refuse a padded batch whose output is NaN at real positions (the bridge of some families, OPT's,
+        gives fully masked padding rows NaN attention, which then reaches the real rows: an upstream bug that
+        would otherwise poison every number silently)."""
+        mask = batch.get("attention_mask")
+        if not torch.is_tensor(out) or mask is None or bool(mask.all()) or out.dim() < 3:
+            return
+        real = mask.bool().to(out.device)
+        if out.shape[:2] == real.shape and bool(torch.isnan(out[real]).any()):
+            side = "left" if bool((mask[:, 0] == 0).any()) else "right"
+            raise RuntimeError(f"the transformer_lens backend gives NaN at real tokens of this {side}-padded batch for "
+                               f"the {self.cfg.family} family (the bridge's attention over fully padded rows); pad on "
+                               f"the {'right' if side == 'left' else 'left'}, run the rows one by one, or use "
+                               "backend='torch' or 'nnsight'")
 
     @functools.cached_property
     def _hf_cache_kwarg(self) -> str:

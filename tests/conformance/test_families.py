@@ -41,6 +41,8 @@ def test_family_conforms_or_is_refused(family, backend, root):
         assert out.model.self_check is not None and out.model.self_check.passed, out.model.self_check
         for side, result in out.results.items():
             assert result.passed, (family, backend, side, result.failures())
+        for side, message in out.padding_refusals.items():  # refused by name, never silently wrong
+            assert "\n" not in message and "family" in message and "backend=" in message, message
         offered = set(out.model.hook_names())
         for group, name in GROUP_PROBE.items():  # a group not offered is refused by name, naming the backend
             if out.statuses.get(group) == "missing" and name not in offered:
