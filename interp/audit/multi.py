@@ -484,7 +484,8 @@ def _table(summaries: list[dict[str, Any]], checks: list[str]) -> str:
                     keys += [k for k in (c.get("metrics") or {}) if k not in keys]
         cols += [(name, k) for k in keys]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in
-                   ["checkpoint", "step", "model", *(f"{c}: status" for c in checks), *(f"{c}.{k}" for c, k in cols)])
+                   ["checkpoint", "step", "model", *(f"{c}: status" for c in checks), *(f"{c}.{k}" for c, k in cols),
+                    *(f"{c}: summary" for c in checks)])
     rows = []
     for k, s in enumerate(summaries):
         by = {c["name"]: c for c in s["checks"]}
@@ -492,11 +493,13 @@ def _table(summaries: list[dict[str, Any]], checks: list[str]) -> str:
                 else html.escape(s["spec"]))
         if s.get("error"):
             rows.append(f"<tr class='failed'><td>{link}</td><td>{html.escape(_fmt(s.get('step')))}</td>"
-                        f"<td colspan='{1 + len(checks) + len(cols)}' class='status-error' style='text-align:left'>"
+                        f"<td colspan='{1 + 2 * len(checks) + len(cols)}' class='status-error' style='text-align:left'>"
                         f"error: {html.escape(s['error'])}</td></tr>")
             continue
         status = [_status_cell(by[c]) if c in by else "<td>–</td>" for c in checks]
         values = [f"<td>{html.escape(_fmt((by.get(c, {}).get('metrics') or {}).get(m)))}</td>" for c, m in cols]
+        values += ["<td style='text-align:left'>" + html.escape("; ".join(
+            f"{k}: {_fmt(v)}" for k, v in (by.get(c, {}).get("summary") or {}).items())) + "</td>" for c in checks]
         card = s["model"]
         model = f"{card.get('family')} · {card.get('n_layers')} layers · d {card.get('d_model')}"
         rows.append(f"<tr><td>{link}</td><td>{html.escape(_fmt(s.get('step')))}</td><td>{html.escape(model)}</td>"
