@@ -12,7 +12,10 @@ What a TransformerLens user writes first, working as written:
   (``.AB``, ``.eigenvalues``, ``.svd()``, composition scores via ``transformer_lens.utils.composition_scores``);
 * ``model.tokens_to_residual_directions(tokens)``, ``model.test_prompt(prompt, answer)``;
 * ``return_type="logits" | "loss" | "both" | None`` on ``model(...)``, ``run_with_hooks`` and
-  ``run_with_cache`` (see :func:`lm_loss`).
+  ``run_with_cache`` (see :func:`lm_loss`);
+* ``model.embed.W_E``, ``model.unembed.W_U`` / ``.b_U``, ``model.pos_embed.W_pos`` (:class:`Weights`),
+  ``model.tl_named_parameters()`` (:func:`tl_named_parameters`), ``model.get_token_position``
+  (:func:`get_token_position`), ``model.loss_fn``.
 """
 from __future__ import annotations
 

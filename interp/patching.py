@@ -13,7 +13,10 @@ forwards; the result equals patching one component at a time with :class:`interp
 ``metric(logits) -> scalar`` receives the logits of one patched copy of the corrupted batch (``[batch, pos,
 vocab]``), exactly as TransformerLens's ``patching_metric``. :func:`patch` returns a typed
 :class:`PatchingResult` (``.values``, ``.to_frame()``, ``.figure()``, ``.save()``); the TransformerLens names
-(``get_act_patch_resid_pre`` ...) return the bare tensor, as TransformerLens does.
+(``get_act_patch_resid_pre`` ...) return the bare tensor, as TransformerLens does; all 18 of TransformerLens
+3.9's ``get_act_patch_*`` are here, with TL's shapes (``k`` / ``v`` of a grouped-query model have one column
+per key/value head). Every entry point checks its arguments once, with :func:`check_request`, before any
+forward pass.
 
 :func:`path_patch` patches the path from sender heads to receiver components only: the senders' outputs
 come from the clean run, every other head is frozen at its corrupted value, and the receivers read the
@@ -128,9 +131,9 @@ def _layers_arg(layers: Any, n_layers: int) -> list[int]:
     refused, never rounded or coerced."""
     if layers is None:
         return list(range(n_layers))
-    items = [layers] if isinstance(layers, (int, torch.Tensor)) and not isinstance(layers, bool) and (
-        not isinstance(layers, torch.Tensor) or layers.dim() == 0) else layers
-    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+    items = [layers] if _is_int(layers) else layers
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable) or (
+            isinstance(items, torch.Tensor) and items.dim() == 0):
         raise TypeError(f"layers must be integers (a list of layer indices), got {layers!r}")
     out = []
     for l in items:

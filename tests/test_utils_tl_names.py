@@ -11,7 +11,7 @@ CASES = [("resid_post", 3), ("resid_pre", 0), ("attn", 2), ("pattern", 1), ("z",
          ("embed", None), ("pos_embed", None), ("scale", None), ("normalized", None), ("scale", 2, "ln1"),
          ("normalized", 3, "ln2"), ("resid_post3",), ("attn2",), ("pre5",), ("scale4ln1",), ("z0a",),
          ("blocks.0.hook_resid_pre",), ("hook_embed",), ("k", 1, "a"), ("resid_mid", 2, "b"),
-         ("attn_out", 1, "attention"), ("v", 0, "m")]
+         ("attn_out", 1, "attention"), ("v", 0, "m"), ("in", 1), ("out", 2), ("mlp_in", 0), ("q_input", 1)]
 
 
 @pytest.mark.parametrize("args", CASES, ids=[repr(c) for c in CASES])
