@@ -433,10 +433,24 @@ def _page(title: str, body: list[str]) -> str:
             f"<header><h1>{html.escape(title)}</h1></header><main>{''.join(body)}</main></body></html>")
 
 
-def _status_cell(c: Mapping[str, Any]) -> str:
-    reason = f": {c['reason']}" if c.get("reason") else ""
-    return (f'<td class="status-{html.escape(c["status"])}" title="{html.escape(c.get("reason") or "")}">'
-            f'{html.escape(c["status"])} ({c["seconds"]:.1f} s){html.escape(reason[:120])}</td>')
+def common_skips(summaries: list[dict[str, Any]], checks: list[str]) -> dict[str, str]:
+    """``{check: reason}`` for the checks skipped on every checkpoint that ran, for one reason (said once on the
+    index instead of on every row)."""
+    out = {}
+    for name in checks:
+        recs = [c for s in summaries if not s.get("error") for c in s["checks"] if c["name"] == name]
+        reasons = {c.get("reason") for c in recs}
+        if recs and all(c["status"] == "skipped" for c in recs) and len(reasons) == 1:
+            out[name] = next(iter(reasons)) or "the check does not apply"
+    return out
+
+
+def _status_cell(c: Mapping[str, Any], said: bool = False) -> str:
+    """A status cell: the reason shortened on the row (in full on hover), unless ``said`` once above the table."""
+    reason = "" if said else (c.get("reason") or "")
+    short = f": {reason[:117]}..." if len(reason) > 120 else (f": {reason}" if reason else "")
+    return (f'<td class="status-{html.escape(c["status"])}" title="{html.escape(reason)}">'
+            f'{html.escape(c["status"])} ({c["seconds"]:.1f} s){html.escape(short)}</td>')
 
 
 def render_index(summaries: list[dict[str, Any]], checks: list[str], drift: Mapping[str, Any] | None = None) -> str:
@@ -470,11 +484,15 @@ def render_index(summaries: list[dict[str, Any]], checks: list[str], drift: Mapp
                     f"<h3>Heads entering / leaving the flagged set ({html.escape(drift['score'])})</h3>"
                     f"<table class='data'><tr><th>checkpoint</th><th>entered</th><th>left</th></tr>{moves}</table>"
                     "</section>")
-    body.append(_table(summaries, checks))
+    skips = common_skips(summaries, checks)
+    if skips:
+        items = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(r)}</li>" for n, r in skips.items())
+        body.append(f"<section id='skipped'><h2>Skipped on every checkpoint</h2><ul>{items}</ul></section>")
+    body.append(_table(summaries, checks, skips))
     return _page(f"interp audit: {len(summaries)} checkpoints", body)
 
 
-def _table(summaries: list[dict[str, Any]], checks: list[str]) -> str:
+def _table(summaries: list[dict[str, Any]], checks: list[str], said: Mapping[str, str] | None = None) -> str:
     cols: list[tuple[str, str]] = []
     for name in checks:
         keys: list[str] = []
@@ -496,7 +514,7 @@ def _table(summaries: list[dict[str, Any]], checks: list[str]) -> str:
                         f"<td colspan='{1 + 2 * len(checks) + len(cols)}' class='status-error' style='text-align:left'>"
                         f"error: {html.escape(s['error'])}</td></tr>")
             continue
-        status = [_status_cell(by[c]) if c in by else "<td>–</td>" for c in checks]
+        status = [_status_cell(by[c], c in (said or {})) if c in by else "<td>–</td>" for c in checks]
         values = [f"<td>{html.escape(_fmt((by.get(c, {}).get('metrics') or {}).get(m)))}</td>" for c, m in cols]
         values += ["<td style='text-align:left'>" + html.escape("; ".join(
             f"{k}: {_fmt(v)}" for k, v in (by.get(c, {}).get("summary") or {}).items())) + "</td>" for c in checks]
@@ -610,5 +628,5 @@ def render_compare(summaries: list[dict[str, Any]], diff: Mapping[str, Any] | No
 
 __all__ = ["run_audits", "audit_one", "render_index", "render_compare", "compare_reports", "head_drift",
            "trend_figure", "drift_figure", "compare_figures", "expand_specs", "order_checkpoints", "parse_steps",
-           "load_model", "load_tokenizer", "resolve_tokenizer", "load_error", "ModelLoadError", "exit_code_of",
+           "common_skips", "load_model", "load_tokenizer", "resolve_tokenizer", "load_error", "ModelLoadError", "exit_code_of",
            "INDEX_SCHEMA", "COMPARE_SCHEMA"]

@@ -112,3 +112,23 @@ def test_steps_option_and_ordering():
         parse_steps("a,b", 2)
     assert order_checkpoints(["x", "y", "z"], [30, 10, 20]) == [("y", 10), ("z", 20), ("x", 30)]
     assert order_checkpoints(["x", "y"]) == [("x", None), ("y", None)]  # unknown steps: the order given
+
+
+def test_a_skip_shared_by_every_checkpoint_is_said_once():
+    from interp.audit.multi import common_skips, render_index
+
+    def summary(step, steering):
+        return {"spec": f"ckpt-{step}", "step": step, "folder": f"0{step}-ckpt", "error": None, "ok": True,
+                "model": {}, "thresholds": [],
+                "checks": [{"name": "heads", "status": "ok", "reason": None, "seconds": 1.0, "summary": {},
+                            "metrics": {"baseline_loss": 3.0 - step}},
+                           {"name": "steering", "seconds": 0.1, "summary": {}, "metrics": {}, **steering}]}
+
+    why = "the model has no chat template, so the refusal data set does not apply"
+    same = [summary(k, {"status": "skipped", "reason": why}) for k in (1, 2, 3)]
+    assert common_skips(same, ["heads", "steering"]) == {"steering": why}
+    page = render_index(same, ["heads", "steering"])
+    assert page.count(why) == 1 and "Skipped on every checkpoint" in page
+    mixed = same[:2] + [summary(3, {"status": "ok", "reason": None})]
+    assert common_skips(mixed, ["heads", "steering"]) == {}
+    assert render_index(mixed, ["heads", "steering"]).count(f"s): {why}") == 2  # said on each row that skipped
