@@ -67,7 +67,8 @@ def _opt_in(name: str) -> bool:
 def parse_checks(spec: str | None) -> list[str]:
     """``"heads,foo"`` -> ``["heads", "foo"]`` validated; ``"all"`` -> every available check; ``None`` /
     ``"default"`` -> every check except the opt-in ones (a check whose class sets ``opt_in = True`` runs only
-    when named or with ``"all"``: ``gavel`` needs a rule file, ``raptor`` a vision transformer)."""
+    when named or with ``"all"``: ``gavel`` needs a rule file, ``raptor`` a vision transformer). Under ``"all"``
+    a check that does not apply to the model (its ``missing()`` / ``applies(model)``) is recorded as ``skipped``."""
     key = None if spec is None else spec.strip().lower()
     if key in (None, "default", "all"):
         names = available_checks()
