@@ -163,16 +163,17 @@ class HeadsCheck(Check):
                                   "LLMs' (ICLR 2026): 12 score functions (+3 variants) per layer and head, dynamic "
                                   "per-input thresholds, and ablation of the flagged heads versus random heads.")
     Config: ClassVar[type] = HeadsConfig
+    #: in the order the training-run index plots them
     METRICS: ClassVar[dict[str, str]] = {
-        "n_heads": "attention heads (layers x heads)",
-        "n_flagged": "heads in the fixed flagged set of the ablation score",
-        "flagged_fraction": "n_flagged / n_heads",
         "baseline_loss": "mean next-token loss on the held-out audit texts (nats)",
         "perplexity": "exp(baseline_loss)",
+        "n_flagged": "heads in the fixed flagged set of the ablation score",
+        "flagged_fraction": "n_flagged / n_heads",
         "delta_loss_flagged": "loss change from ablating the flagged heads (null when none is flagged)",
         "delta_loss_random": "mean loss change from ablating as many random heads (null when none is flagged)",
         "score_spread": "relative spread (max - min) / |mean| of the per-head ablation score (near 0: untrained?)",
         "loss_vs_uniform": "baseline_loss / ln(vocabulary size): ~1 for a model that predicts uniformly (untrained?)",
+        "n_heads": "attention heads (layers x heads)",
     }
 
     def applies(self, model) -> str | None:

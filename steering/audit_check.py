@@ -267,9 +267,9 @@ class SteeringCheck(Check):
                                   "contrastive behaviour's rate, probe score, neutral-text KL and coherence.")
     Config: ClassVar[type] = SteeringCheckConfig
     METRICS: ClassVar[dict[str, str]] = {
+        "effect": "rate_steered - rate_none: the steering effect",
         "rate_none": "behaviour rate (refusal: target-category refusal rate) without steering",
         "rate_steered": "the same with the steering vector applied",
-        "effect": "rate_steered - rate_none: the steering effect",
         "probe_effect": "probe score steered - unsteered (behaviour evaluation only)",
         "probe_accuracy": "held-out accuracy of the behaviour probe (behaviour evaluation only)",
         "kl_neutral": "KL divergence on neutral / harmless text caused by the vector (nats)",
