@@ -156,6 +156,8 @@ def _boot_bridge(hf_model, tokenizer):
         return bridge
     except Exception as exc:  # noqa: BLE001
         first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        if "Could not determine supported architecture" in first:  # not the adapter list, 150 names long
+            first = f"TransformerLens has no adapter for {type(hf_model).__name__}"
         raise ValueError(f"TransformerLens cannot bridge the {hf_model.config.model_type!r} family "
                          f"({type(hf_model).__name__}): {first}; use backend='torch' or 'nnsight'") from exc
     finally:

@@ -110,7 +110,7 @@ def render(families, refusals, env) -> str:
             lines.append(f"| {family} | " + " | ".join(cells) + " |")
         lines.append("")
     if refusals:
-        lines += ["## Refusals at load", "", "| family / backend | message |", "|---|---|"]
+        lines += ["## Refusals (at load, or of one padding side)", "", "| family / backend | message |", "|---|---|"]
         lines += [f"| {k} | {v.replace('|', '/')[:400]} |" for k, v in refusals.items()]
         lines.append("")
     lines += [

@@ -69,7 +69,7 @@ def test_dinov2_equals_reference(dinov2_dir, backend):
 
 
 def test_dinov2_refused_by_transformer_lens(dinov2_dir):
-    with pytest.raises(ValueError, match="TransformerLens cannot bridge Dinov2Model"):
+    with pytest.raises(ValueError, match=r"TransformerLens cannot bridge the .dinov2. family \(Dinov2Model\): TransformerLens has no adapter"):
         interp.load("zoo:dinov2-s14", backend="transformer_lens")
 
 
