@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from interp.io import load_json, load_tensors, output_dir, save_tensors_json
+from interp.io import load_json, load_tensors, load_torch, output_dir, save_tensors_json
 from interp.progress import progress
 from interp.results import Result
 
@@ -168,7 +168,7 @@ def _load_checkpoint(path: Path, raptor: Raptor) -> tuple[dict, dict] | None:
     if state.get("raptor_config") != asdict(raptor.cfg):
         raise ValueError(f"checkpoint at {path} was written for another Raptor config: {state.get('raptor_config')}")
     raptor.load_state_dict(load_tensors(path / "model.safetensors", what="Raptor training checkpoint")[0])
-    opt_state = torch.load(io.BytesIO((path / "optimizer.pt").read_bytes()), weights_only=True)
+    opt_state = load_torch(path / "optimizer.pt", what="Raptor optimizer state")
     return state, opt_state
 
 

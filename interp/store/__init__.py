@@ -12,13 +12,13 @@ SAEs and transcoders from them, and scale the harvest out with Ray.
 See ``docs/scale.md``.
 """
 from .harvest import DTYPES, ENGINES, HarvestConfig, HarvestResult, compute_shard, harvest, stop_layer, weights_fingerprint
-from .manifest import CorruptShardError, IncompatibleStoreError, StoreError
+from .manifest import CorruptShardError, IncompatibleStoreError, StoreError, StoreWriteError
 from .packing import Context, pack, special_token_id, tokenized
 from .reader import ActivationStore, StoreColumn, StoreDataset
 from .sources import DataSource, open_source
 
 __all__ = ["harvest", "HarvestConfig", "HarvestResult", "ActivationStore", "StoreColumn", "StoreDataset",
-           "StoreError", "IncompatibleStoreError", "CorruptShardError", "DataSource", "open_source", "Context",
+           "StoreError", "StoreWriteError", "IncompatibleStoreError", "CorruptShardError", "DataSource", "open_source", "Context",
            "pack", "tokenized", "special_token_id", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES", "ENGINES",
            "SAETrainConfig", "SAETrainingResult", "train_sae", "train_transcoder"]
 

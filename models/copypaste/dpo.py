@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from interp.io import load_torch
 from interp.progress import progress
 
 from ..common import minibatches, set_seed, warmup_cosine
@@ -148,12 +149,12 @@ def dpo_train(policy: torch.nn.Module, tokenizer, pairs: Sequence[PreferencePair
     ``checkpoint``: a ``.pt`` file written atomically every ``checkpoint_every`` optimiser steps (trainable
     parameters, optimiser and schedule state, reference log-probs, history); when it exists the run resumes from it
     (same pairs and config assumed; the batch order is drawn up front from the seed, so a resumed run takes the
-    same steps as an uninterrupted one). Loaded with ``torch.load(weights_only=True)``.
+    same steps as an uninterrupted one). Loaded with ``interp.io.load_torch`` (``torch.load(weights_only=True)``; any failure a ``SerializationError``).
     """
     cfg = config or DPOConfig()
     gen = set_seed(cfg.seed)
     enc = encode_pairs(tokenizer, pairs, cfg.max_length)
-    state = torch.load(checkpoint, weights_only=True) if checkpoint is not None and Path(checkpoint).exists() else None
+    state = load_torch(checkpoint, what="DPO checkpoint") if checkpoint is not None and Path(checkpoint).exists() else None
     if state is not None:
         ref_c, ref_r = state["ref_c"], state["ref_r"]
         if ref_c.shape[0] != len(pairs):
