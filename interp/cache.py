@@ -325,14 +325,17 @@ class Cache(Mapping[str, torch.Tensor]):
 
     def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
                                      expand_neurons: bool = True, apply_ln: bool = False, pos_slice: Any = None,
-                                     return_labels: bool = False):
+                                     return_labels: bool = False, project_output_onto: torch.Tensor | None = None):
         """TransformerLens's ``get_full_resid_decomposition`` (its argument order): the residual stream before
         ``layer`` (``None`` / ``-1``: the final one; with ``mlp_input``, the input of ``layer``'s MLP) as each
         head's output (``L{l}H{h}``, :meth:`stack_head_results`), each neuron's output ``post * W_out[n]``
         (``L{l}N{n}``; each layer's ``mlp_out``, ``b_out`` included, when ``expand_neurons=False``, labelled
         ``{l}_mlp_out``), the embedding (``embed``: ``blocks.0.hook_resid_pre``, token and position embedding
         in one part) and the biases (``bias``: every ``b_O``, and every ``b_out`` with ``expand_neurons``):
-        ``[k, batch, pos, d]``, summing to the residual. ``apply_ln`` / ``pos_slice`` as in :meth:`decompose_resid`."""
+        ``[k, batch, pos, d]``, summing to the residual. ``apply_ln`` / ``pos_slice`` as in :meth:`decompose_resid`.
+        ``project_output_onto`` (``[d]`` or ``[d, n]``, e.g. a logit direction) projects each component: the last axis
+        becomes ``n`` (dropped for ``[d]``), as TransformerLens (here computed after the decomposition: the same
+        numbers, without TL's saving of memory)."""
         model = self._need_model()
         if self.is_gradient:
             raise ValueError("this cache holds gradients: a decomposition of the residual stream into weighted "
@@ -358,10 +361,15 @@ class Cache(Mapping[str, torch.Tensor]):
         bias = b_O[:n + (1 if mlp_input else 0)].sum(0) + (b_out[:n].sum(0) if n and expand_neurons else 0)
         parts.append(bias.to(embed.device, embed.dtype).expand_as(embed)[None])
         labels.append("bias")
-        stack = torch.cat(parts)
+        stack = _pos(torch.cat(parts), pos_slice)
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, n, mlp_input)
-        stack = _pos(stack, pos_slice)
+            stack = self.apply_ln_to_stack(stack, n, mlp_input, pos_slice=pos_slice)
+        if project_output_onto is not None:
+            proj = torch.as_tensor(project_output_onto)
+            if proj.dim() not in (1, 2) or proj.shape[0] != stack.shape[-1]:
+                raise ValueError(f"project_output_onto must be [d_model] or [d_model, n] with d_model = "
+                                 f"{stack.shape[-1]}, got shape {tuple(proj.shape)}")
+            stack = stack @ proj.to(stack.device, stack.dtype)
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
