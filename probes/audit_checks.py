@@ -175,6 +175,8 @@ class HeadsCheck(Check):
         "loss_vs_uniform": "baseline_loss / ln(vocabulary size): ~1 for a model that predicts uniformly (untrained?)",
         "n_heads": "attention heads (layers x heads)",
     }
+    TRENDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Δloss, flagged vs random heads ablated": ("delta_loss_flagged", "delta_loss_random")}
 
     def applies(self, model) -> str | None:
         if model.cfg.modality != "text":

@@ -275,6 +275,7 @@ class SteeringCheck(Check):
         "kl_neutral": "KL divergence on neutral / harmless text caused by the vector (nats)",
         "ppl_ratio": "perplexity of the steered continuation / unsteered (coherence; behaviour evaluation only)",
     }
+    TRENDS: ClassVar[dict[str, tuple[str, ...]]] = {"rate, without vs with steering": ("rate_none", "rate_steered")}
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)

@@ -10,8 +10,9 @@ A check is a class with
 * optionally ``summary(result) -> dict`` (a few headline numbers for the overview and ``results.json``) and
   ``to_json(result) -> dict`` (the machine-readable payload; defaults to ``result.to_dict()``);
 * optionally ``METRICS`` (``{name: description}``, the headline metrics a lab can gate on with
-  ``--fail-if 'CHECK.NAME > X'``, plotted against the training step and diffed by ``--compare``) and
-  ``metrics(result) -> {name: float | None}`` (their values; ``None`` where not measured);
+  ``--fail-if 'CHECK.NAME > X'``, plotted against the training step and diffed by ``--compare``),
+  ``metrics(result) -> {name: float | None}`` (their values; ``None`` where not measured) and ``TRENDS``
+  (``{panel title: (name, ...)}``: metrics the training-run index draws in one panel);
 * optionally ``applies(model) -> str | None`` (why the check does not apply to this model, ``None`` if it does)
   and ``missing() -> str | None`` (what the instance's config lacks for the check to run, e.g. a rule file): a check
   that does not apply is recorded as ``skipped`` with the reason, never as ``ok``. ``run`` may also raise
@@ -102,6 +103,8 @@ class Check:
     Config: ClassVar[type] = NoConfig
     #: headline metrics ``{name: description}`` (``--fail-if``, trends across checkpoints, ``--compare``)
     METRICS: ClassVar[dict[str, str]] = {}
+    #: metrics the training-run index draws in one panel: ``{panel title: (metric, metric, ...)}``
+    TRENDS: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

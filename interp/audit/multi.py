@@ -355,19 +355,31 @@ def _label(s: Mapping[str, Any], k: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ figures
+def _trend_groups(name: str) -> dict[str, tuple[str, ...]]:
+    """A check's ``TRENDS`` (``{panel title: metric names drawn together}``), ``{}`` when it declares none."""
+    from .registry import get_check
+
+    try:
+        return dict(getattr(get_check(name), "TRENDS", {}) or {})
+    except Exception:  # noqa: BLE001 - a plug-in missing here only loses the grouping
+        return {}
+
+
 def trend_figure(summaries: list[dict[str, Any]], checks: list[str]):
-    """Every check's headline metrics against the training step (one panel per metric; a failed checkpoint
-    or an unmeasured metric is a gap). ``None`` when no metric was measured."""
+    """Every check's headline metrics against the training step: one panel per metric, or per group of metrics a
+    check draws together (its ``TRENDS``, e.g. Δloss of the flagged heads vs random heads); a failed checkpoint
+    or an unmeasured metric is a gap. ``None`` when no metric was measured."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    series: list[tuple[str, list[float | None]]] = []
+    panels: list[tuple[str, list[tuple[str, list[float | None]]]]] = []
     for name in checks:
         keys: list[str] = []
         for s in summaries:
             for c in s["checks"]:
                 if c["name"] == name:
                     keys += [k for k in (c.get("metrics") or {}) if k not in keys]
+        series: dict[str, list[float | None]] = {}
         for key in keys:
             ys = []
             for s in summaries:
@@ -376,23 +388,38 @@ def trend_figure(summaries: list[dict[str, Any]], checks: list[str]):
                 ys.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                           else None)
             if any(y is not None for y in ys):
-                series.append((f"{name}.{key}", ys))
-    if not series:
+                series[key] = ys
+        grouped: dict[str, str] = {}
+        for title, members in _trend_groups(name).items():
+            shown = [m for m in members if m in series]
+            if len(shown) > 1:
+                grouped.update({m: title for m in shown})
+        done: set[str] = set()
+        for key in series:
+            if key in done:
+                continue
+            title = grouped.get(key)
+            members = [k for k in series if grouped.get(k) == title] if title else [key]
+            done.update(members)
+            panels.append((f"{name}: {title}" if title else f"{name}.{key}",
+                           [(f"{name}.{m}", series[m]) for m in members]))
+    if not panels:
         return None
     use_steps = all(s.get("step") is not None for s in summaries)
     xs = [s["step"] if use_steps else k + 1 for k, s in enumerate(summaries)]
-    cols = 2 if len(series) > 1 else 1
-    rows = -(-len(series) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[n for n, _ in series], vertical_spacing=min(
+    cols = 2 if len(panels) > 1 else 1
+    rows = -(-len(panels) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[t for t, _ in panels], vertical_spacing=min(
         0.12, 0.5 / max(rows, 1)))
-    for i, (name, ys) in enumerate(series):
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, showlegend=False,
-                                 text=[s["spec"] for s in summaries],
-                                 hovertemplate=f"{name}<br>%{{x}}: %{{y:.4g}}<br>%{{text}}<extra></extra>"),
-                      row=i // cols + 1, col=i % cols + 1)
+    for i, (_, members) in enumerate(panels):
+        for label, ys in members:
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=label, showlegend=len(members) > 1,
+                                     text=[s["spec"] for s in summaries],
+                                     hovertemplate=f"{label}<br>%{{x}}: %{{y:.4g}}<br>%{{text}}<extra></extra>"),
+                          row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(title_text="training step" if use_steps else "checkpoint")
     fig.update_layout(title={"text": "Headline metrics across the training run"}, height=max(320, 260 * rows),
-                      margin={"t": 80})
+                      margin={"t": 80}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0})
     return fig
 
 

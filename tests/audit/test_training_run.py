@@ -132,3 +132,19 @@ def test_a_skip_shared_by_every_checkpoint_is_said_once():
     mixed = same[:2] + [summary(3, {"status": "ok", "reason": None})]
     assert common_skips(mixed, ["heads", "steering"]) == {}
     assert render_index(mixed, ["heads", "steering"]).count(f"s): {why}") == 2  # said on each row that skipped
+
+
+def test_trend_panels_group_what_a_check_draws_together():
+    """HeadsCheck.TRENDS: Δloss of the flagged heads and of random heads share one panel (two traces); the other
+    metrics get a panel each; an unmeasured metric is left out."""
+    from interp.audit.multi import trend_figure
+
+    runs = [{"spec": f"c{k}", "step": 10 * k, "checks": [{"name": "heads", "metrics": {
+        "baseline_loss": 3.0 - k, "delta_loss_flagged": 0.01 * k, "delta_loss_random": 0.2, "score_spread": None}}]}
+        for k in range(3)]
+    fig = trend_figure(runs, ["heads"])
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["heads.baseline_loss", "heads: Δloss, flagged vs random heads ablated"]
+    assert [t.name for t in fig.data] == ["heads.baseline_loss", "heads.delta_loss_flagged", "heads.delta_loss_random"]
+    assert list(fig.data[1].y) == [0.0, 0.01, 0.02] and list(fig.data[0].x) == [0, 10, 20]
+    assert fig.data[1].xaxis == fig.data[2].xaxis != fig.data[0].xaxis  # the pair shares a panel
