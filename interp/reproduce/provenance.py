@@ -2,7 +2,8 @@
 
 A record's numbers depend on more than the code and the config: the thread count (reductions split
 differently), the BLAS library and the kernel it picked for this CPU (OpenBLAS chooses by CPU, and
-``OPENBLAS_CORETYPE`` overrides it), and the numeric stack's versions. :func:`provenance` collects them
+``OPENBLAS_CORETYPE`` overrides it), the vector kernels torch dispatches to (AVX2 or AVX512;
+``ATEN_CPU_CAPABILITY`` overrides it), and the numeric stack's versions. :func:`provenance` collects them
 (threadpoolctl reports the loaded BLAS and OpenMP libraries), with the git commit of the code and whether the
 tree was dirty; :func:`numeric_settings` runs a block under a fixed thread count with deterministic settings.
 """
@@ -64,6 +65,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_simd() -> list[str]:
+    """The CPU's vector instruction sets that change which kernels run (``avx``, ``avx2``, ``avx512*``, ``fma``,
+    ``amx*``; Linux only)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "sse4_2"))
+    except OSError:
+        pass
+    return []
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -98,8 +112,10 @@ def provenance(threads: int | None = None) -> dict[str, Any]:
         affinity = os.cpu_count()
     return {
         **git_state(),
-        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "cpus_available": affinity,
+        "cpu": cpu_model(), "cpu_simd": cpu_simd(), "cpu_count": os.cpu_count(), "cpus_available": affinity,
         "threads": threads, "torch_threads": torch.get_num_threads(),
+        # the vector kernels torch dispatches to (AVX2 vs AVX512 changes float results; ATEN_CPU_CAPABILITY sets it)
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(), "platform": platform.platform(),
         "packages": {d: _version(d) for d in ("numpy", "scipy", "scikit-learn", "torch", "threadpoolctl")},
         "blas": blas_info(),
@@ -129,5 +145,5 @@ def numeric_settings(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(det, warn_only=det_warn)
 
 
-__all__ = ["CODE_PATHS", "ENV_PREFIXES", "blas_info", "cpu_model", "git_state", "numeric_settings", "provenance",
+__all__ = ["CODE_PATHS", "ENV_PREFIXES", "blas_info", "cpu_model", "cpu_simd", "git_state", "numeric_settings", "provenance",
            "repository_root"]

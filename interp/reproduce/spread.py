@@ -72,7 +72,8 @@ def measure_spread(ref: ReproductionRecord, reruns: Sequence[ReproductionRecord]
 
 def _where(rec: ReproductionRecord) -> dict[str, Any]:
     p = rec.provenance or {}
-    return {k: p.get(k) for k in ("commit", "dirty", "cpu", "threads", "config_threads", "packages", "env")
+    return {k: p.get(k) for k in ("commit", "dirty", "cpu", "cpu_simd", "torch_cpu_capability", "threads",
+                                  "config_threads", "packages", "env")
             if k in p} | {"blas": [{k: b.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
                                    for b in p.get("blas", []) if b.get("user_api") == "blas"]}
 

@@ -510,7 +510,8 @@ def test_records_store_provenance_and_refuse_a_dirty_update(toy, tmp_path, monke
     run = run_recipe(toy.name, "full", threads=2)
     p = run.record.provenance
     assert p["threads"] == 2 and p["cpu"] and p["packages"]["numpy"] and "env" in p
-    assert {"commit", "dirty", "blas", "torch_threads"} <= set(p) and p["torch_threads"] == 2
+    assert {"commit", "dirty", "blas", "torch_threads", "torch_cpu_capability", "cpu_simd"} <= set(p)
+    assert p["torch_threads"] == 2
     assert run.record.command.endswith("--threads 2")
     monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
     run.record.provenance = dict(p, dirty=True, dirty_files=["interp/model.py"])
