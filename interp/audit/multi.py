@@ -418,8 +418,10 @@ def trend_figure(summaries: list[dict[str, Any]], checks: list[str]):
                                      hovertemplate=f"{label}<br>%{{x}}: %{{y:.4g}}<br>%{{text}}<extra></extra>"),
                           row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(title_text="training step" if use_steps else "checkpoint")
-    fig.update_layout(title={"text": "Headline metrics across the training run"}, height=max(320, 260 * rows),
-                      margin={"t": 80}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0})
+    height = max(320, 260 * rows) + 40
+    fig.update_layout(title={"text": "Headline metrics across the training run", "y": 1 - 12 / height,
+                             "yanchor": "top"}, height=height, margin={"t": 120},
+                      legend={"orientation": "h", "y": 1 + 30 / height, "yanchor": "bottom", "x": 0})
     return fig
 
 
