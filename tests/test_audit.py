@@ -169,7 +169,7 @@ def test_cli_audit_writes_a_complete_self_contained_report(model_dir, tmp_path):
         assert prov["self_check"] is None
     else:
         assert prov["self_check"]["passed"] == own.passed and set(prov["self_check"]) == set(own.to_dict())
-    assert prov["git_commit"] is None or len(prov["git_commit"]) == 40
+    assert prov["git_commit"] is None or (len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool))
     assert data["gate"] == {"passed": True, "errored": False, "exit_code": 0} and data["thresholds"] == []
     assert (out / "checks" / "heads" / "result.json").is_file()
     page = _parse(out / "index.html")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +61,13 @@ def config_hash(model: Model, folder: Path | None) -> str | None:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def git_commit() -> str | None:
-    """The commit of the interp checkout this code runs from (``None`` outside a git checkout)."""
-    import interp
+def git_commit() -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the interp checkout this code runs from (:func:`interp.reproduce.provenance.git_state`;
+    ``(None, None)`` outside a git checkout). ``dirty``: the code differs from the commit."""
+    from interp.reproduce.provenance import git_state
 
-    root = Path(interp.__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+    state = git_state()
+    return state["commit"], state["dirty"]
 
 
 def self_check(model: Model) -> dict[str, Any] | None:
@@ -89,18 +83,19 @@ def self_check(model: Model) -> dict[str, Any] | None:
 
 def provenance(model: Model, spec: str | None, data_hash: str | None, step: int | None = None) -> dict[str, Any]:
     """``{"weights_fingerprint", "checkpoint": {"spec", "path", "step", "config_hash"}, "interp_version",
-    "git_commit", "data_hash", "self_check"}`` of an audited model (``step`` overrides the one read from the
-    checkpoint)."""
+    "git_commit", "git_dirty", "data_hash", "self_check"}`` of an audited model (``step`` overrides the one read
+    from the checkpoint)."""
     import interp
     from interp.store import weights_fingerprint
 
     spec = spec or str(getattr(model, "source", "") or "")
     folder = checkpoint_folder(spec) if spec else None
+    commit, dirty = git_commit()
     return {"weights_fingerprint": weights_fingerprint(model),
             "checkpoint": {"spec": spec or None, "path": None if folder is None else str(folder),
                            "step": step if step is not None else (checkpoint_step(spec) if spec else None),
                            "config_hash": config_hash(model, folder)},
-            "interp_version": interp.__version__, "git_commit": git_commit(), "data_hash": data_hash,
+            "interp_version": interp.__version__, "git_commit": commit, "git_dirty": dirty, "data_hash": data_hash,
             "self_check": self_check(model)}
 
 

@@ -7,7 +7,8 @@
                "d_vocab", "n_params", "dtype", "device"},
      "data": {"source", "n_texts", "n_tokens", "hash"},
      "provenance": {"weights_fingerprint", "checkpoint": {"spec", "path", "step", "config_hash"},
-                    "interp_version", "git_commit", "data_hash", "self_check" (the load self-check's
+                    "interp_version", "git_commit", "git_dirty" (the code differs from the commit),
+                    "data_hash", "self_check" (the load self-check's
                     to_dict(), null when the model carries none)},
      "checks": [{"name", "title", "status": "ok" | "skipped" | "error", "reason" (why skipped, or the error's
                  one-line message; null when ok), "seconds", "config", "summary", "metrics" (the check's
@@ -329,7 +330,9 @@ def render_html(report: AuditReport) -> str:
     sc = prov.get("self_check")
     prov_rows = {"weights fingerprint (SHA-256)": prov.get("weights_fingerprint"), "checkpoint path": ckpt.get("path"),
                  "training step": ckpt.get("step"), "config hash (SHA-256)": ckpt.get("config_hash"),
-                 "interp version": prov.get("interp_version"), "interp git commit": prov.get("git_commit"),
+                 "interp version": prov.get("interp_version"),
+                 "interp git commit": (prov.get("git_commit") or "") + (" (modified)" if prov.get("git_dirty") else "")
+                 or None,
                  "load self-check": None if sc is None else ("passed" if sc.get("passed") else "FAILED")}
     parts.append(f'<section id="model"><h2>Model card</h2>{_kv_table(card)}<h3>Data</h3>{_kv_table(data)}'
                  f'<h3>Provenance</h3>{_kv_table(prov_rows)}</section>')
