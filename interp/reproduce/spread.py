@@ -78,6 +78,31 @@ def _where(rec: ReproductionRecord) -> dict[str, Any]:
                                    for b in p.get("blas", []) if b.get("user_api") == "blas"]}
 
 
+def _round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits (0.00901 -> 0.0091)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    e = math.floor(math.log10(x)) - 1
+    return math.ceil(x / 10 ** e) * 10 ** e
+
+
+def needed_tolerances(spread: dict[str, Any], claims: Any, factor: float = 2.0) -> dict[str, float]:
+    """Metric -> an absolute tolerance ``factor`` x the observed largest difference (rounded up), for every
+    metric whose observed spread the claims file's current tolerance does not cover (wall-clock metrics,
+    ``ignore``, excepted). ``factor`` leaves room for environments the reruns did not sample."""
+    out = {}
+    for k, m in spread["metrics"].items():
+        tol = claims.tolerance(k)
+        d = m.get("abs")
+        if tol.ignore or not isinstance(d, (int, float)) or d == 0:
+            continue
+        base = _numbers(m["committed"]) or [0.0]
+        if all(d <= tol.abs + tol.rel * abs(b) for b in base):
+            continue
+        out[k] = float(f"{_round_up(factor * d):.2g}")
+    return out
+
+
 def write_spread(folder: str | Path, spread: dict[str, Any]) -> Path:
     """Write ``spread`` as ``folder/spread.json`` (standard JSON) and return the path."""
     from ..io import atomic_write_text
@@ -87,4 +112,4 @@ def write_spread(folder: str | Path, spread: dict[str, Any]) -> Path:
     return path
 
 
-__all__ = ["SPREAD_FILE", "measure_spread", "write_spread"]
+__all__ = ["SPREAD_FILE", "measure_spread", "needed_tolerances", "write_spread"]

@@ -549,6 +549,11 @@ def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path
     other = run_recipe(toy.name, "full", config=ToyConfig(scale=3.0)).record
     with pytest.raises(ValueError, match="not a rerun"):
         measure_spread(ref, [other])
+    from interp.reproduce.spread import needed_tolerances
+
+    # x drifted 0.5 (default rel 1e-6 does not cover it): twice the spread; per_seed drifted to inf: not finite
+    assert needed_tolerances(measure_spread(ref, [same, drift]), ToyRecipe.claims()) == {"x": 1.0}
+    assert needed_tolerances(measure_spread(ref, [same]), ToyRecipe.claims()) == {}
 
 
 def test_wall_clock_claims_are_not_counted_in_the_verdicts(toy):
