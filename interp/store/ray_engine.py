@@ -105,33 +105,4 @@ def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str
     return done
 
 
-def _audit_task(spec: str, backend: str, checks: list[str], texts: list[str], source: str,
-                options: dict[str, dict[str, str]], out: str, load_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """One audit of one checkpoint, run on a Ray worker (or in-process); writes its report to ``out``."""
-    import time
-
-    import interp
-    from interp.audit.base import AuditData
-    from interp.audit.runner import run_audit
-    from interp.progress import set_progress
-
-    set_progress(False)
-    t0 = time.perf_counter()
-    model = interp.load(spec, backend=backend, **load_kwargs)
-    load_s = time.perf_counter() - t0
-    report = run_audit(model, checks, AuditData(texts, source), None, options, spec=spec,
-                       timings={"load_model": load_s})
-    report.write(out)
-    return {"spec": spec, "ok": report.ok, "model": report.model, "timings": report.timings,
-            "checks": [{"name": c.name, "title": c.title, "status": c.status, "seconds": c.seconds,
-                        "summary": c.summary} for c in report.checks]}
-
-
-def run_audits_ray(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run :func:`_audit_task` for every job (keyword dicts) as Ray tasks; results in job order."""
-    ray = ensure_ray()
-    task = ray.remote(num_cpus=1)(_audit_task)
-    return ray.get([task.remote(**job) for job in jobs])
-
-
-__all__ = ["ensure_ray", "run_shards", "run_audits_ray"]
+__all__ = ["ensure_ray", "run_shards"]
