@@ -603,9 +603,28 @@ class Model:
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(hook):
             raise TypeError(f"hook for {name!r} is not callable: {hook!r}")
+        names = self._resolve(name) if dir == "fwd" else self._backward_sites(name)
         store = self.__dict__.setdefault("_persistent", {True: defaultdict(list), False: defaultdict(list)})
-        for n in self._resolve(name):
+        for n in names:
             store[bool(is_permanent)][n].append(hook if dir == "fwd" else _BackwardHook(n, hook))
+
+    def _backward_sites(self, pattern: Any) -> list[str]:
+        """The sites a backward hook on ``pattern`` can fire at. A read-only site (``model.can_write(name)`` is
+        False, e.g. ``ln1.hook_scale`` on the HF backends) is computed beside the forward path, so no gradient
+        ever reaches it: named alone it is refused in one line (as :meth:`gradients` refuses it); matched by a
+        glob or a filter it is left out, with a warning naming the sites left out."""
+        names = self._resolve(pattern)
+        skipped = [n for n in names if not self.can_write(n)]
+        if not skipped:
+            return names
+        if len(names) == 1:
+            raise ValueError(f"a backward hook at {names[0]!r} would never fire on the {self.backend} backend: that "
+                             "site is derived beside the forward path (read-only here); hook the norm's input or "
+                             "hook_normalized, or use backend='transformer_lens'")
+        import warnings
+        warnings.warn(f"backward hooks left out at {len(skipped)} read-only site(s) that no gradient reaches on the "
+                      f"{self.backend} backend: {skipped[:4]}{' ...' if len(skipped) > 4 else ''}", stacklevel=3)
+        return [n for n in names if n not in skipped]
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
         """Remove the hooks :meth:`add_hook` added, forward and backward (the permanent ones too with
@@ -625,7 +644,7 @@ class Model:
         """TransformerLens's ``with model.hooks(fwd_hooks=[(name, fn)], bwd_hooks=[(name, fn)]):`` — the hooks
         apply to every run in the block (this thread) and are removed on exit, also when it raises (backward
         hooks then stop firing; run the backward pass inside the block)."""
-        back = self._hookset(bwd_hooks, "backward hook")
+        back = self._hookset([(p, fn) for p0, fn in bwd_hooks for p in [self._backward_sites(p0)]], "backward hook")
         hookset: HookSet = defaultdict(list, {k: list(v) for k, v in self._hookset(fwd_hooks, "hook").items()})
         made = []
         for n, fns in back.items():

@@ -316,3 +316,32 @@ def test_resid_mid_writes_feed_the_mlp_and_its_gradient_is_the_residuals(backend
     assert abs(full - mlp_path) > 10 * abs(fd_mid - mlp_path)  # the residual's gradient is another number
     fd_attn = (write_loss("blocks.1.hook_attn_out", eps) - write_loss("blocks.1.hook_attn_out", -eps)) / (2 * eps)
     assert abs(fd_attn - full) < 3e-2 * abs(full) + 1e-3  # a write at attn_out moves the whole residual
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_hooks_never_sit_silently_where_no_gradient_reaches(backend):
+    """A backward hook at a read-only site (``ln1.hook_scale`` on the HF backends: computed beside the forward
+    path, so no gradient reaches it) would never fire: named alone it is refused in one line; matched by a filter
+    (the Attribution Patching Demo's ``lambda name: "_input" not in name``) it is left out with a warning naming
+    it, and every other site's hook fires."""
+    model, _ = pair("llama", backend)
+    ids = model.to_tokens(["ab cd ef"])
+    read_only = [n for n in model.hook_names() if not model.can_write(n)]
+    assert (backend == "transformer_lens") == (read_only == [])
+    fired = set()
+    try:
+        if read_only:
+            with pytest.raises(ValueError, match="would never fire"):
+                model.add_hook(read_only[0], lambda grad, hook: None, "bwd")
+            with pytest.warns(UserWarning, match="read-only"):
+                model.add_hook(lambda name: "_input" not in name, lambda grad, hook: fired.add(hook.name), "bwd")
+        else:
+            model.add_hook(lambda name: "_input" not in name, lambda grad, hook: fired.add(hook.name), "bwd")
+        with torch.enable_grad():
+            model(ids, return_type="loss").backward()
+    finally:
+        model.reset_hooks()
+        for p in model.parameters():
+            p.grad = None
+    expected = {n for n in model.hook_names() if n not in read_only}
+    assert fired == expected, sorted(expected ^ fired)[:6]  # interp's hook.name is the canonical name everywhere
