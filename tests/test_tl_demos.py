@@ -511,16 +511,103 @@ def dla_memory_watch(ns):
 
 DLA_DEMO: list[Cell] = [dla_setup, dla_naive_and_projected, dla_top_components, dla_multi_target, dla_memory_watch]
 
+# ----------------------------------------------------------------------------------------- Head Detector Demo
+# The demo copies TransformerLens's head detector into a cell; here it is imported from TL (the same code), and it
+# runs on an interp model as on the bridge (it needs run_with_cache, to_str_tokens, to_tokens and cfg).
+# (shortened: the tiny model's context is 128 positions and its tokenizer gives one token per character)
+HD_PROMPT = "The head detector feature for TransformerLens allows users to check for common heads."
+
+
+def hd_previous_token(ns):
+    from transformer_lens.head_detector import detect_head
+
+    model = ns["model"]
+    head_scores = detect_head(model, HD_PROMPT, "previous_token_head")
+    _, cache = model.run_with_cache(HD_PROMPT)
+    ns["out"]["hd_previous"] = head_scores
+    ns["out"]["hd_pattern2"] = cache["pattern", 2, "attn"].squeeze(0)
+
+
+def hd_previous_token_excluding(ns):
+    from transformer_lens.head_detector import detect_head
+
+    head_scores = detect_head(ns["model"], HD_PROMPT, "previous_token_head", exclude_bos=True,
+                              exclude_current_token=True)
+    ns["out"]["hd_previous_excluding"] = head_scores
+
+
+def hd_custom_pattern(ns):
+    from transformer_lens.head_detector import detect_head
+
+    model = ns["model"]
+    # a leading space: the tiny byte-level tokenizer has no word-initial space tokens as GPT-2's BPE has
+    prompt = " The following lexical sequence has been optimised for the maximisation of letter combinations."
+    tokens = model.to_str_tokens(prompt)
+    detection_pattern = []
+    for i in range(2):
+        detection_pattern.append([0 for t in tokens])
+    for i in range(2, len(tokens)):
+        current_token = i
+        previous_tokens_in_word = 0
+        while not tokens[current_token].startswith(" "):
+            previous_tokens_in_word += 1
+            current_token -= 1
+        detection_pattern.append([0 for j in range(i - previous_tokens_in_word)] + [1 for j in range(previous_tokens_in_word)]
+                                 + [0 for j in range(i + 1, len(tokens) + 1)])
+    detection_pattern = torch.as_tensor(detection_pattern).to(model.cfg.device)
+    _, cache = model.run_with_cache(prompt)
+    for measure in ("mul", "abs"):
+        ns["out"][f"hd_custom_{measure}"] = detect_head(model, prompt, detection_pattern=detection_pattern,
+                                                        exclude_bos=False, exclude_current_token=True,
+                                                        error_measure=measure)
+    scores = []
+    for i in range(3):
+        scores.append(detect_head(model, prompt, detection_pattern=detection_pattern, exclude_bos=False,
+                                  exclude_current_token=True, error_measure="abs"))
+    ns["out"]["hd_custom_mean"] = torch.stack(scores).mean(dim=0)
+
+
+def hd_several_prompts(ns):
+    from transformer_lens.head_detector import detect_head
+
+    model = ns["model"]
+    prompts = ["This is the first the test prompt.", "This is another test prompt, being just a sequence of tokens.",
+               "If you're interested in mechanistic interpretability, this is how the sausage REALLY is made."]
+    ns["out"]["hd_prev_avg"] = detect_head(model, prompts, "previous_token_head", error_measure="abs")
+    ns["out"]["hd_dup_avg"] = detect_head(model, prompts, "duplicate_token_head", error_measure="abs")
+    prompts = ["one two three one two three one two three", "1 2 3 4 5 1 2 3 4 1 2 3 1 2 3 4 5 6 7",
+               "green ideas sleep furiously; green ideas don't sleep furiously"]
+    ns["out"]["hd_dup_repeated"] = detect_head(model, prompts, "duplicate_token_head", exclude_bos=False,
+                                               exclude_current_token=False, error_measure="abs")
+    ns["out"]["hd_induction"] = detect_head(model, prompts, "induction_head", exclude_bos=False,
+                                            exclude_current_token=False, error_measure="abs")
+
+
+def hd_ones_pattern(ns):
+    from transformer_lens.head_detector import detect_head
+
+    model = ns["model"]
+    seq_len = len(model.to_str_tokens(HD_PROMPT))
+    ones_detection_pattern = torch.tril(torch.ones(seq_len, seq_len).to(model.cfg.device))
+    ns["out"]["hd_ones_mul"] = detect_head(model, HD_PROMPT, ones_detection_pattern, exclude_bos=True,
+                                           exclude_current_token=True)
+    ns["out"]["hd_ones_abs"] = detect_head(model, HD_PROMPT, ones_detection_pattern, exclude_bos=True,
+                                           exclude_current_token=True, error_measure="abs")
+
+
+HEAD_DETECTOR_DEMO: list[Cell] = [hd_previous_token, hd_previous_token_excluding, hd_custom_pattern,
+                                  hd_several_prompts, hd_ones_pattern]
+
 DEMOS: dict[str, list[Cell]] = {"Main_Demo": MAIN_DEMO, "Activation_Patching_in_TL_Demo": ACTIVATION_PATCHING_DEMO,
                                 "Attribution_Patching_Demo": ATTRIBUTION_PATCHING_DEMO,
-                                "Direct_Logit_Attribution_Demo": DLA_DEMO}
+                                "Direct_Logit_Attribution_Demo": DLA_DEMO, "Head_Detector_Demo": HEAD_DETECTOR_DEMO}
 #: demos whose reference is the bridge with TransformerLens's weight processing (fold_ln ...), which TL's
 #: ``apply_ln`` assumes (interp applies the norm's weight itself, on the unprocessed model)
 PROCESSED = {"Direct_Logit_Attribution_Demo"}
 #: TL's code cells that each demo's steps above cover, of the demo's code cells that use a model (cell numbers
 #: of TL's notebooks at the time of writing; a step may hold several cells): reported in the TL-users docs
 COUNTS = {"Main_Demo": (37, 37), "Activation_Patching_in_TL_Demo": (10, 16), "Attribution_Patching_Demo": (10, 37),
-          "Direct_Logit_Attribution_Demo": (9, 9)}
+          "Direct_Logit_Attribution_Demo": (9, 9), "Head_Detector_Demo": (15, 15)}
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -642,6 +729,13 @@ def test_patching_demo_cells_run_as_written_and_equal_transformer_lens(demo, arc
 @pytest.mark.parametrize("arch", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
 def test_direct_logit_attribution_demo_cells(arch, backend):
     check_demo("Direct_Logit_Attribution_Demo", arch, backend)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_head_detector_demo_cells(arch, backend):
+    check_demo("Head_Detector_Demo", arch, backend)
 
 
 @pytest.mark.slow
