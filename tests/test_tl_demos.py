@@ -419,6 +419,49 @@ def attr_head_out(ns):
     ns["out"]["head_out_attr"] = head_out_attr
 
 
+def attr_head_vectors(ns):
+    import einops
+
+    model = ns["model"]
+    clean_cache, corrupted_cache, corrupted_grad_cache = (ns["attr_clean_cache"], ns["attr_corrupted_cache"],
+                                                          ns["attr_corrupted_grad_cache"])
+
+    def stack_head_vector_from_cache(cache, activation_name):
+        stacked_head_vectors = torch.stack([cache[activation_name, l] for l in range(model.cfg.n_layers)], dim=0)
+        return einops.rearrange(stacked_head_vectors,
+                                "layer batch pos head_index d_head -> (layer head_index) batch pos d_head")
+
+    def attr_patch_head_vector(clean_cache, corrupted_cache, corrupted_grad_cache, activation_name):
+        clean_head_vector = stack_head_vector_from_cache(clean_cache, activation_name)
+        corrupted_head_vector = stack_head_vector_from_cache(corrupted_cache, activation_name)
+        corrupted_grad_head_vector = stack_head_vector_from_cache(corrupted_grad_cache, activation_name)
+        return einops.reduce(corrupted_grad_head_vector * (clean_head_vector - corrupted_head_vector),
+                             "component batch pos d_head -> component pos", "sum")
+
+    for activation_name in ("k", "q", "v", "z"):
+        ns["out"][f"attr_head_vector_{activation_name}"] = attr_patch_head_vector(
+            clean_cache, corrupted_cache, corrupted_grad_cache, activation_name)
+
+
+def attr_head_patterns(ns):
+    import einops
+
+    model = ns["model"]
+    clean_cache, corrupted_cache, corrupted_grad_cache = (ns["attr_clean_cache"], ns["attr_corrupted_cache"],
+                                                          ns["attr_corrupted_grad_cache"])
+
+    def stack_head_pattern_from_cache(cache):
+        stacked_head_pattern = torch.stack([cache["pattern", l] for l in range(model.cfg.n_layers)], dim=0)
+        return einops.rearrange(stacked_head_pattern,
+                                "layer batch head_index dest_pos src_pos -> (layer head_index) batch dest_pos src_pos")
+
+    head_pattern_attr = einops.reduce(
+        stack_head_pattern_from_cache(corrupted_grad_cache) * (stack_head_pattern_from_cache(clean_cache)
+                                                               - stack_head_pattern_from_cache(corrupted_cache)),
+        "component batch dest_pos src_pos -> component dest_pos src_pos", "sum")
+    ns["out"]["attr_head_pattern"] = head_pattern_attr
+
+
 def attr_vs_activation_patching(ns):
     model, patching = ns["model"], ns["patching"]
     every_block = patching.get_act_patch_block_every(model, ns["corrupted_tokens"], ns["clean_cache"], ns["ioi_metric"])
@@ -426,7 +469,8 @@ def attr_vs_activation_patching(ns):
 
 
 ATTRIBUTION_PATCHING_DEMO: list[Cell] = [ap_setup, ap_baselines, attr_setup, attr_fwd_bwd, attr_attention,
-                                         attr_residual, attr_layer_out, attr_head_out, attr_vs_activation_patching]
+                                         attr_residual, attr_layer_out, attr_head_out, attr_head_vectors,
+                                         attr_head_patterns, attr_vs_activation_patching]
 
 # ------------------------------------------------------------------------------- Direct Logit Attribution Demo
 def dla_setup(ns):
@@ -606,7 +650,7 @@ DEMOS: dict[str, list[Cell]] = {"Main_Demo": MAIN_DEMO, "Activation_Patching_in_
 PROCESSED = {"Direct_Logit_Attribution_Demo"}
 #: TL's code cells that each demo's steps above cover, of the demo's code cells that use a model (cell numbers
 #: of TL's notebooks at the time of writing; a step may hold several cells): reported in the TL-users docs
-COUNTS = {"Main_Demo": (37, 37), "Activation_Patching_in_TL_Demo": (10, 16), "Attribution_Patching_Demo": (10, 37),
+COUNTS = {"Main_Demo": (37, 37), "Activation_Patching_in_TL_Demo": (10, 16), "Attribution_Patching_Demo": (12, 37),
           "Direct_Logit_Attribution_Demo": (9, 9), "Head_Detector_Demo": (15, 15)}
 
 
