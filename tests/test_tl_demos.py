@@ -15,7 +15,6 @@ TL's weight processing, which TL's ``apply_ln`` assumes (as the Exploratory demo
 """
 from __future__ import annotations
 
-import copy
 import functools
 import warnings
 from functools import partial
