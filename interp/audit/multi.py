@@ -374,11 +374,7 @@ def trend_figure(summaries: list[dict[str, Any]], checks: list[str]):
 
     panels: list[tuple[str, list[tuple[str, list[float | None]]]]] = []
     for name in checks:
-        keys: list[str] = []
-        for s in summaries:
-            for c in s["checks"]:
-                if c["name"] == name:
-                    keys += [k for k in (c.get("metrics") or {}) if k not in keys]
+        keys = _metric_keys(summaries, name)
         series: dict[str, list[float | None]] = {}
         for key in keys:
             ys = []
@@ -521,15 +517,20 @@ def render_index(summaries: list[dict[str, Any]], checks: list[str], drift: Mapp
     return _page(f"interp audit: {len(summaries)} checkpoints", body)
 
 
+def _metric_keys(summaries: list[dict[str, Any]], name: str) -> list[str]:
+    """The headline metric names check ``name`` reported in any of the checkpoints' summaries, in first-seen order."""
+    keys: list[str] = []
+    for s in summaries:
+        for c in s["checks"]:
+            if c["name"] == name:
+                keys += [k for k in (c.get("metrics") or {}) if k not in keys]
+    return keys
+
+
 def _table(summaries: list[dict[str, Any]], checks: list[str], said: Mapping[str, str] | None = None) -> str:
     cols: list[tuple[str, str]] = []
     for name in checks:
-        keys: list[str] = []
-        for s in summaries:
-            for c in s["checks"]:
-                if c["name"] == name:
-                    keys += [k for k in (c.get("metrics") or {}) if k not in keys]
-        cols += [(name, k) for k in keys]
+        cols += [(name, k) for k in _metric_keys(summaries, name)]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in
                    ["checkpoint", "step", "model", *(f"{c}: status" for c in checks), *(f"{c}.{k}" for c, k in cols),
                     *(f"{c}: summary" for c in checks)])

@@ -357,21 +357,6 @@ TEXTS = [f"doc {i}: " + " ".join(_WORDS[(i * 7 + j) % len(_WORDS)] for j in rang
          for i in range(30)]
 
 
-def _model_folder(folder: Path, scale: float = 1.0) -> Path:
-    hf, _ = tiny_model("llama", seed=0, folder=folder, n_layers=2)
-    if scale != 1.0:
-        with torch.no_grad():
-            for p in hf.parameters():
-                p.mul_(scale)
-        hf.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return _model_folder(tmp_path_factory.mktemp("llama"))
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     f = tmp_path_factory.mktemp("corpus") / "corpus.txt"
@@ -566,7 +551,7 @@ def test_a_write_error_on_a_ray_worker_keeps_its_errno(model_dir, corpus, tmp_pa
     ActivationStore(out, verify=True)
 
 
-def test_resuming_with_another_backend_compares_weights_not_the_family_spelling(model_dir, tmp_path_factory,
+def test_resuming_with_another_backend_compares_weights_not_the_family_spelling(model_dir, perturbed_dir,
                                                                                 tmp_path):
     """A torch-backend store resumed with the transformer_lens backend was refused ("the model changed"): its
     ``family`` is ``'llama'`` there and ``'LlamaForCausalLM'`` here, and TransformerLens's bridge adds a zero
@@ -578,7 +563,7 @@ def test_resuming_with_another_backend_compares_weights_not_the_family_spelling(
     harvest(str(model_dir), TEXTS, NAMES, out, backend="torch", **KW)
     assert _manifest(out)["identity"]["model"]["family"] == "llama"
     _interrupted(out, keep=2)
-    perturbed = _model_folder(tmp_path_factory.mktemp("llama-perturbed"), scale=1.001)
+    perturbed = perturbed_dir
     with pytest.raises(IncompatibleStoreError, match="weights' fingerprint.*backend 'torch'.*'transformer_lens'"):
         harvest(str(perturbed), TEXTS, NAMES, out, backend="transformer_lens", **KW)
     assert len(_manifest(out)["shards"]) == 2
@@ -588,7 +573,7 @@ def test_resuming_with_another_backend_compares_weights_not_the_family_spelling(
     assert _manifest(out)["identity"]["model"]["family"] == "llama"  # the store's record is kept
 
 
-def test_a_store_fingerprinted_by_the_earlier_scheme_still_resumes(model_dir, tmp_path, tmp_path_factory):
+def test_a_store_fingerprinted_by_the_earlier_scheme_still_resumes(model_dir, perturbed_dir, tmp_path):
     """Stores written before the backend-independent scheme recorded every parameter (zero biases too) and no
     ``weights_scheme``: they are compared by their own scheme."""
     from interp.store import harvest, weights_fingerprint
@@ -602,7 +587,7 @@ def test_a_store_fingerprinted_by_the_earlier_scheme_still_resumes(model_dir, tm
     del man["identity"]["weights_scheme"]
     man["identity"]["weights"] = weights_fingerprint(interp.load(str(model_dir)))
     (out / "manifest.json").write_text(json.dumps(man))
-    perturbed = _model_folder(tmp_path_factory.mktemp("llama-perturbed"), scale=1.001)
+    perturbed = perturbed_dir
     with pytest.raises(IncompatibleStoreError, match="weights"):
         harvest(str(perturbed), TEXTS, NAMES, out, **KW)
     assert harvest(str(model_dir), TEXTS, NAMES, out, **KW).shards_skipped == 2

@@ -169,27 +169,6 @@ def _texts(n: int = 30) -> list[str]:
 TEXTS = _texts()
 
 
-def _model_folder(folder: Path, scale: float = 1.0) -> Path:
-    hf, _ = tiny_model("llama", seed=0, folder=folder, n_layers=2)
-    if scale != 1.0:  # every weight perturbed by the same relative amount
-        with torch.no_grad():
-            for p in hf.parameters():
-                p.mul_(scale)
-        hf.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return _model_folder(tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def perturbed_dir(tmp_path_factory) -> Path:
-    """The same checkpoint with every weight changed by 0.1% (another checkpoint, close enough to fool a probe)."""
-    return _model_folder(tmp_path_factory.mktemp("llama-perturbed"), scale=1.001)
-
-
 @pytest.fixture(scope="module")
 def model(model_dir):
     return interp.load(str(model_dir))
