@@ -332,6 +332,8 @@ class ArchSpec:
         if self.embed:
             emb = first >> Scaled(self.embedding_multiplier) if self.embedding_multiplier != 1.0 else first
             out["hook_embed"] = Site(self.embed, "output", emb)
+        if self.pos_embed:  # a learned position table (GPT-2, OPT): what it adds to the residual stream
+            out["hook_pos_embed"] = Site(self.pos_embed, "output", first)
         added = first >> Scaled(self.residual_multiplier) if self.residual_multiplier != 1.0 else first
         for layer in range(self.n_layers):
             blk = f"{self.blocks}.{layer}"

@@ -67,10 +67,12 @@ def layer_of(name: str) -> int | None:
 
 
 def order_key(name: str, n_layers: int) -> tuple[int, int]:
-    """Execution order of a canonical hook: ``hook_embed`` first, ``ln_final`` last."""
+    """Execution order of a canonical hook: ``hook_embed`` (then ``hook_pos_embed``) first, ``ln_final`` last."""
     layer, hook = parse(name)
     if layer is None:
-        return (-1, 0) if name == "hook_embed" else (n_layers + 1, 0 if name.endswith("hook_scale") else 1)
+        if name in ("hook_embed", "hook_pos_embed"):
+            return (-1, 0 if name == "hook_embed" else 1)
+        return (n_layers + 1, 0 if name.endswith("hook_scale") else 1)
     rank = BLOCK_HOOKS.index(hook) if hook in BLOCK_HOOKS else len(BLOCK_HOOKS)
     return (layer, rank)
 

@@ -42,7 +42,7 @@ _GATED_SUFFIXES = tuple(_GATED)
 
 
 def _canonical_set(n_layers: int) -> list[str]:
-    names = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in BLOCK_HOOKS]
+    names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in BLOCK_HOOKS]
     return names + ["ln_final.hook_scale", "ln_final.hook_normalized"]
 
 
