@@ -204,13 +204,15 @@ def _check_source(spec: str) -> None:
 
 def load(spec: str | Path, backend: str = "torch", device: str | torch.device | None = None,
          dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
-         attn_implementation: str | None = None, check: bool = True, **from_pretrained_kwargs) -> Model:
+         attn_implementation: str | None = None, check: bool = True, prepend_bos: bool | None = None,
+         **from_pretrained_kwargs) -> Model:
     """Load a model by spec and wrap it.
 
     ``spec`` is ``zoo:NAME`` (see :mod:`interp.zoo`), a local folder in Hugging Face format, or a hub
     name (needs network access). ``device``, ``dtype`` and ``device_map`` go to ``from_pretrained``,
     so ``device_map="auto"`` splits a large model across accelerators the standard way. ``check``: the load
-    self-check (see :func:`wrap`).
+    self-check (see :func:`wrap`). ``prepend_bos``: the model's BOS rule (``model.prepend_bos``; ``True`` is
+    TransformerLens's default), so a TL notebook's loading line stays one line.
     """
     import transformers
     from transformers import AutoConfig
@@ -249,5 +251,7 @@ def load(spec: str | Path, backend: str = "torch", device: str | torch.device | 
         except (OSError, ValueError, TypeError):
             tokenizer = None
     model = wrap(hf_model, tokenizer, backend, check=check)
+    if prepend_bos is not None:
+        model.prepend_bos = bool(prepend_bos)
     model.source = spec  # type: ignore[attr-defined]
     return model

@@ -259,3 +259,13 @@ def test_prepend_bos_rules_every_text_input_as_transformer_lens(backend):
     finally:
         m.prepend_bos = None
     assert torch.equal(m.to_tokens([TEXT, "Hi"]), plain)
+
+
+def test_load_takes_the_tl_bos_default_in_its_one_line(tmp_path):
+    """``interp.load(..., prepend_bos=True)``: a TL notebook's loading line changed, nothing else."""
+    from interp.testing import tiny_model
+    tiny_model("llama", folder=tmp_path)
+    model = interp.load(str(tmp_path), prepend_bos=True)
+    assert model.prepend_bos is True
+    assert int(model.tokenize(["Hi"])["input_ids"][0, 0]) == model.tokenizer.bos_token_id
+    assert interp.load(str(tmp_path)).prepend_bos is None
