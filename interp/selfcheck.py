@@ -119,12 +119,34 @@ def self_check(model, reference: torch.Tensor | None = None, ids: torch.Tensor |
     all_names = model.hook_names()
     ends = (0, cfg.n_layers - 1)
     names = [n for n in all_names if parse(n)[0] is None or parse(n)[0] in ends or parse(n)[1] in IDENTITY_HOOKS]
-    with torch.no_grad(), model.capture(names) as cache:
-        logits = model(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device))
+    kind = lambda n: parse(n)[1] if parse(n)[0] is not None else n  # noqa: E731 - the hook, without its block
+
+    def run(wanted):
+        with torch.no_grad(), model.capture(wanted) as got:
+            out = model(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device))
+        return out, got
+
+    try:
+        logits, cache = run(names)
+    except Exception:  # noqa: BLE001 - some site cannot be computed on this model: find which, one hook at a time
+        broken: dict[str, str] = {}
+        for hook in dict.fromkeys(map(kind, names)):
+            probe = next(n for n in names if kind(n) == hook)
+            try:
+                run([probe])
+            except Exception as exc:  # noqa: BLE001 - recorded as the reason the site is withdrawn
+                broken[hook] = f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        if not broken:
+            raise
+        for n in all_names:
+            if kind(n) in broken:
+                result.withdrawn[n] = broken[kind(n)]
+        names = [n for n in names if kind(n) not in broken]
+        logits, cache = run(names)
     captured = set(cache.keys())
-    silent = {parse(n)[1] if parse(n)[0] is not None else n for n in names if n not in captured}
+    silent = {kind(n) for n in names if n not in captured}
     for n in all_names:  # a hook that never fires in the first or the last block fires in none
-        if (parse(n)[1] if parse(n)[0] is not None else n) in silent:
+        if kind(n) in silent:
             result.withdrawn[n] = "listed but never fired"
 
     def have(n: str) -> bool:
@@ -181,7 +203,8 @@ def self_check(model, reference: torch.Tensor | None = None, ids: torch.Tensor |
         try:
             cols = _columns(logits.shape[-1], logits)
             recomputed = _logits_from_resid(model, cache[last], cols)
-        except (KeyError, NotImplementedError, AttributeError) as exc:
+        except (KeyError, NotImplementedError, AttributeError, ValueError, TypeError) as exc:
+            # no single final norm / unembedding to read (e.g. dynamics.untie_gpt2's position-split modules)
             result.skipped.append(f"logits from the residual stream: {exc}")
         else:
             e = _rel(recomputed, logits[..., cols.to(logits.device)])

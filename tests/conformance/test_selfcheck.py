@@ -113,3 +113,16 @@ def test_cached_tensors_are_copies_the_model_cannot_change(tok):
     resid = cache["blocks.0.hook_resid_post"] - cache["blocks.0.hook_resid_pre"]
     assert torch.allclose(cache["blocks.0.hook_attn_out"] + cache["blocks.0.hook_mlp_out"], resid, atol=1e-5)
     assert not torch.allclose(cache["blocks.0.hook_mlp_out"], resid, atol=1e-3)
+
+
+def test_a_site_that_cannot_be_computed_is_withdrawn_not_raised(tok):
+    """dynamics.untie_gpt2 replaces GPT-2's norms by position-split modules with no single epsilon: the ln hooks
+    cannot be computed there; the check withdraws them (saying so) instead of failing the load or a later capture."""
+    from interp.dynamics.untied import untie_gpt2
+    hf = untie_gpt2(tiny_causal_lm("gpt2"), 3)
+    with pytest.warns(SelfCheckWarning, match="withdrawn"):
+        model = interp.wrap(hf, tok)
+    assert model.self_check.withdrawn["blocks.1.ln1.hook_scale"].startswith("raises ValueError")
+    assert not [n for n in model.hook_names() if ".ln" in n or n.startswith("ln_")]
+    _, cache = model.run_with_cache(["Hello there"])
+    assert set(cache) == set(model.hook_names())
