@@ -251,7 +251,7 @@ class _Worst:
         if not e <= self.error or not self.site:  # NaN and inf count as the worst
             self.error, self.site = e, site
 
-    def result(self, tol: float, expected: list[str] | None = None) -> GroupResult:
+    def result(self, tol: float) -> GroupResult:
         if self.missing and not self.compared:
             return GroupResult("missing", site=self.missing[0])
         ok = self.error <= tol

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 import transformers
 
-import interp
 from interp.conformance import GROUPS, run_pair, save_family
 from interp.io import atomic_write_json, atomic_write_text
 from interp.support import BACKENDS, MATRIX
