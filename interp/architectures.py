@@ -166,9 +166,11 @@ class NormLens(Lens):
 
     ``hook_scale`` is ``sqrt(mean(x_c^2) + eps)`` (``[..., 1]``; ``x_c`` = ``x`` centred for LayerNorm, ``x``
     for RMSNorm) and ``hook_normalized`` is ``x_c / scale``, *before* the norm's weight and bias, on
-    every backend. Both are computed from the module's input (HF exposes only the weighted output);
-    ``hook_scale`` is read-only, and a write to ``hook_normalized`` recomputes the module output as
-    ``normalized * (w + offset) + b`` (``offset`` is 1 for Gemma's ``(1 + w)`` RMSNorm).
+    every backend. Both are computed from the module's input (HF exposes only the weighted output). As in
+    TransformerLens, ``hook_normalized`` is ``x_c / s`` with ``s`` the (possibly hooked) ``hook_scale`` of the same
+    call (passed as ``scale``), and a write to either recomputes the module output as
+    ``x_c / s * (w + offset) + b`` (``offset`` is 1 for Gemma's ``(1 + w)`` RMSNorm); with a graph the output is
+    recomputed so, which makes both sites differentiable (gradients and backward hooks) as TL's.
     """
 
     needs_input = True
@@ -177,7 +179,6 @@ class NormLens(Lens):
         if part not in ("scale", "normalized") or kind not in ("layer", "rms"):
             raise ValueError(f"NormLens(part={part!r}, kind={kind!r})")
         self.part, self.kind, self.offset = part, kind, offset
-        self.writable = part == "normalized"
 
     @staticmethod
     def _eps(module) -> float:
@@ -189,21 +190,24 @@ class NormLens(Lens):
             return 1e-5
         raise ValueError(f"cannot find the epsilon of {type(module).__name__}")
 
-    def parts(self, module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def parts(self, module, x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale [..., 1], normalized [..., d])`` of the norm input ``x`` in float32; a given ``scale`` (the
+        hooked ``hook_scale``) is used instead of the one computed from ``x``."""
         xf = x.float()
         if self.kind == "layer":
             xf = xf - xf.mean(-1, keepdim=True)
-        scale = (xf.pow(2).mean(-1, keepdim=True) + self._eps(module)).sqrt()
-        return scale, xf / scale
+        if scale is None:
+            scale = (xf.pow(2).mean(-1, keepdim=True) + self._eps(module)).sqrt()
+        return scale, xf / scale.float()
 
-    def get_io(self, module, inp: torch.Tensor, out: Any) -> torch.Tensor:
-        scale, normalized = self.parts(module, inp)
-        return (scale if self.part == "scale" else normalized).to(inp.dtype)
+    def get_io(self, module, inp: torch.Tensor, out: Any, scale: torch.Tensor | None = None) -> torch.Tensor:
+        s, normalized = self.parts(module, inp, scale)
+        return (s if self.part == "scale" else normalized).to(inp.dtype)
 
     def set_io(self, module, inp: torch.Tensor, out: Any, value: torch.Tensor) -> Any:
         w = getattr(module, "weight", None)
         b = getattr(module, "bias", None)
-        y = value.float()
+        y = value.float() if self.part == "normalized" else self.parts(module, inp, value)[1]
         if w is not None:
             y = y * (w.float() + self.offset)
         if b is not None:
