@@ -610,7 +610,7 @@ class Model:
 
     def _backward_sites(self, pattern: Any) -> list[str]:
         """The sites a backward hook on ``pattern`` can fire at. A read-only site (``model.can_write(name)`` is
-        False, e.g. ``ln1.hook_scale`` on the HF backends) is computed beside the forward path, so no gradient
+        False: a site a backend derives beside the forward path) is computed off the graph, so no gradient
         ever reaches it: named alone it is refused in one line (as :meth:`gradients` refuses it); matched by a
         glob or a filter it is left out, with a warning naming the sites left out."""
         names = self._resolve(pattern)
@@ -1174,7 +1174,7 @@ class Model:
                 _check_hook_output(name, tensor, out)
                 if not writable:
                     raise ValueError(f"{name!r} can be captured but not modified on the {self.backend} "
-                                     f"backend: {_READ_ONLY_WHY.get(parse(name)[1], 'it is derived from other tensors')} "
+                                     "backend: it is derived from other tensors "
                                      "(model.can_write(name) tells which names are writable)")
                 tensor, changed = out, True
         finally:
@@ -1335,7 +1335,7 @@ class Model:
         got = dict.fromkeys(n for n, _ in flat)
         for (n, t), g in zip(flat, grads_t):
             if g is None and not self.can_write(n):
-                # a read-only site computed beside the forward path (e.g. ln*.hook_scale on the HF backends):
+                # a read-only site computed beside the forward path (a lens that is not writable):
                 # zeros here would be silent garbage
                 raise ValueError(f"the gradient at {n!r} cannot be read on the {self.backend} backend: that site is "
                                  "derived from its module's input beside the forward path (read-only here); take "
@@ -1558,13 +1558,6 @@ def next_token_loss(logits: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> 
 #: included, is writable on every backend that offers it)
 #: hooks whose tensors are ``[batch, head, query_pos, key_pos]`` (the query axis is 2)
 _KEY_BY_QUERY = ("attn.hook_pattern", "attn.hook_attn_scores")
-
-_READ_ONLY_WHY = {
-    "ln1.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
-    "ln2.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
-    "ln_final.hook_scale": "the norm's scale is recomputed from its input; intervene on hook_normalized",
-}
-
 
 class TokenIdsError(TypeError, ValueError):
     """Token ids of a dtype that is not an integer (a ``TypeError``, and a ``ValueError`` as the input checks'

@@ -11,7 +11,8 @@ import torch
 import interp
 from interp.testing import tiny_model
 
-NAMES = ["blocks.1.attn.hook_z", "blocks.1.ln1.hook_normalized", "ln_final.hook_normalized", "blocks.2.attn.hook_q",
+NAMES = ["blocks.1.attn.hook_z", "blocks.1.ln1.hook_scale", "blocks.1.ln1.hook_normalized", "blocks.2.ln2.hook_scale",
+         "ln_final.hook_scale", "ln_final.hook_normalized", "blocks.2.attn.hook_q",
          "blocks.1.attn.hook_rot_k", "blocks.1.attn.hook_attn_scores", "blocks.1.attn.hook_pattern",
          "blocks.1.attn.hook_result", "blocks.0.mlp.hook_pre", "blocks.2.hook_resid_post"]
 TEXTS = ["a b c d e", "f g"]  # padded batch
@@ -61,12 +62,25 @@ def test_gradient_matches_finite_difference_at_hook_z(llama):
     assert abs(analytic) > 1e-3 and abs(fd - analytic) < 2e-2 * abs(analytic)
 
 
-def test_read_only_site_refuses_instead_of_zeros(llama):
+@pytest.mark.parametrize("backend", ["torch", "nnsight"])
+def test_norm_scale_gradient_matches_finite_difference(llama, backend):
+    """``ln*.hook_scale`` is on the forward path of the HF backends as in TL (the normalized input divides by it):
+    its gradient is the loss's derivative along a write there (it was computed beside the path and refused)."""
     hf, tok = llama
-    model = interp.wrap(hf, tok, backend="torch")
-    assert not model.can_write("blocks.1.ln2.hook_scale")
-    with pytest.raises(ValueError, match="hook_scale.*read-only"):
-        model.gradients(TEXTS, "blocks.1.ln2.hook_scale")
+    model = interp.wrap(hf, tok, backend=backend)
+    name = "blocks.1.ln2.hook_scale"
+    assert model.can_write(name)
+    g = model.gradients(TEXTS, name)
+    scale, grad = g.activations[name], g.grads[name]
+    eps = 1e-2
+
+    def loss(k: float) -> float:
+        with model.intervene({name: interp.Scale(1 + k)}):
+            return float(model.gradients(TEXTS, "blocks.0.hook_resid_post").value)
+
+    fd = (loss(eps) - loss(-eps)) / (2 * eps)
+    analytic = float((grad * scale).sum())
+    assert abs(analytic) > 1e-3 and abs(fd - analytic) < 2e-2 * abs(analytic)
 
 
 @pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, Site, arch_spec, norm_parts
+from ..architectures import ArchSpec, NormLens, Site, arch_spec, norm_parts
 from ..model import HookSet, Model, ModelConfig, _Opened
 from ..names import parse
 from ..run import current_pass
@@ -236,9 +236,13 @@ class HFModel(Model):
         """Run the hook functions of one module call on its raw input/output value (``module`` and its
         first input ``inp`` are needed by derived sites such as ``ln1.hook_normalized``)."""
         changed_any = False
+        scale = None  # a norm's hooked (edited, or in the graph) hook_scale: its hook_normalized divides by it, as TL's
         for name, site, fns in entries:
             lens = site.lens
-            t = lens.get_io(module, inp, raw) if site.needs_input else lens.get(raw)
+            if isinstance(lens, NormLens) and lens.part == "normalized":
+                t = lens.get_io(module, inp, raw, scale)
+            else:
+                t = lens.get_io(module, inp, raw) if site.needs_input else lens.get(raw)
             if site.token_rows:  # [batch * pos, ...] rows (OPT's MLP half): hooks see [batch, pos, ...]
                 t = t.unflatten(0, (self._pass_batch(name, pass_ctx), -1))
             version = _version(t)
@@ -250,6 +254,8 @@ class HFModel(Model):
             # per-head z, or a derived tensor such as hook_result, is otherwise off the path and its
             # gradient would be zero)
             changed = changed or (lens.writable and t.requires_grad and torch.is_grad_enabled())
+            if changed and isinstance(lens, NormLens) and lens.part == "scale":
+                scale = t
             if changed:
                 if site.token_rows:
                     t = t.flatten(0, 1)
