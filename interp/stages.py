@@ -56,9 +56,9 @@ _SCHEMA = "interp.stage"
 _SCHEMA_VERSION = 2  # 2: full key and checksums stored, checked on every read
 #: the top-level packages whose modules count as the project's code in :func:`code_version`
 PROJECT_PACKAGES: tuple[str, ...] = ("interp",)
-#: project modules left out of code versions: the reproduction framework and this module run no stage's
-#: computation (they store, judge and report it; a change of the stored format bumps ``_SCHEMA_VERSION``)
-FRAMEWORK_MODULES: tuple[str, ...] = ("interp.reproduce", "interp.stages")
+#: project modules left out of code versions: the reproduction framework (``interp.apps.reproduce``, and its
+#: deprecated alias ``interp.reproduce``) and this module run no stage's computation (they store, judge and report it; a change of the stored format bumps ``_SCHEMA_VERSION``)
+FRAMEWORK_MODULES: tuple[str, ...] = ("interp.apps.reproduce", "interp.reproduce", "interp.stages")
 ON_MISMATCH = ("recompute", "refuse")
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from interp.audit import AuditData, Check, Rendered
+from interp.checks import AuditData, Check, Rendered
 from interp.results import Result
 from interp.viz import attention_view
 
@@ -114,7 +114,7 @@ class HeadsCheckResult(AblationViews, Result):
 #: ~10 % even at random init, so the loss test below catches those.
 UNIFORM_SPREAD = 0.02
 #: loss / ln(vocabulary) above which the report says the predictions are nearly uniform ("untrained?"): a random
-#: init scores ~1.0 (the tiny byte-level run of interp.audit.demo: 1.006 at step 0, 0.68 after 10 steps)
+#: init scores ~1.0 (the tiny byte-level run of interp.apps.audit.demo: 1.006 at step 0, 0.68 after 10 steps)
 UNIFORM_LOSS = 0.95
 
 

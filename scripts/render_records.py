@@ -4,7 +4,7 @@
 import sys
 from pathlib import Path
 
-from interp.reproduce.docs import render_files
+from interp.apps.reproduce.docs import render_files
 
 root = Path(__file__).resolve().parent.parent
 check = "--check" in sys.argv[1:]

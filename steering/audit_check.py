@@ -41,7 +41,7 @@ import html
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from interp.audit import AuditData, Check, Rendered, parse_overrides
+from interp.checks import AuditData, Check, Rendered, parse_overrides
 from interp.results import Result
 from interp.viz import token_view
 

@@ -15,9 +15,9 @@ import torch
 from typer.testing import CliRunner
 
 import interp
-from interp.audit import (SCHEMA, AuditData, Check, Rendered, UnknownCheckError, available_checks, get_check,
+from interp.apps.audit import (SCHEMA, AuditData, Check, Rendered, UnknownCheckError, available_checks, get_check,
                           parse_checks, register_check, run_audit, unregister_check)
-from interp.cli import app
+from interp.apps.cli import app
 from interp.results import Result
 from interp.testing import tiny_model
 
@@ -131,7 +131,7 @@ def test_interp_imports_no_analyzer_package():
         text = path.read_text(encoding="utf-8")
         for pkg in ("probes", "steering", "editing", "dynamics", "models"):
             assert f"from {pkg}" not in text and f"import {pkg}" not in text, f"{path} imports {pkg}"
-    code = "import interp.cli, interp.audit, sys; print(any(m.split('.')[0] == 'probes' for m in sys.modules))"
+    code = "import interp.apps.cli, interp.apps.audit, sys; print(any(m.split('.')[0] == 'probes' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -234,7 +234,7 @@ def test_third_party_entry_point_is_discovered(tmp_path, monkeypatch):
     (site / "thirdparty_checks-0.1.dist-info" / "entry_points.txt").write_text(
         "[interp.checks]\ntokens = thirdparty_checks:TokenCheck\n")
     (site / "thirdparty_checks.py").write_text(textwrap.dedent("""
-        from interp.audit import Check, Rendered
+        from interp.apps.audit import Check, Rendered
         from interp.results import Result
         from dataclasses import dataclass
 
@@ -303,7 +303,7 @@ def test_readme_first_command_is_the_audit():
 
 
 def test_default_audit_skips_opt_in_checks():
-    from interp.audit import parse_checks
+    from interp.apps.audit import parse_checks
     assert not {"gavel", "raptor"} & set(parse_checks(None)) and "gavel" not in parse_checks("default")
     assert "heads" in parse_checks(None)
     assert "gavel" in parse_checks("all") and parse_checks("gavel") == ["gavel"]
@@ -377,7 +377,7 @@ def test_fail_if_gates_the_exit_code(model_dir, tmp_path):
 
 
 def test_thresholds_parse_and_a_missing_metric_fails():
-    from interp.audit.gate import exit_code, parse_threshold
+    from interp.apps.audit.gate import exit_code, parse_threshold
 
     metrics = {"heads": {"flagged_fraction": "", "n_flagged": ""}, "steering": {"effect": ""}}
     t = parse_threshold(" steering.effect>=-0.5 ", metrics)
@@ -426,7 +426,7 @@ def test_tokenizer_option_for_a_checkpoint_saved_without_one(model_dir, tmp_path
 def test_provenance_records_the_load_self_check(tmp_path):
     """A model carrying the load self-check (``model.self_check``: ``.passed`` and ``.to_dict()``) has its outcome in
     results.json; the weights fingerprint changes with the weights."""
-    from interp.audit.provenance import provenance
+    from interp.apps.audit.provenance import provenance
 
     class _SelfCheck:
         passed = False

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import interp
-from interp.audit import AuditData, run_audit
+from interp.apps.audit import AuditData, run_audit
 from interp.testing import tiny_model
 from interp.viz import attention_view, token_view
 
@@ -152,8 +152,8 @@ def test_training_run_index_and_compare_page_are_drawn(tmp_path):
     """A real 3-checkpoint run (step 0 is the random initialisation): the index's trend panels are drawn with a
     line and a point per checkpoint, the drift heatmap has a row per head, and the --compare page draws its
     per-head heatmap and metric bars."""
-    from interp.audit.demo import tiny_training_run
-    from interp.audit.multi import run_audits
+    from interp.apps.audit.demo import tiny_training_run
+    from interp.apps.audit.multi import run_audits
 
     ckpts = tiny_training_run(tmp_path / "run", (0, 10, 30))
     data = AuditData(AuditData.builtin().texts[:4])
@@ -193,7 +193,7 @@ def test_the_main_job_on_the_default_model_shows_every_section(tmp_path):
     ~10 min on the shared 2-core machine (the zoo model is built on first use)."""
     from typer.testing import CliRunner
 
-    from interp.cli import app
+    from interp.apps.cli import app
 
     out = tmp_path / "report"
     res = CliRunner().invoke(app, ["audit", "--out", str(out)])

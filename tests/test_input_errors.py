@@ -8,7 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 import interp
-from interp.cli import _unavailable, app
+from interp.apps.cli import _unavailable, app
 from interp.testing import tiny_config, tiny_model
 
 

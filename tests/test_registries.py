@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from interp import zoo
-from interp.audit import registry as audit_registry
+from interp.apps.audit import registry as audit_registry
 from interp.loading import BACKEND_REGISTRY
 from interp.registry import PluginError, Registry, UnknownNameError
 from interp.steering import base as steering_base

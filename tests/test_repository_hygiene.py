@@ -115,7 +115,7 @@ def test_dependencies_point_one_way():
 
 
 def test_generated_doc_tables_are_up_to_date():
-    from interp.reproduce.docs import render_files
+    from interp.apps.reproduce.docs import render_files
 
     stale = render_files(ROOT, write=False)
     assert not stale, ("regenerate with `python scripts/render_records.py`: "

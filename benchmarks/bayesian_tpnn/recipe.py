@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from interp.models.bayesian_tpnn import BayesianTPNNConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiments import ABLATION_METRICS, ablation_means, classification_experiment, experiment, stepwise_ablation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from interp.models.city_networks import TrainConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import (PAPER_ACCURACY_L16, PAPER_R_GCN, CityValidationResult, SweepSpec, ValidationConfig,
                          road_validation, synthetic_validation)

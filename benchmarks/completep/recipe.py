@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from interp.models.completep import load_kjv_corpus
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiments import (CompletePConfig, CompletePResult, batch_transfer, coordinate_check, duration_transfer,
                           lr_transfer, per_module_transfer)

@@ -41,7 +41,7 @@ def _clip(text: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from interp.reproduce import run_recipe
+    from interp.apps.reproduce import run_recipe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="write summary, measurements and verdicts here (JSON)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from interp.models.copypaste import DPOConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .smollm import SmolConfig, smollm_experiment
 from .toy import ToyConfig, toy_experiment

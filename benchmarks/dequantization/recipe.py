@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import DequantConfig, assemble, run_seed
 

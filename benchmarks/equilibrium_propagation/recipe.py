@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from interp.models.equilibrium_propagation import EPConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import EPRunConfig, assemble, run_beta, run_depth, run_seed
 

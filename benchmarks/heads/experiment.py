@@ -147,7 +147,7 @@ def load_model(cfg: ValidationConfig, folder: Path | None = None) -> Any:
 
 def score_texts(cfg: ValidationConfig) -> list[str]:
     """The scoring (threshold) texts: the first ``n_score_texts`` built-in audit texts."""
-    from interp.audit import AuditData
+    from interp.checks import AuditData
 
     texts = AuditData.builtin().texts
     if len(texts) < cfg.n_score_texts:

@@ -14,7 +14,7 @@ import numpy as np
 
 from interp.dynamics.influence import bootstrap_ci
 from interp.dynamics.tasks import majority
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .majority import (VARIANTS, MajorityConfig, influence_summary, majority_record, mean_probe_accuracy,
                        mean_probe_pearson, summary_row)

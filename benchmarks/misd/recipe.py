@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from interp.models.misd import LMNConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .toy import ToyMisDConfig, run_toy_seed
 from .zero_shot import FASHION_ZERO_SHOT, ZeroShotConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .addition import AdditionConfig, run_addition
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.models.reverse_distillation.plm import PLMConfig, build_plm
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import PAPER_PROTEINGYM, ProteinRDConfig, ProteinRDResult, protein_experiment
 from .synthetic import SyntheticConfig, SyntheticResult, synthetic_experiment

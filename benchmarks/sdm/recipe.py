@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from interp.models.sdm import SAEConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import SDMConfig, assemble, objective_checks, run_seed
 

@@ -31,7 +31,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> dict:
-    from interp.audit import AuditData
+    from interp.checks import AuditData
     from interp.probes import score_heads
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

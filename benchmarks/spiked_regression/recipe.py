@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import SpikedRegressionConfig, SpikedRegressionResult, experiment
 

@@ -2,7 +2,7 @@
 quantised digits against the explicitly squared baseline (models digest, section 1, CPU-scale validation)."""
 from __future__ import annotations
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import (ExactnessResult, LearningResult, SquaredCircuitsConfig, SquaredCircuitsResult,
                          exactness_experiment, learning_experiment)

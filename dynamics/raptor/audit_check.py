@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from interp.audit import AuditData, Check, Rendered
+from interp.checks import AuditData, Check, Rendered
 from interp.results import Result
 
 from ..trajectories import Trajectories, trajectory_metrics

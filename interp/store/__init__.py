@@ -11,7 +11,7 @@ SAEs and transcoders from them, and scale the harvest out with Ray.
 
 See ``docs/scale.md``.
 """
-from .harvest import DTYPES, ENGINES, HarvestConfig, HarvestResult, compute_shard, harvest, stop_layer, weights_fingerprint
+from .harvest import DTYPES, ENGINES, HARVEST_ENGINES, HarvestConfig, HarvestResult, compute_shard, harvest, stop_layer, weights_fingerprint
 from .manifest import CorruptShardError, IncompatibleStoreError, StoreError, StoreWriteError
 from .packing import Context, pack, special_token_id, tokenized
 from .reader import ActivationStore, StoreColumn, StoreDataset
@@ -19,7 +19,7 @@ from .sources import DataSource, open_source
 
 __all__ = ["harvest", "HarvestConfig", "HarvestResult", "ActivationStore", "StoreColumn", "StoreDataset",
            "StoreError", "StoreWriteError", "IncompatibleStoreError", "CorruptShardError", "DataSource", "open_source", "Context",
-           "pack", "tokenized", "special_token_id", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES", "ENGINES",
+           "pack", "tokenized", "special_token_id", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES", "ENGINES", "HARVEST_ENGINES",
            "SAETrainConfig", "SAETrainingResult", "train_sae", "train_transcoder"]
 
 

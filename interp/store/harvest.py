@@ -30,6 +30,7 @@ import torch
 from interp.model import Model
 from interp.names import parse
 from interp.progress import progress
+from interp.registry import Registry
 from interp.results import Result
 
 from .manifest import (
@@ -40,8 +41,28 @@ from .packing import Context, pack, special_token_id, tokenized
 from .sources import DataSource, open_source
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+#: the engines interp ships: ``local`` (this process, below) and ``ray`` (the application :mod:`interp.apps.ray_engine`,
+#: found through :data:`HARVEST_ENGINES`)
 ENGINES = ("local", "ray")
 UNSTORABLE = ("attn.hook_pattern", "attn.hook_attn_scores")  # [batch, head, q, k]: not one row per token
+
+
+def _check_engine(obj: Any, name: str) -> None:
+    if not callable(obj):
+        raise TypeError(f"harvest engine {name!r} must be a callable with the signature of "
+                        f"interp.apps.ray_engine.run_shards, got {type(obj).__name__}")
+
+
+#: engines that compute shards elsewhere than this process (entry-point group ``interp.harvest_engines``; the
+#: built-in ``ray`` is declared there in pyproject.toml like a third party's): the kernel never imports them, it
+#: looks them up by name when a harvest asks for one. An engine is a callable with the keyword signature of
+#: :func:`interp.apps.ray_engine.run_shards` returning the number of shards written.
+HARVEST_ENGINES: Registry = Registry("harvest engine", "interp.harvest_engines", validate=_check_engine)
+
+
+def engine_names() -> list[str]:
+    """``local`` and every registered or declared engine (nothing is imported)."""
+    return ["local", *[n for n in HARVEST_ENGINES.available() if n != "local"]]
 
 
 @dataclass
@@ -101,8 +122,8 @@ class HarvestConfig:
             raise ValueError(f"shard_mb must be a positive number, got {self.shard_mb!r}")
         if not isinstance(self.gpus_per_worker, (int, float)) or self.gpus_per_worker < 0:
             raise ValueError(f"gpus_per_worker must be a number >= 0, got {self.gpus_per_worker!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if not isinstance(self.engine, str) or (self.engine != "local" and self.engine not in HARVEST_ENGINES):
+            raise ValueError(f"engine must be one of {', '.join(engine_names())}, got {self.engine!r}")
         if self.separator is not None and not isinstance(self.separator, int) and self.separator not in ("bos", "eos", "sep"):
             raise ValueError(f"separator must be 'bos', 'eos', 'sep', a token id or None, got {self.separator!r}")
 
@@ -360,8 +381,8 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
                         num_workers=num_workers, gpus_per_worker=gpus_per_worker, verify=verify, repair=repair)
     load_kwargs = dict(load_kwargs or {})
     spec = str(model) if isinstance(model, (str, Path)) else getattr(model, "source", None)
-    if cfg.engine == "ray" and spec is None:
-        raise ValueError("engine='ray' needs a model spec (zoo:NAME or a folder) that the workers can load; "
+    if cfg.engine != "local" and spec is None:
+        raise ValueError(f"engine={cfg.engine!r} needs a model spec (zoo:NAME or a folder) that the workers can load; "
                          "this Model has none (pass the spec string instead)")
     folder = Path(out).expanduser().absolute()
     if folder.is_symlink():  # the toolkit's writer rule (interp.io): never write through a link silently
@@ -473,7 +494,7 @@ def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: H
         todo = _todo(contexts, per_shard, manifest)
         bar = progress(desc=f"harvest {folder.name}", total=None if cfg.max_tokens is None else cfg.max_contexts * cfg.context_size,
                        unit="tok", unit_scale=True)
-        run = _run_ray if cfg.engine == "ray" else _run_local
+        run = _run_local if cfg.engine == "local" else _run_engine
         counter = _Counter(bar)
         try:
             written = run(todo, m, folder, manifest, resolved, shapes, stop, cfg, torch_dtype, counter, spec,
@@ -555,8 +576,9 @@ def _run_local(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, b
     return count[0]
 
 
-def _run_ray(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, spec, backend, load_kwargs) -> int:
-    from .ray_engine import run_shards
+def _run_engine(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, spec, backend, load_kwargs) -> int:
+    """Hand the shards to the registered engine ``cfg.engine`` (:data:`HARVEST_ENGINES`); record them here."""
+    run_shards = HARVEST_ENGINES.get(cfg.engine)
 
     def record(index: int, entry: dict[str, Any], n_tokens: int) -> None:
         manifest["shards"][str(index)] = entry
@@ -568,5 +590,5 @@ def _run_ray(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar
                       num_workers=cfg.num_workers, record=record, gpus_per_worker=cfg.gpus_per_worker)
 
 
-__all__ = ["harvest", "HarvestConfig", "HarvestResult", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES",
+__all__ = ["harvest", "HarvestConfig", "HARVEST_ENGINES", "engine_names", "HarvestResult", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES",
            "ENGINES"]

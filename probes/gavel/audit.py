@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from interp.audit import AuditData, Check, Rendered
+from interp.checks import AuditData, Check, Rendered
 from interp.results import Result
 
 from . import library as lib

@@ -10,9 +10,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from interp.audit.demo import tiny_training_run
-from interp.audit.multi import order_checkpoints, parse_steps
-from interp.cli import app
+from interp.apps.audit.demo import tiny_training_run
+from interp.apps.audit.multi import order_checkpoints, parse_steps
+from interp.apps.cli import app
 
 STEPS = [5, 10, 20, 40]
 ARGS = ["--checks", "heads", "--max-texts", "6", "--set", "heads.n_random=1"]
@@ -115,7 +115,7 @@ def test_steps_option_and_ordering():
 
 
 def test_a_skip_shared_by_every_checkpoint_is_said_once():
-    from interp.audit.multi import common_skips, render_index
+    from interp.apps.audit.multi import common_skips, render_index
 
     def summary(step, steering):
         return {"spec": f"ckpt-{step}", "step": step, "folder": f"0{step}-ckpt", "error": None, "ok": True,
@@ -137,7 +137,7 @@ def test_a_skip_shared_by_every_checkpoint_is_said_once():
 def test_trend_panels_group_what_a_check_draws_together():
     """HeadsCheck.TRENDS: Δloss of the flagged heads and of random heads share one panel (two traces); the other
     metrics get a panel each; an unmeasured metric is left out."""
-    from interp.audit.multi import trend_figure
+    from interp.apps.audit.multi import trend_figure
 
     runs = [{"spec": f"c{k}", "step": 10 * k, "checks": [{"name": "heads", "metrics": {
         "baseline_loss": 3.0 - k, "delta_loss_flagged": 0.01 * k, "delta_loss_random": 0.2, "score_spread": None}}]}

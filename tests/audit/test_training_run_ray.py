@@ -11,9 +11,9 @@ ray = pytest.importorskip("ray")
 # Ray workers each import torch/transformers and load a checkpoint: ~1 min on the shared 2-core machine.
 pytestmark = pytest.mark.slow
 
-from interp.audit import AuditData  # noqa: E402
-from interp.audit.demo import tiny_training_run  # noqa: E402
-from interp.audit.multi import run_audits  # noqa: E402
+from interp.apps.audit import AuditData  # noqa: E402
+from interp.apps.audit.demo import tiny_training_run  # noqa: E402
+from interp.apps.audit.multi import run_audits  # noqa: E402
 
 VOLATILE = {"seconds", "timings", "created", "engine"}
 

@@ -304,7 +304,7 @@ def test_teacher_activations_and_evaluation_on_a_vit(planted):
 
 
 def test_audit_check_on_a_tiny_vit(planted, tmp_path):
-    from interp.audit import AuditData
+    from interp.apps.audit import AuditData
     from interp.dynamics.raptor.audit_check import RaptorCheck, RaptorCheckConfig
     with pytest.raises(ValueError, match="raptor.n_images"):
         RaptorCheckConfig(n_images=0)

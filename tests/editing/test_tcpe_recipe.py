@@ -61,7 +61,7 @@ def test_full_run_preconditions():
     """What the claims rest on (full preset, through the recipe's stages): the facts model knows every fact, the
     translation toy learned the planted error as its own cluster beside others, SmolLM2 knows >= 51 facts (>= 50
     others for each edit's locality) and ROME works on them."""
-    from interp.reproduce import run_recipe
+    from interp.apps.reproduce import run_recipe
     rec = run_recipe("tcpe", "full").record
     assert rec.error is None, rec.error
     t = rec.tables

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import interp
-from interp.audit import AuditData
-from interp.audit.base import configure
+from interp.apps.audit import AuditData
+from interp.checks import configure
 from interp.probes.gavel import (CE, CEDetector, CELibrary, DetectorConfig, FeatureSpec, WindowGRU,
                                  conversation_features, gavel_rule_outputs, load_rules, rule_metrics)
 from interp.probes.gavel.audit import GavelCheck, GavelConfig

@@ -30,7 +30,7 @@ import torch
 from typer.testing import CliRunner
 
 import interp
-from interp.cli import app
+from interp.apps.cli import app
 from interp.io import MANIFEST, OutputError, SerializationError
 from interp.testing import tiny_model
 
@@ -445,7 +445,7 @@ def test_a_file_size_limit_during_a_harvest_is_one_line_and_the_store_resumes(mo
     from interp.store import ActivationStore
 
     out = tmp_path / "s"
-    cmd = [sys.executable, "-c", "from interp.cli import main; main()", "harvest",
+    cmd = [sys.executable, "-c", "from interp.apps.cli import main; main()", "harvest",
            *_harvest_args(model_dir, corpus, out)]
 
     def limit():
@@ -523,7 +523,7 @@ def test_a_write_error_on_a_ray_worker_keeps_its_errno(model_dir, corpus, tmp_pa
     traceback instead of the one line. The driver now raises the worker's own error."""
     pytest.importorskip("ray.exceptions")
     import interp.store.manifest as sm
-    import interp.store.ray_engine as re_
+    import interp.apps.ray_engine as re_
     from interp.store import ActivationStore
 
     wrapped = _FakeRay().exceptions.RayTaskError("run", "tb", OSError(errno.ENOSPC, "x")).as_instanceof_cause()

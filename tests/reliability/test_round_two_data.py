@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 import interp
 from interp import io as iio
-from interp.audit import AuditData, Check, Rendered, run_audit
-from interp.cli import app
+from interp.apps.audit import AuditData, Check, Rendered, run_audit
+from interp.apps.cli import app
 from interp.io import MANIFEST, OutputError
 from interp.results import Result
 from interp.steering import SteeringVector
@@ -112,7 +112,7 @@ def test_a_writer_refuses_another_writers_folder_unless_asked(tiny, tmp_path, fi
     assert after == before  # nothing of the first output lost
     a.read(out)
     if second in ("result", "audit"):  # the early checks refuse as well, before any work
-        from interp.audit.report import prepare_output
+        from interp.apps.audit.report import prepare_output
 
         with pytest.raises(OutputError, match=a.name):
             (_Owned.check_save if second == "result" else prepare_output)(out)

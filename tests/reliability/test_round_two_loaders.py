@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from interp.cli import app
+from interp.apps.cli import app
 from interp.io import MANIFEST, OutputError, SerializationError
 from interp.probes.gavel.rules import RuleSyntaxError, load_rules, parse_rule, rule_from_json
 

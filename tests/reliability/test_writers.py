@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 import interp
 from interp import io as iio
-from interp.audit import AuditData, Check, Rendered, run_audit
-from interp.cli import app
+from interp.apps.audit import AuditData, Check, Rendered, run_audit
+from interp.apps.cli import app
 from interp.io import MANIFEST, OutputError
 from interp.results import Result
 from interp.steering import SteeringVector
@@ -336,7 +336,7 @@ def model_dir(tiny):
 
 
 def _audit(*args):
-    from interp.audit import register_check, unregister_check
+    from interp.apps.audit import register_check, unregister_check
 
     register_check(_LenCheck)
     try:
@@ -402,7 +402,7 @@ def test_activation_store_refuses_links_files_and_foreign_folders(tiny, tmp_path
 
 
 def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused_even_when_asked(reports, tmp_path):
-    from interp.audit.report import prepare_output
+    from interp.apps.audit.report import prepare_output
 
     out = tmp_path / "mixed"
     out.mkdir()

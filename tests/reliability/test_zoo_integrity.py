@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import interp
 from interp import zoo
-from interp.cli import app
+from interp.apps.cli import app
 from interp.zoo import ZooIntegrityError, registry
 
 NAME = "test-integrity"

@@ -14,10 +14,10 @@ import torch
 from typer.testing import CliRunner
 
 from interp.configs import ConfigError, config_from_dict, config_to_dict, digest
-from interp.reproduce import (RECIPES, ClaimsError, Outcome, Recipe, ReproductionRecord, compare, judge,
+from interp.apps.reproduce import (RECIPES, ClaimsError, Outcome, Recipe, ReproductionRecord, compare, judge,
                               load_claims, parse_claims, run_recipe)
-from interp.reproduce.claims import Claim, Criterion
-from interp.reproduce.report import write_report
+from interp.apps.reproduce.claims import Claim, Criterion
+from interp.apps.reproduce.report import write_report
 from interp.stages import Stages, code_version
 
 CLAIMS = {
@@ -156,8 +156,8 @@ def test_an_interrupted_stage_leaves_nothing_that_reads_as_done(tmp_path):
 
 
 def test_code_version_hashes_a_package():
-    assert code_version("interp.reproduce") == code_version("interp.reproduce")
-    assert code_version("interp.reproduce") != code_version("interp.stages")
+    assert code_version("interp.apps.reproduce") == code_version("interp.apps.reproduce")
+    assert code_version("interp.apps.reproduce") != code_version("interp.stages")
 
 
 # ------------------------------------------------------------------------------------------ runner
@@ -278,7 +278,7 @@ def test_report_has_paper_criterion_ours_verdict(toy, tmp_path):
 
 
 def test_cli(toy, tmp_path):
-    from interp.cli import app
+    from interp.apps.cli import app
 
     r = CliRunner().invoke(app, ["reproduce", toy.name, "--preset", "full", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
@@ -293,7 +293,7 @@ def test_cli(toy, tmp_path):
 
 
 def test_cli_exit_status_on_error(toy, tmp_path, monkeypatch):
-    from interp.cli import app
+    from interp.apps.cli import app
 
     monkeypatch.setitem(ToyRecipe.presets, "quick", ToyConfig(seeds=(0,), fail_at=0))
     r = CliRunner().invoke(app, ["reproduce", toy.name, "--out", str(tmp_path / "o")])
@@ -326,7 +326,7 @@ def test_claim_helpers():
 
 
 def test_doc_markers_are_rendered_from_records(toy, tmp_path, monkeypatch):
-    from interp.reproduce.docs import RecordMissing, render
+    from interp.apps.reproduce.docs import RecordMissing, render
 
     monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
     text = ("intro\n<!-- record: toy-test-recipe/full -->\nstale\n<!-- /record -->\n"
@@ -423,8 +423,8 @@ def test_tensor_numpy_and_inf_measurements_are_converted(odd, tmp_path):
 
 
 def test_each_paper_of_a_run_is_isolated(toy, tmp_path, monkeypatch):
-    from interp.cli import app
-    from interp.reproduce import reproduce
+    from interp.apps.cli import app
+    from interp.apps.reproduce import reproduce
 
     class BrokenClaims(ToyRecipe):
         name = "toy-broken-claims"
@@ -451,7 +451,7 @@ def test_each_paper_of_a_run_is_isolated(toy, tmp_path, monkeypatch):
 
 
 def test_list_survives_a_malformed_record(toy, tmp_path, monkeypatch):
-    from interp.cli import app
+    from interp.apps.cli import app
 
     monkeypatch.setattr(ToyRecipe, "records_dir", classmethod(lambda cls: tmp_path / "records"))
     (tmp_path / "records" / "full").mkdir(parents=True)
@@ -486,7 +486,7 @@ def test_malformed_claims_files_are_one_line_with_the_place(tmp_path, text, mess
 
 
 def test_posthoc_criteria_are_a_field_shown_beside_the_claim(toy, tmp_path):
-    from interp.reproduce.docs import claims_markdown
+    from interp.apps.reproduce.docs import claims_markdown
 
     data = json.loads(json.dumps(CLAIMS))
     data["claims"][0]["posthoc"] = {"seen": "the quick run's x (7)", "date": "2026-11-02"}
@@ -494,7 +494,7 @@ def test_posthoc_criteria_are_a_field_shown_beside_the_claim(toy, tmp_path):
     assert claims.claims[0].posthoc.seen == "the quick run's x (7)"
     with pytest.raises(ClaimsError, match="posthoc"):
         parse_claims({**data, "claims": [dict(data["claims"][0], posthoc={"seen": "x"})]}, "toy.yaml")
-    from interp.reproduce.record import verdict_rows
+    from interp.apps.reproduce.record import verdict_rows
 
     run = run_recipe(toy.name, "full")
     run.record.verdicts = verdict_rows(claims, run.record.measured, None)
@@ -505,7 +505,7 @@ def test_posthoc_criteria_are_a_field_shown_beside_the_claim(toy, tmp_path):
 
 
 def test_records_store_provenance_and_refuse_a_dirty_update(toy, tmp_path, monkeypatch):
-    from interp.reproduce import update_record
+    from interp.apps.reproduce import update_record
 
     run = run_recipe(toy.name, "full", threads=2)
     p = run.record.provenance
@@ -535,7 +535,7 @@ def test_a_killed_report_write_leaves_nothing_behind(toy, tmp_path):
 
 
 def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path):
-    from interp.reproduce.spread import measure_spread, write_spread
+    from interp.apps.reproduce.spread import measure_spread, write_spread
 
     ref = run_recipe(toy.name, "full").record
     same = run_recipe(toy.name, "full", threads=2).record
@@ -549,7 +549,7 @@ def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path
     other = run_recipe(toy.name, "full", config=ToyConfig(scale=3.0)).record
     with pytest.raises(ValueError, match="not a rerun"):
         measure_spread(ref, [other])
-    from interp.reproduce.spread import needed_tolerances
+    from interp.apps.reproduce.spread import needed_tolerances
 
     # x drifted 0.5 (default rel 1e-6 does not cover it): twice the spread; per_seed drifted to inf: not finite
     assert needed_tolerances(measure_spread(ref, [same, drift]), ToyRecipe.claims()) == {"x": 1.0}
@@ -557,7 +557,7 @@ def test_spread_of_reruns_is_measured_and_written_as_standard_json(toy, tmp_path
 
 
 def test_wall_clock_claims_are_not_counted_in_the_verdicts(toy):
-    from interp.reproduce.record import verdict_rows
+    from interp.apps.reproduce.record import verdict_rows
 
     data = json.loads(json.dumps(CLAIMS))
     data["tolerances"]["per_seed"] = {"ignore": True}  # per_seed stands for a wall-clock time here

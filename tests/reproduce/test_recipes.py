@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from interp.reproduce import available_recipes, committed_record, get_recipe, judge, run_recipe
-from interp.reproduce.claims import VERDICTS
-from interp.reproduce.record import compare
+from interp.apps.reproduce import available_recipes, committed_record, get_recipe, judge, run_recipe
+from interp.apps.reproduce.claims import VERDICTS
+from interp.apps.reproduce.record import compare
 
 PAPERS = available_recipes()
 

@@ -210,10 +210,10 @@ def test_the_key_covers_the_library_code_the_run_imports(toylib, tmp_path):
 
 def test_real_recipes_are_keyed_by_the_library_they_run(monkeypatch, tmp_path):
     """The heads recipe's stages depend on interp/model.py (next_token_loss): editing it changes their key;
-    the framework (interp.reproduce) does not compute stages and is left out."""
+    the framework (interp.apps.reproduce) does not compute stages and is left out."""
     files = code_files("interp.benchmarks.heads")
     assert {"module:interp.model", "module:interp.probes.heads", "module:interp.benchmarks.heads.recipe"} <= set(files)
-    assert not any(f.startswith("module:interp.reproduce") for f in files)
+    assert not any(f.startswith(("module:interp.apps.reproduce", "module:interp.reproduce")) for f in files)
     assert "module:interp.probes.gavel" not in files and "module:interp.benchmarks.sdm.recipe" not in files
     before = code_version("interp.benchmarks.heads")
     edited = tmp_path / "model.py"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import interp
-from interp.audit import AuditData, get_check, run_audit
+from interp.apps.audit import AuditData, get_check, run_audit
 
 TEMPLATE = ("{% for m in messages %}<|bos|>user: {{ m['content'] }}<|eos|>{% endfor %}"
             "{% if add_generation_prompt %}\nbot:{% endif %}")

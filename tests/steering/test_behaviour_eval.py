@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from interp.audit import AuditData, get_check, run_audit
-from interp.audit.base import configure
+from interp.apps.audit import AuditData, get_check, run_audit
+from interp.checks import configure
 from interp.data import BEHAVIOURS, Behaviour, get_behaviour, load_behaviour
 from interp.steering import SteeringVector, last_token
 from interp.steering.activations import collect

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from interp.cli import app
+from interp.apps.cli import app
 from interp.testing import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

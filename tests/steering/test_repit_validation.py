@@ -67,7 +67,7 @@ def test_paper_criterion_target_suppression(result):
 
 
 def test_audit_steering_section_on_refusal_model(refusal_model, tmp_path):
-    from interp.audit import AuditData, run_audit
+    from interp.apps.audit import AuditData, run_audit
 
     report = run_audit(refusal_model, ["steering"], AuditData(["hello"]), out=tmp_path / "audit", keep_going=False)
     res = report.checks[0].result

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from interp.cli import app
+from interp.apps.cli import app
 from interp.store import ActivationStore
 
 

@@ -5,7 +5,7 @@ import json
 
 from typer.testing import CliRunner
 
-from interp.cli import app
+from interp.apps.cli import app
 
 
 def test_audit_two_checkpoints_local(model_dir, other_model, tmp_path):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 from typer.testing import CliRunner  # noqa: E402
 
-from interp.cli import app  # noqa: E402
+from interp.apps.cli import app  # noqa: E402
 from interp.store import harvest  # noqa: E402
 
 NAMES = ["blocks.0.hook_resid_post", "blocks.1.hook_mlp_out"]

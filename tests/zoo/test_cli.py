@@ -55,7 +55,7 @@ def test_build_and_force(tmp_zoo):
 
 
 def test_mounted_in_main_cli(tmp_zoo):
-    from interp.cli import app as main_app
+    from interp.apps.cli import app as main_app
 
     res = runner.invoke(main_app, ["zoo", "list"])
     assert res.exit_code == 0 and "toy-grammar" in res.output

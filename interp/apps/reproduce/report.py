@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..audit.report import _CSS, _figure_html, _frame_html, _kv_table, environment
-from ..io import check_output, output_dir
+from interp.apps.audit.report import _CSS, _figure_html, _frame_html, _kv_table, environment
+from interp.io import check_output, output_dir
 from .record import VERDICT_COLOURS, ReproductionRecord
 
 WRITER = "interp reproduce"
@@ -138,7 +138,7 @@ def _committed_full(rec: ReproductionRecord) -> str:
 
 
 def render_html(runs: Sequence[Any]) -> str:
-    """The self-contained report page of ``runs`` (:class:`interp.reproduce.runner.Run` objects)."""
+    """The self-contained report page of ``runs`` (:class:`interp.apps.reproduce.runner.Run` objects)."""
     from plotly.offline import get_plotlyjs
 
     n = len(runs)

@@ -29,7 +29,7 @@ def tiny_training_run(folder: str | Path, steps: Sequence[int] = (5, 10, 20, 40)
     from interp.testing import tiny_config, tiny_tokenizer
     from interp.zoo.training import LMTrainConfig, train_lm
 
-    from .base import AuditData
+    from interp.checks import AuditData
 
     steps = sorted({int(s) for s in steps})
     if not steps or steps[0] < 0:

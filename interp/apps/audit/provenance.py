@@ -62,9 +62,9 @@ def config_hash(model: Model, folder: Path | None) -> str | None:
 
 
 def git_commit() -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the interp checkout this code runs from (:func:`interp.reproduce.provenance.git_state`;
+    """``(commit, dirty)`` of the interp checkout this code runs from (:func:`interp.apps.gitstate.git_state`;
     ``(None, None)`` outside a git checkout). ``dirty``: the code differs from the commit."""
-    from interp.reproduce.provenance import git_state
+    from interp.apps.gitstate import git_state
 
     state = git_state()
     return state["commit"], state["dirty"]

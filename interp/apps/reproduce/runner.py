@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..configs import ConfigError, config_from_dict, config_to_dict, digest
-from ..io import OutputError, SerializationError
-from ..progress import progress
-from ..stages import Stages, code_version
+from interp.configs import ConfigError, config_from_dict, config_to_dict, digest
+from interp.io import OutputError, SerializationError
+from interp.progress import progress
+from interp.stages import Stages, code_version
 from .claims import ClaimsError
 from .recipe import Outcome, Recipe, get_recipe, resolve
 from .record import ReproductionRecord, committed_record, compare, json_ready, verdict_rows
@@ -45,7 +45,7 @@ class Run:
 
 def _versions() -> dict[str, str]:
     import interp
-    from ..audit.report import environment
+    from interp.apps.audit.report import environment
 
     return {"interp": interp.__version__, **environment()}
 
@@ -74,7 +74,7 @@ def _unit_task(name: str, config: dict, unit: Any, cache_dir: str | None, fresh:
     the run's thread count and deterministic settings."""
     if cache_dir is not None:
         os.environ["INTERP_CACHE_DIR"] = cache_dir
-    from ..progress import set_progress
+    from interp.progress import set_progress
     from .provenance import numeric_settings
 
     set_progress(False)
@@ -91,7 +91,7 @@ def _run_units(recipe: type[Recipe], config: Any, engine: str, fresh: bool, thre
     if engine == "local":
         stages = _stages(recipe, config, fresh, on_mismatch)
         return [inst.run_unit(config, u, stages) for u in progress(units, desc=f"{recipe.name} units")]
-    from ..store.ray_engine import ensure_ray
+    from interp.apps.ray_engine import ensure_ray
 
     ray = ensure_ray()
     task = ray.remote(num_cpus=threads)(_unit_task)
@@ -112,7 +112,7 @@ def run_recipe(name: str, preset: str = "quick", config: Any = None, engine: str
     ``config`` replaces the preset's config (a ``Config`` instance; the record still names the preset);
     ``fresh`` recomputes every stage; ``check`` compares the run with the committed record of the preset.
     Every unit runs with ``threads`` threads (torch, BLAS, OpenMP) and torch's deterministic algorithms;
-    the record stores them with the rest of :func:`interp.reproduce.provenance.provenance`. ``on_mismatch``:
+    the record stores them with the rest of :func:`interp.apps.reproduce.provenance.provenance`. ``on_mismatch``:
     what a stored stage that fails its check does (:class:`interp.stages.Stages`). A malformed claims file
     raises :class:`ClaimsError` before any work; anything the recipe raises, and any measured value that
     is not a number, string, list or mapping of them (tensors and arrays are converted), becomes the

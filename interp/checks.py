@@ -1,4 +1,7 @@
-"""The audit-check interface: what a plug-in implements to appear in ``interp audit``.
+"""The audit-check interface (kernel): what an analyzer implements to appear in ``interp audit``.
+
+This module is the one place analyzers import the audit's types from: the application (:mod:`interp.apps.audit`:
+the runner, the registry, the report, the CLI) imports it, never the other way round (``tests/test_import_layers.py``).
 
 A check is a class with
 
@@ -18,7 +21,7 @@ A check is a class with
   that does not apply is recorded as ``skipped`` with the reason, never as ``ok``. ``run`` may also raise
   :class:`SkipCheck` (or return a result whose ``applicable`` is ``False`` with a ``reason``) once it finds out.
 
-Checks are found through the entry-point group ``interp.checks`` (see :mod:`interp.audit.registry`), so a
+Checks are found through the entry-point group ``interp.checks`` (see :mod:`interp.apps.audit.registry`), so a
 third-party package plugs in exactly as a built-in one does.
 """
 from __future__ import annotations
@@ -49,9 +52,9 @@ class AuditData:
 
     @classmethod
     def builtin(cls) -> "AuditData":
-        """The built-in set: short, diverse English sentences shipped in ``interp/audit/data/texts.txt``."""
-        text = resources.files("interp.audit").joinpath("data/texts.txt").read_text(encoding="utf-8")
-        return cls([line for line in text.splitlines() if line.strip()], "built-in (interp/audit/data/texts.txt)")
+        """The built-in set: short, diverse English sentences shipped in ``interp/data/audit_texts.txt``."""
+        text = resources.files("interp.data").joinpath("audit_texts.txt").read_text(encoding="utf-8")
+        return cls([line for line in text.splitlines() if line.strip()], "built-in (interp/data/audit_texts.txt)")
 
     @classmethod
     def from_file(cls, path: str | Path) -> "AuditData":

@@ -12,48 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+from interp.apps.gitstate import CODE_PATHS, git_state, repository_root
+
 #: environment variables that change which kernels or how many threads the numeric libraries use
 ENV_PREFIXES = ("OPENBLAS_", "GOTO", "MKL_", "OMP_", "BLIS_", "VECLIB_", "KMP_", "ATEN_", "TORCH_NUM_")
-#: folders whose changes make the tree dirty for a record (the code a recipe can run); docs, tests and
-#: notebooks do not change a record's numbers
-CODE_PATHS = ("interp", "probes", "steering", "editing", "dynamics", "models", "benchmarks", "pyproject.toml",
-              "setup.py", "constraints.txt")
-
-
-def repository_root() -> Path:
-    """The folder that holds the ``interp`` package (the repository root of a source checkout)."""
-    import interp
-
-    return Path(interp.__file__).resolve().parent.parent
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(repository_root()), *args], capture_output=True, text=True,
-                             timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def git_state() -> dict[str, Any]:
-    """``{"commit", "dirty", "dirty_files"}`` of the checkout the code runs from (``commit`` ``None`` outside
-    a git checkout). ``dirty``: a tracked file of the code (:data:`CODE_PATHS`) differs from the commit, or an
-    untracked one exists there; records made so cannot be traced to a commit."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None, "dirty_files": []}
-    status = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
-    files = sorted(p for p in (line[3:].strip() for line in status.splitlines() if line.strip())
-                   if "__pycache__" not in p)
-    return {"commit": commit.strip(), "dirty": bool(files), "dirty_files": files[:50]}
-
-
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
     try:

@@ -1,6 +1,6 @@
 """``interp audit``: load a model, run the selected checks, write an HTML + JSON report.
 
-Exit codes (:data:`interp.audit.gate.EXIT_CODES`): 0 pass (every check ran or was skipped, no threshold failed),
+Exit codes (:data:`interp.apps.audit.gate.EXIT_CODES`): 0 pass (every check ran or was skipped, no threshold failed),
 1 a check or a checkpoint errored (what could be written is written), 2 bad input (nothing audited), 3 a
 ``--fail-if`` threshold failed.
 """
@@ -95,7 +95,7 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
 
     Exit codes: 0 pass; 1 a check or a checkpoint errored; 2 bad input; 3 a --fail-if threshold failed.
     """
-    from .base import AuditData, configure
+    from interp.checks import AuditData, configure
     from .gate import parse_thresholds
     from .multi import expand_specs, parse_steps, resolve_tokenizer
     from .registry import available_checks, get_check, parse_checks

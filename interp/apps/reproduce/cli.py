@@ -60,7 +60,7 @@ def reproduce(papers: Optional[List[str]] = typer.Argument(None, help="Paper nam
         return
     if not papers:
         _fail("name a paper or 'all' (interp reproduce --list shows them)")
-    from ..io import OutputError
+    from interp.io import OutputError
     from .recipe import PRESETS, resolve
     from .runner import ENGINES
     from .runner import reproduce as run_all

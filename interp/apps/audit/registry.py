@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import Registry
+from interp.registry import Registry
 
 GROUP = "interp.checks"
 

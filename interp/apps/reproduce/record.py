@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..results import Result
+from interp.results import Result
 from .claims import Claims, Tolerance, judge
 
 

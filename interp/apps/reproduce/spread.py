@@ -105,7 +105,7 @@ def needed_tolerances(spread: dict[str, Any], claims: Any, factor: float = 2.0) 
 
 def write_spread(folder: str | Path, spread: dict[str, Any]) -> Path:
     """Write ``spread`` as ``folder/spread.json`` (standard JSON) and return the path."""
-    from ..io import atomic_write_text
+    from interp.io import atomic_write_text
 
     path = Path(folder) / SPREAD_FILE
     atomic_write_text(path, json.dumps(spread, indent=2, allow_nan=False) + "\n")

@@ -15,7 +15,7 @@ built in a temporary folder, moved into place when complete, replacing only file
     02-NAME/        ...
 
 Checkpoints are ordered by training step (``--steps``, else ``trainer_state.json``'s ``global_step``, else a step
-in the folder name; see :func:`interp.audit.provenance.checkpoint_step`); when a step is unknown the order given
+in the folder name; see :func:`interp.apps.audit.provenance.checkpoint_step`); when a step is unknown the order given
 is kept. A checkpoint that fails to load or whose audit raises does not stop the others: its row names the path
 and the reason, and the exit code is 1.
 
@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from interp.io import _json_default, check_output, output_dir
 
-from .base import AuditData
+from interp.checks import AuditData
 from .report import _CSS, _fmt
 
 INDEX_SCHEMA = "interp.audit.index"
@@ -199,7 +199,7 @@ def parse_steps(text: str | None, n: int) -> list[int] | None:
 
 def order_checkpoints(specs: Sequence[str], steps: Sequence[int] | None = None) -> list[tuple[str, int | None]]:
     """``[(spec, step)]`` ordered by training step when every step is known (``steps``, else
-    :func:`~interp.audit.provenance.checkpoint_step`); in the order given otherwise."""
+    :func:`~interp.apps.audit.provenance.checkpoint_step`); in the order given otherwise."""
     from .provenance import checkpoint_step
 
     known = list(steps) if steps is not None else [checkpoint_step(s) for s in specs]
@@ -218,7 +218,7 @@ def _run_jobs(jobs: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
     """:func:`audit_one` for every job: in this process, or one Ray task each (results in job order)."""
     if engine != "ray":
         return [audit_one(**job) for job in jobs]
-    from interp.store.ray_engine import ensure_ray
+    from interp.apps.ray_engine import ensure_ray
 
     ray = ensure_ray()
     task = ray.remote(num_cpus=1)(audit_one)

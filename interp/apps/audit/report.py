@@ -57,7 +57,7 @@ class CheckRecord:
     payload: dict[str, Any] | None = None
     error: str | None = None  #: the traceback of an error
     result: Any = None  # the Result object (saved under checks/NAME/)
-    rendered: Any = None  # interp.audit.base.Rendered
+    rendered: Any = None  # interp.checks.Rendered
     description: str = ""
     reason: str | None = None  #: why it was skipped, or the error's one-line message
     metrics: dict[str, Any] = field(default_factory=dict)  #: headline metrics (Check.METRICS)
@@ -73,7 +73,7 @@ class AuditReport:
     timings: dict[str, float]
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     provenance: dict[str, Any] = field(default_factory=dict)
-    #: evaluated ``--fail-if`` thresholds (:meth:`interp.audit.gate.Threshold.evaluate`)
+    #: evaluated ``--fail-if`` thresholds (:meth:`interp.apps.audit.gate.Threshold.evaluate`)
     thresholds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -97,7 +97,7 @@ class AuditReport:
         return exit_code(self.errored, any(t["failed"] for t in self.thresholds))
 
     def evaluate(self, thresholds: Any) -> list[dict[str, Any]]:
-        """Evaluate ``--fail-if`` :class:`~interp.audit.gate.Threshold` s on this report (kept in :attr:`thresholds`)."""
+        """Evaluate ``--fail-if`` :class:`~interp.apps.audit.gate.Threshold` s on this report (kept in :attr:`thresholds`)."""
         from .gate import evaluate_thresholds
 
         self.thresholds = evaluate_thresholds(list(thresholds), {"checks": [

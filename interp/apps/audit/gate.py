@@ -2,7 +2,7 @@
 
 A threshold is ``CHECK.METRIC OP NUMBER`` with ``OP`` one of ``>``, ``>=``, ``<``, ``<=``, ``==``, ``!=``; it
 *fails* the audit when the comparison is true. Thresholds are parsed and validated against the selected checks'
-declared metrics (:attr:`interp.audit.Check.METRICS`) before any model loads; an unknown name gets the closest
+declared metrics (:attr:`interp.checks.Check.METRICS`) before any model loads; an unknown name gets the closest
 valid ones. After the audit each threshold is evaluated on every report: a metric that was not measured (the
 check was skipped, errored or did not produce it) counts as failed, so a gate never passes on a missing number.
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from ..registry import Registry
+from interp.registry import Registry
 from .claims import Claims, load_claims
 
 #: entry-point group of recipes (``name = "module:RecipeClass"``)
@@ -107,7 +107,7 @@ class Recipe:
 
 def _validate(obj: Any, name: str | None) -> None:
     if not (isinstance(obj, type) and issubclass(obj, Recipe)):
-        raise TypeError(f"a recipe is a subclass of interp.reproduce.Recipe, got {obj!r}")
+        raise TypeError(f"a recipe is a subclass of interp.apps.reproduce.Recipe, got {obj!r}")
     if name is not None and obj.name != name:
         raise ValueError(f"recipe class {obj.__qualname__} is named {obj.name!r}, declared as {name!r}")
     missing = [p for p in PRESETS if p not in obj.presets]

@@ -1,4 +1,4 @@
-"""Run audit checks on a model and collect an :class:`~interp.audit.report.AuditReport`."""
+"""Run audit checks on a model and collect an :class:`~interp.apps.audit.report.AuditReport`."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 from interp.model import Model
 from interp.progress import progress
 
-from .base import AuditData, SkipCheck, configure
+from interp.checks import AuditData, SkipCheck, configure
 from .registry import get_check
 from .report import AuditReport, CheckRecord, prepare_output
 
@@ -61,10 +61,10 @@ def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None 
     """Run ``checks`` (names or check instances) on ``model`` and ``data``; write the report to ``out``.
 
     ``options`` maps a check name to string overrides of its config fields. A check that does not apply
-    (its ``missing()`` or ``applies(model)`` gives a reason, its ``run`` raises :class:`~interp.audit.SkipCheck`
+    (its ``missing()`` or ``applies(model)`` gives a reason, its ``run`` raises :class:`~interp.checks.SkipCheck`
     or returns a result with ``applicable`` false) is recorded as ``status="skipped"`` with the reason; a check
     that raises is recorded as ``status="error"`` with its traceback (``keep_going=False`` re-raises instead).
-    ``thresholds`` (:class:`~interp.audit.gate.Threshold`) are evaluated on the checks' metrics; ``step`` is
+    ``thresholds`` (:class:`~interp.apps.audit.gate.Threshold`) are evaluated on the checks' metrics; ``step`` is
     the checkpoint's training step for the provenance (default: read from the checkpoint). The output folder
     is validated before anything runs and written atomically at the end.
     """

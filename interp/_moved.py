@@ -1,0 +1,89 @@
+"""Old import paths of modules that moved, kept working for one release (deprecated in 0.1, removed in 0.2).
+
+The applications moved out of the kernel into :mod:`interp.apps` (issue #45)::
+
+    interp.audit            -> interp.apps.audit       (its ``base`` -> interp.checks)
+    interp.reproduce        -> interp.apps.reproduce
+    interp.cli              -> interp.apps.cli
+    interp.store.cli        -> interp.apps.store_cli
+    interp.store.ray_engine -> interp.apps.ray_engine
+
+Each old package or module is a thin alias (``interp/audit/__init__.py`` and so on) that calls :func:`alias`:
+it emits a ``DeprecationWarning`` naming the new path and makes the old name *the same module object* as the
+new one; a finder on ``sys.meta_path`` does the same for every old submodule (``import interp.audit.runner`` is
+``interp.apps.audit.runner``), so a class imported under either name is one class (registries and
+``isinstance`` agree). Nothing here imports an application by itself: the targets are names, imported only
+when old code asks for an old path.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+#: old module path -> new module path (a submodule of an old package maps to the same submodule of the new one,
+#: unless it is listed itself)
+MOVED: dict[str, str] = {
+    "interp.audit.base": "interp.checks",
+    "interp.audit": "interp.apps.audit",
+    "interp.reproduce": "interp.apps.reproduce",
+    "interp.cli": "interp.apps.cli",
+    "interp.store.cli": "interp.apps.store_cli",
+    "interp.store.ray_engine": "interp.apps.ray_engine",
+}
+
+
+def new_name(old: str) -> str | None:
+    """The new path of module ``old`` (``None`` if it did not move); the longest listed prefix wins."""
+    for prefix in sorted(MOVED, key=len, reverse=True):
+        if old == prefix or old.startswith(prefix + "."):
+            return MOVED[prefix] + old[len(prefix):]
+    return None
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(f"{old} moved to {new}; the old path works until interp 0.2 (import {new} instead)",
+                  DeprecationWarning, stacklevel=4)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        _warn(self.old, self.new)
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The target module ran already (imported under its new name)."""
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves an old submodule path to the module already imported (or imported now) under its new path."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        new = new_name(fullname)
+        return None if new is None else importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new))
+
+
+_FINDER = _AliasFinder()
+
+
+def alias(old: str) -> ModuleType:
+    """Make module ``old`` (the caller's ``__name__``) an alias of its new module, with a deprecation warning;
+    installs the finder that aliases its submodules. Returns the new module."""
+    new = new_name(old)
+    if new is None:
+        raise ValueError(f"{old!r} is not a moved module; moved: {', '.join(MOVED)}")
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    _warn(old, new)
+    module = importlib.import_module(new)
+    sys.modules[old] = module
+    return module
+
+
+__all__ = ["MOVED", "alias", "new_name"]

@@ -1,1 +1,0 @@
-"""Built-in text set of ``interp audit`` (``texts.txt``: one input per line)."""
