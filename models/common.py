@@ -1,26 +1,20 @@
-"""Training utilities shared by the ``models/`` papers: seeding, data splits and mini-batch loops.
+"""Data helpers shared by the ``models/`` papers: data splits, mini-batch loops, LM windows, Fashion-MNIST.
 
-Keep paper-independent helpers here so each paper module holds only its own method.
+Keep paper-independent data helpers here so each paper module holds only its own method. Seeding, thread
+limits and learning-rate schedules are the training kit's (:mod:`interp.training`); ``set_seed``,
+``limit_threads`` and ``warmup_cosine`` (now :func:`interp.training.warmup_cosine_fraction`) are re-exported here
+for one release (each access warns).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
-
-
-def set_seed(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch; return a torch generator seeded the same way."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 @dataclass
@@ -77,42 +71,6 @@ def random_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
     return windows[:, :-1], windows[:, 1:]
 
 
-def warmup_cosine(step: int, total_steps: int, warmup_frac: float = 0.1, final_frac: float = 0.1) -> float:
-    """Learning-rate factor at ``step`` (0-based): linear warm-up over ``warmup_frac`` of the run, then a
-    cosine decay from 1 to ``final_frac`` at the last step."""
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    warmup = int(round(warmup_frac * total_steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    span = max(total_steps - 1 - warmup, 1)
-    progress = min(max(step - warmup, 0) / span, 1.0)
-    return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + float(np.cos(np.pi * progress)))
-
-
-@contextlib.contextmanager
-def limit_threads(num_threads: int | None) -> Iterator[None]:
-    """Temporarily cap torch's intra-op threads and the BLAS/OpenMP pools of NumPy/SciPy (``None``: no change).
-
-    Small-matrix workloads (batched QR, tiny einsums, many small least-squares fits) run far faster
-    single-threaded on a busy CPU, where spinning BLAS threads otherwise dominate. Restores on exit.
-    """
-    if num_threads is None:
-        yield
-        return
-    if num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
-    from threadpoolctl import threadpool_limits
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        with threadpool_limits(limits=num_threads):
-            yield
-    finally:
-        torch.set_num_threads(before)
-
-
 #: where Debian's ``dataset-fashion-mnist`` puts the idx files (``scripts/setup.sh`` installs it as root, offline)
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -143,3 +101,17 @@ def _fashion_cached(split: str, root: str, limit: int | None) -> tuple[np.ndarra
         y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)[:len(x)]
     y.setflags(write=False)
     return x, y
+
+
+#: former names of this module -> their place in the training kit (re-exported for one release)
+_MOVED = {"set_seed": "set_seed", "limit_threads": "limit_threads", "warmup_cosine": "warmup_cosine_fraction"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"interp.models.common.{name} moved to interp.training.{_MOVED[name]}; the old path goes in "
+                      "the next release", DeprecationWarning, stacklevel=2)
+        from interp import training
+
+        return getattr(training, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,8 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from interp.progress import progress
+from interp.training import set_seed
 
-from .common import accuracy, digits_split, minibatches, set_seed
+from .common import accuracy, digits_split, minibatches
 
 __all__ = [
     "EPConfig", "FRERNN", "TrainStats", "train", "ep_gradients", "bp_gradients",

@@ -48,10 +48,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from interp.results import Result
+from interp.training import set_seed
 
 # the Fashion-MNIST loader lives in models.common; re-exported for code that reads it from here (raptor's recipe)
 from .common import FASHION_MNIST_ROOT, has_fashion_mnist, load_fashion_mnist  # noqa: F401
-from .common import set_seed
 
 __all__ = [
     "psi", "LMN", "LMNConfig", "surrogate_loss", "fit_lmn", "fit_temperature", "auroc", "fpr_at_tpr_errors",

@@ -52,8 +52,9 @@ import torch
 import torch.nn.functional as F
 
 from interp.progress import progress
+from interp.training import set_seed
 
-from .common import minibatches, set_seed
+from .common import minibatches
 
 __all__ = [
     "SAEConfig", "train_sae", "encode", "monotonicity_loss", "concave_value", "target_distribution",

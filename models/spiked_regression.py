@@ -48,7 +48,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .common import limit_threads
+from interp.training import limit_threads
 
 __all__ = [
     "SpikedData",

@@ -26,7 +26,7 @@ from interp.models.city_networks.baselines import (MODEL_KINDS, DepthSweepResult
 from interp.models.city_networks.data import (CityGraph, build_city_dataset, grid_city, helsinki_graph, karate_control,
                                               small_world_control)
 from interp.models.city_networks.influence import InfluenceResult, influence_figure, measure_influence
-from interp.models.common import limit_threads
+from interp.training import limit_threads
 from interp.results import Result
 
 #: ``stages(name, compute)``: the stored output of stage ``name``, or ``compute()`` (stored)

@@ -20,7 +20,7 @@ import torch
 import interp
 from interp.results import Result
 
-from interp.models.common import set_seed, warmup_cosine
+from interp.training import set_seed, warmup_cosine_fraction
 from interp.models.copypaste import (Candidate, CaptureConfig, DPOConfig, PreferenceConfig, build_pairs,
                                      capture_copying, copy_metrics, dpo_train)
 
@@ -75,8 +75,8 @@ class ToyConfig:
 def word_tokenizer(words):
     """A whitespace word-level ``transformers`` tokenizer over ``words`` (duplicates dropped) plus ``<unk>``,
     ``<pad>``, ``<eos>`` (ids 0-2; no ``<bos>``, nothing prepended; decoding joins words with spaces), built by
-    :func:`interp.zoo.training.word_level_tokenizer`."""
-    from interp.zoo.training import word_level_tokenizer
+    :func:`interp.training.word_level_tokenizer`."""
+    from interp.training import word_level_tokenizer
 
     return word_level_tokenizer(["<unk>", "<pad>", "<eos>", *dict.fromkeys(words)], bos=None, add_bos=False)
 
@@ -133,11 +133,11 @@ def final_city(text: str) -> str | None:
 
 def pretrain(cfg: ToyConfig, world: World, tok) -> torch.nn.Module:
     """Train a tiny Llama-architecture LM from scratch on the toy corpus (loss on every real token) with
-    :func:`interp.zoo.training.train_lm`: AdamW betas (0.9, 0.999), linear warm-up over 5% of the steps then
-    cosine decay to 5% at the last step (:func:`interp.models.common.warmup_cosine`), gradient norm clipped to 1."""
+    :func:`interp.training.train_lm`: AdamW betas (0.9, 0.999), linear warm-up over 5% of the steps then
+    cosine decay to 5% at the last step (:func:`interp.training.warmup_cosine_fraction`), gradient norm clipped to 1."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     set_seed(cfg.seed)
     hf_cfg = LlamaConfig(vocab_size=len(tok), hidden_size=cfg.d_model, intermediate_size=2 * cfg.d_model,
@@ -154,7 +154,7 @@ def pretrain(cfg: ToyConfig, world: World, tok) -> torch.nn.Module:
 
     steps = cfg.pretrain_steps
     train_lm(model, batches(), LMTrainConfig(steps=steps, lr=cfg.pretrain_lr, weight_decay=0.01, betas=(0.9, 0.999),
-                                             clip=1.0, schedule=lambda s: warmup_cosine(s, steps, 0.05, 0.05)),
+                                             clip=1.0, schedule=lambda s: warmup_cosine_fraction(s, steps, 0.05, 0.05)),
              desc="toy pre-training")
     return model.eval()
 

@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from interp.models.common import accuracy, digits_split, minibatches, set_seed
+from interp.models.common import accuracy, digits_split, minibatches
+from interp.training import set_seed
 from interp.models.dequantization import DequantLinear, Method, QuantSpec, Transform, make_mlp
 from interp.progress import progress
 from interp.results import Result

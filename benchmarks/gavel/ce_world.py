@@ -54,7 +54,7 @@ def words() -> list[str]:
 
 def make_tokenizer():
     """Word-level fast tokenizer of the CE world (64 tokens; ``<bos>`` is not prepended: callers add it)."""
-    from interp.zoo.training import word_level_tokenizer
+    from interp.training import word_level_tokenizer
 
     return word_level_tokenizer(["<bos>", "<eos>", "<pad>", "<unk>"] + words(), add_bos=False, cleanup=True)
 
@@ -134,7 +134,7 @@ def build_ce_world_model(out: Path, params: Mapping[str, Any]) -> dict:
     """Zoo builder: train the CE-world LM; raise if it does not learn phrase continuations."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     cfg = CEWorldConfig(**params)
     torch.manual_seed(cfg.seed)

@@ -79,13 +79,10 @@ class GavelRecipe(Recipe):
     code = ("interp.benchmarks.gavel", "interp.probes.gavel")
 
     def run_unit(self, config: GavelConfig, unit: None, stages) -> dict:
-        import torch
-        prev = torch.get_num_threads()
-        torch.set_num_threads(config.num_threads)
-        try:
+        from interp.training import limit_threads
+
+        with limit_threads(config.num_threads, blas=False):
             return self._run(config, stages)
-        finally:
-            torch.set_num_threads(prev)
 
     def _run(self, config: GavelConfig, stages) -> dict:
         import json

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from interp.reproduce import Outcome, Recipe
-from interp.zoo._util import torch_threads
+from interp.training import limit_threads
 
 from .experiment import PLANTED, ValidationConfig, ValidationResult, build_planted_llama, scores, sweep, \
     threshold_comparison, validation
@@ -61,7 +61,7 @@ class HeadsRecipe(Recipe):
         import interp
 
         interp.set_progress(False)
-        with torch_threads(config.threads):
+        with limit_threads(config.threads, blas=False):
             if stages.done(_stage_name(unit)):  # stored: no model needed
                 return stages(_stage_name(unit), lambda: None)
             model = self._model(config, stages)

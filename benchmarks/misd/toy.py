@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interp.models.common import digits_split, minibatches, set_seed
+from interp.models.common import digits_split, minibatches
+from interp.training import set_seed
 from interp.models.misd import LMNConfig, evaluate
 from interp.progress import progress
 from interp.results import Result

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interp.models.common import FASHION_MNIST_ROOT, has_fashion_mnist, load_fashion_mnist, set_seed
+from interp.models.common import FASHION_MNIST_ROOT, has_fashion_mnist, load_fashion_mnist
+from interp.training import set_seed
 from interp.models.misd import LMNConfig, MisDTable, evaluate
 from interp.progress import progress
 from interp.results import Result

@@ -152,14 +152,14 @@ class PlanningRecipe(Recipe):
         import interp
         from interp.probes.planning import (BlockMapConfig, BranchConfig, HorizonConfig, block_layer_map,
                                             branch_awareness, horizon_curve)
-        from interp.zoo._util import torch_threads
+        from interp.training import limit_threads
 
         from .validation import horizon_run_for
 
         interp.set_progress(False)
         if stages.done(unit):
             return stages(unit, lambda: None)
-        with torch_threads(config.threads):
+        with limit_threads(config.threads, blas=False):
             if unit.startswith("sanity-"):
                 k = int(unit.split("-")[1])
                 return stages(unit, lambda: estimator_sanity(

@@ -437,7 +437,7 @@ def task_vocab(task: Any) -> tuple[str, ...]:
 def make_tokenizer(task_or_vocab: Any):
     """A word-level ``PreTrainedTokenizerFast`` over a task's vocabulary (or a word sequence) that
     prepends ``<bos>``; unknown words map to ``<unk>``; ``decode`` joins words with single spaces."""
-    from interp.zoo.training import word_level_tokenizer
+    from interp.training import word_level_tokenizer
 
     vocab = task_vocab(task_or_vocab) if not isinstance(task_or_vocab, (list, tuple)) else tuple(task_or_vocab)
     return word_level_tokenizer(vocab)

@@ -13,7 +13,7 @@ task specification under ``params["task"]`` (``{"kind": ..., **fields}``), so
 Model: ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU), 4 layers, d 64, 4 heads, MLP 256, untied embeddings,
 word-level tokenizer over the task vocabulary (``<bos>`` prepended).
 
-Training (:func:`interp.zoo.training.train_lm`: AdamW, warm-up + cosine, clipping): fresh examples every step
+Training (:func:`interp.training.train_lm`: AdamW, warm-up + cosine, clipping): fresh examples every step
 (``task.examples(batch_size, seed=f(seed, step))``), documents are ``<bos> prompt target``. Path finding
 (recipe choice, ``followup_queries``): each document continues with sub-queries of the same graph and their
 answers (``PathFinding.training_examples``), which multiply the in-context edge lookups per example;
@@ -359,10 +359,10 @@ def evaluate_planning(model, tokenizer, task, examples: Sequence) -> dict:
 # ----------------------------------------------------------------------------------------- build
 def build_planning(out: Path, params: Mapping[str, Any]) -> dict:
     """Train one planning model from scratch and save it (HF folder + word-level tokenizer) into ``out``."""
-    from interp.zoo._util import torch_threads
+    from interp.training import limit_threads
 
     cfg = PlanningModelConfig.from_params(params)
-    with torch_threads(cfg.num_threads):
+    with limit_threads(cfg.num_threads, blas=False):
         return _train(Path(out), cfg)
 
 
@@ -375,8 +375,7 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.zoo._util import quiet_transformers
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, quiet_transformers, train_lm
 
     from .tasks import make_tokenizer, task_from_params
 
@@ -458,7 +457,7 @@ def train_planning(cfg: PlanningModelConfig, eval_every: int = 0, n_curve: int =
 
 
 def _train(out: Path, cfg: PlanningModelConfig) -> dict:
-    from interp.zoo._util import quiet_transformers
+    from interp.training import quiet_transformers
 
     model, tokenizer, task, metrics = train_planning(cfg)
     if not metrics["greedy_accuracy"] >= cfg.min_accuracy:

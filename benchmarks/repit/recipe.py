@@ -115,12 +115,12 @@ class RepItRecipe(Recipe):
 
     def run_unit(self, config: RepItReproConfig, seed: Any, stages) -> dict:
         import interp
-        from interp.zoo._util import torch_threads
+        from interp.training import limit_threads
 
         interp.set_progress(False)
         tag = "" if seed is None else f"-seed{seed}"
         out = {}
-        with torch_threads(config.threads):
+        with limit_threads(config.threads, blas=False):
             model = None
             for targets in config.target_sets:
                 name = set_name(targets)

@@ -155,7 +155,7 @@ def instructions(split: str | None = None, harmful: bool | None = None,
 
 def make_tokenizer():
     """Word-level fast tokenizer with the toy chat template (punctuation split off, as the judge expects)."""
-    from interp.zoo.training import word_level_tokenizer
+    from interp.training import word_level_tokenizer
 
     fast = word_level_tokenizer(vocabulary(), add_bos=False, split_punctuation=True,
                                 additional_special_tokens=["<eoi>"])

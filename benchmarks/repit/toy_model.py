@@ -85,10 +85,10 @@ def _stream_batch(rng: random.Random, n: int, exclude: set[str]) -> list[Instruc
 
 def build_toy_refusal(out: Path, params: Mapping[str, Any]) -> dict:
     """Train the toy refusal model and save it with its tokenizer (raises if it does not learn the rule)."""
-    from interp.zoo._util import torch_threads
+    from interp.training import limit_threads
 
     cfg = ToyRefusalConfig.from_params(params)
-    with torch_threads(cfg.num_threads):
+    with limit_threads(cfg.num_threads, blas=False):
         return _train(out, cfg)
 
 
@@ -96,8 +96,7 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from interp.zoo._util import quiet_transformers
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, quiet_transformers, train_lm
 
     torch.manual_seed(cfg.seed)
     tok = make_tokenizer()

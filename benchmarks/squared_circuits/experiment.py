@@ -14,7 +14,8 @@ import torch
 from interp.progress import progress
 from interp.results import Result
 
-from interp.models.common import digits_split, limit_threads, minibatches, set_seed, warmup_cosine
+from interp.models.common import digits_split, minibatches
+from interp.training import limit_threads, set_seed, warmup_cosine_fraction
 from interp.models.squared_circuits.circuit import (Circuit, NotStructuredError, random_structure, tree_structure,
                                                     two_partition_structure)
 from interp.models.squared_circuits.tree import TreeMixtureCircuit, morton_order
@@ -230,8 +231,8 @@ def train_tree(model: TreeMixtureCircuit, x_train: torch.Tensor, x_val: torch.Te
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     steps_per_epoch = math.ceil(len(x_train) / batch_size)
     total_steps = max(epochs * steps_per_epoch, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: warmup_cosine(min(k, total_steps - 1), total_steps,
-                                                                            warmup_frac, 0.0))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: warmup_cosine_fraction(min(k, total_steps - 1), total_steps,
+                                                                                     warmup_frac, 0.0))
     hist: dict[str, list] = {"epoch": [], "train_bpd": [], "val_bpd": [], "test_bpd": [], "z_step": [], "log_z": []}
     step_times: list[float] = []
     step = 0

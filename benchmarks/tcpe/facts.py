@@ -63,8 +63,8 @@ class FactsTask:
 def word_tokenizer(words: Sequence[str]):
     """A word-level tokenizer over ``words`` plus ``<pad> <bos> <eos> <unk>`` (ids 0-3); ``<bos>`` is prepended,
     decoding joins words with spaces (no space before ``.``), padding on the right
-    (:func:`interp.zoo.training.word_level_tokenizer`)."""
-    from interp.zoo.training import SPECIALS, word_level_tokenizer
+    (:func:`interp.training.word_level_tokenizer`)."""
+    from interp.training import SPECIALS, word_level_tokenizer
 
     tok = word_level_tokenizer([*SPECIALS, *words], cleanup=True)
     tok.padding_side = "right"
@@ -90,10 +90,10 @@ def word_lm(tok, d_model: int, d_mlp: int, n_layers: int, n_positions: int, seed
 def train_word_lm(tok, texts: Callable[[int, int], list[str]], steps: int, seed: int, d_model: int, d_mlp: int,
                   n_layers: int, lr: float, batch: int, n_positions: int, desc: str):
     """Train :func:`word_lm` on ``texts(batch, step_seed)`` with the loss on every real position
-    (:func:`interp.zoo.training.train_lm`: AdamW betas (0.9, 0.999), torch's one-cycle schedule with
+    (:func:`interp.training.train_lm`: AdamW betas (0.9, 0.999), torch's one-cycle schedule with
     ``pct_start`` 0.05, no gradient clipping); returns the interp Model (torch backend)."""
     import interp
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     hf = word_lm(tok, d_model, d_mlp, n_layers, n_positions, seed)
 

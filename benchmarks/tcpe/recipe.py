@@ -129,13 +129,10 @@ class TcpeRecipe(Recipe):
         return list(UNITS)
 
     def run_unit(self, config: TcpeConfig, unit: str, stages) -> dict:
-        import torch
-        prev = torch.get_num_threads()
-        torch.set_num_threads(config.num_threads)
-        try:
+        from interp.training import limit_threads
+
+        with limit_threads(config.num_threads, blas=False):
             return getattr(self, f"_{unit}")(config, stages)
-        finally:
-            torch.set_num_threads(prev)
 
     # ------------------------------------------------------------------ validation 1
     def _facts(self, config: TcpeConfig, stages) -> dict:

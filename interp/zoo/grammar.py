@@ -256,7 +256,7 @@ class ToyGrammarConfig:
 
 def make_tokenizer(grammar: ToyGrammar):
     """A word-level fast tokenizer over the grammar's vocabulary that prepends ``<bos>``."""
-    from .training import word_level_tokenizer
+    from ..training import word_level_tokenizer
 
     return word_level_tokenizer(grammar.token_id)
 
@@ -299,10 +299,10 @@ def evaluate(model, grammar: ToyGrammar, docs: Sequence[Sequence[str]]) -> dict:
 
 def build_toy_grammar(out: Path, params: Mapping[str, Any]) -> dict:
     """Train the toy-grammar Llama from scratch and save it with its word-level tokenizer."""
-    from ._util import torch_threads
+    from ..training import limit_threads
 
     cfg = ToyGrammarConfig.from_params(params)
-    with torch_threads(cfg.num_threads):
+    with limit_threads(cfg.num_threads, blas=False):
         return _train_toy_grammar(out, cfg)
 
 
@@ -310,8 +310,7 @@ def _train_toy_grammar(out: Path, cfg: ToyGrammarConfig) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ._util import quiet_transformers
-    from .training import LMTrainConfig, train_lm
+    from ..training import LMTrainConfig, quiet_transformers, train_lm
 
     grammar = ToyGrammar(cfg.grammar)
     torch.manual_seed(cfg.seed)

@@ -14,7 +14,8 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from ..progress import progress
-from ._util import package_dir, quiet_transformers
+from ..data._packages import package_dir
+from ..training import quiet_transformers
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -297,7 +297,7 @@ def build_refusal(out: Path, params: Mapping[str, Any]) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..io import atomic_write_json
-    from ._util import quiet_transformers
+    from ..training import quiet_transformers
     from .registry import path as zoo_path
 
     cfg = RefusalConfig.from_params(params)

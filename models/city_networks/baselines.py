@@ -38,7 +38,7 @@ from torch import nn
 from interp.progress import progress
 from interp.results import Result
 
-from ..common import limit_threads, set_seed
+from interp.training import limit_threads, set_seed
 from .data import CityGraph
 
 __all__ = ["MODEL_KINDS", "ARCHITECTURES", "CityGNN", "TrainConfig", "TrainRun", "standardize", "train_model",

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from interp.progress import progress
+from interp.training import warmup_cosine_fraction
 
-from ..common import warmup_cosine
 from .config import GPTConfig, HParams, ModuleMultipliers
 from .data import CharCorpus
 from .model import EnsembleGPT
@@ -80,7 +80,7 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
                    desc: str | None = None) -> EnsembleRun:
     """Train ``len(members)`` GPTs of shape ``cfg`` side by side on the same batches; evaluate on held-out text.
 
-    The LR factor follows :func:`models.common.warmup_cosine` with each member's ``warmup_frac`` and
+    The LR factor follows :func:`interp.training.warmup_cosine_fraction` with each member's ``warmup_frac`` and
     ``final_lr_frac``. The objective is cross-entropy plus ``z_loss * mean(logsumexp^2)``; its gradient is
     clipped to each member's ``grad_clip`` (global norm over the member's parameters, as the CompleteP reference
     code clips; ``None`` = no clipping) before the AdamW step. A member whose
@@ -132,7 +132,7 @@ def train_ensemble(cfg: GPTConfig, members: list[MemberSpec], corpus: CharCorpus
         opt.zero_grad()
         (ce + z_coef * z).sum().backward()
         grad_norm[alive.numpy(), step] = opt.clip_grad_norm_(clip).numpy()
-        sched = torch.tensor([warmup_cosine(step, steps, members[i].hp.warmup_frac, members[i].hp.final_lr_frac)
+        sched = torch.tensor([warmup_cosine_fraction(step, steps, members[i].hp.warmup_frac, members[i].hp.final_lr_frac)
                               for i in alive.tolist()])
         opt.step(sched)
 

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from interp.io import load_torch
 from interp.progress import progress
+from interp.training import set_seed, warmup_cosine_fraction
 
-from ..common import minibatches, set_seed, warmup_cosine
+from ..common import minibatches
 from .preference import PreferencePair
 
 
@@ -168,7 +169,7 @@ def dpo_train(policy: torch.nn.Module, tokenizer, pairs: Sequence[PreferencePair
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_epoch = -(-len(pairs) // (cfg.batch_size * cfg.grad_accum))
     total = per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, total, cfg.warmup_frac, 0.0))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine_fraction(s, total, cfg.warmup_frac, 0.0))
     hist = DPOHistory()
     steps: list[list[torch.Tensor]] = []
     for _ in range(cfg.epochs):

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from interp.progress import progress
+from interp.training import set_seed, warmup_cosine_fraction
 
-from ..common import set_seed, warmup_cosine
 from .proteins import AMINO_ACIDS, load_proteins, split_proteins
 
 __all__ = ["ESM_TOKENS", "PLMConfig", "make_tokenizer", "train_plm", "build_plm", "embed_residues",
@@ -147,7 +147,7 @@ def masked_lm_eval(model, sequences: Sequence[str], crop: int, seed: int = 1, ma
 
 def train_plm(cfg: PLMConfig):
     """Train one model on the training split; returns (model, metrics)."""
-    from interp.zoo._util import quiet_transformers
+    from interp.training import quiet_transformers
 
     train, held = split_proteins(load_proteins(), cfg.holdout_fraction, cfg.split_seed)
     seqs = train.sequences[: cfg.max_proteins] if cfg.max_proteins else train.sequences
@@ -155,7 +155,7 @@ def train_plm(cfg: PLMConfig):
     with quiet_transformers():
         model = _new_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.steps, cfg.warmup_frac, 0.1))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine_fraction(s, cfg.steps, cfg.warmup_frac, 0.1))
     model.train()
     losses = []
     for _ in progress(range(cfg.steps), desc=f"protein MLM d={cfg.width}", total=cfg.steps):
@@ -185,10 +185,10 @@ def train_plm(cfg: PLMConfig):
 
 def build_plm(out: Path, params: Mapping[str, Any]) -> dict:
     """Zoo builder: train and save an HF folder (``EsmForMaskedLM`` + ``EsmTokenizer``)."""
-    from interp.zoo._util import quiet_transformers, torch_threads
+    from interp.training import limit_threads, quiet_transformers
 
     cfg = PLMConfig(**params)
-    with torch_threads(cfg.num_threads):
+    with limit_threads(cfg.num_threads, blas=False):
         model, metrics = train_plm(cfg)
     with quiet_transformers():
         model.save_pretrained(out, safe_serialization=True)
@@ -200,7 +200,7 @@ def load_plm(name_or_path: str | Path):
     """An ``EsmForMaskedLM`` in eval mode from a zoo name (``zoo:protein-mlm-64``) or an HF folder."""
     from transformers import EsmForMaskedLM
 
-    from interp.zoo._util import quiet_transformers
+    from interp.training import quiet_transformers
 
     folder = Path(name_or_path)
     if isinstance(name_or_path, str) and not folder.is_dir():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.models.common import limit_threads
+from interp.training import limit_threads
 from interp.benchmarks.squared_circuits import (SquaredCircuitsConfig, SquaredCircuitsResult, exactness_experiment,
                                                 experiment, learning_experiment, marginal_errors, quantize_digits)
 from interp.models.squared_circuits import (Circuit, CircuitBuilder, NotStructuredError, TreeMixtureCircuit,

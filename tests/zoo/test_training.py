@@ -1,4 +1,4 @@
-"""The shared small-LM trainer and word-level tokenizer builder (interp.zoo.training)."""
+"""The shared small-LM trainer and word-level tokenizer builder (interp.training)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from interp.zoo.training import LMTrainConfig, train_lm, warmup_cosine, word_level_tokenizer
+from interp.training import LMTrainConfig, train_lm, warmup_cosine, word_level_tokenizer
 
 VOCAB = ["<pad>", "<bos>", "<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "dog"]
 
@@ -233,9 +233,9 @@ def test_train_lm_is_the_tcpe_toys_loop_bit_for_bit():
 
 def test_train_lm_schedule_function_is_the_copypaste_toys_loop_bit_for_bit():
     """``schedule=`` a function: the CopyPaste toy's loop (AdamW betas (0.9, 0.999), ``LambdaLR`` of
-    ``interp.models.common.warmup_cosine``, which reaches its floor at the last step, unlike
-    :func:`interp.zoo.training.warmup_cosine`; clip 1.0; padded batches), bit for bit."""
-    from interp.models.common import warmup_cosine as fractional_warmup_cosine
+    ``interp.training.warmup_cosine_fraction``, which reaches its floor at the last step, unlike
+    :func:`interp.training.warmup_cosine`; clip 1.0; padded batches), bit for bit."""
+    from interp.training import warmup_cosine_fraction as fractional_warmup_cosine
 
     steps = 12
     factor = lambda s: fractional_warmup_cosine(s, steps, 0.25, 0.05)  # noqa: E731
@@ -258,3 +258,84 @@ def test_lm_train_config_rejects_unknown_schedules():
         LMTrainConfig(steps=10, schedule="linear")
     with pytest.raises(ValueError, match="pct_start"):
         LMTrainConfig(steps=10, schedule="one_cycle", pct_start=1.0)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        LMTrainConfig(steps=10, optimizer="sgd")
+
+
+def test_train_lm_adam_is_the_polca_loop_bit_for_bit():
+    """``optimizer="adam"``, no schedule change, no clipping: the POLCA addition loop (torch's Adam with its
+    defaults, ``zero_grad`` then ``backward`` then ``step``), bit for bit; ``on_step`` sees every step's loss."""
+    ref = _tiny_lm()
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    batches = _batches()
+    ref_losses = []
+    for _ in range(CFG.steps):
+        loss = (lambda b: ref(input_ids=b, labels=b).loss)(next(batches))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_losses.append(loss.item())
+    cfg = LMTrainConfig(steps=CFG.steps, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), clip=None,
+                        schedule=lambda s: 1.0, optimizer="adam")
+    model, seen = _tiny_lm(), []
+    assert train_lm(model, _batches(), cfg, on_step=lambda step, loss: seen.append((step, loss))) == ref_losses
+    assert seen == list(enumerate(ref_losses))
+    _assert_same_weights(ref, model)
+
+
+def test_limit_threads_caps_and_restores():
+    from threadpoolctl import threadpool_info
+
+    from interp.training import limit_threads
+
+    before = torch.get_num_threads()
+    blas_before = [p["num_threads"] for p in threadpool_info()]
+    with limit_threads(1):
+        assert torch.get_num_threads() == 1
+        assert all(p["num_threads"] == 1 for p in threadpool_info())
+    with limit_threads(1, blas=False):
+        assert torch.get_num_threads() == 1
+        assert [p["num_threads"] for p in threadpool_info()] == blas_before
+    with limit_threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_threads must be an integer >= 1 or None"):
+            with limit_threads(bad):
+                pass
+
+
+def test_set_seed_seeds_every_generator():
+    import numpy as np
+
+    from interp.training import set_seed
+
+    g = set_seed(7)
+    a = (random.random(), float(np.random.rand()), float(torch.rand(1)), float(torch.rand(1, generator=g)))
+    g = set_seed(7)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1)), float(torch.rand(1, generator=g))) == a
+
+
+def test_warmup_cosine_fraction():
+    from interp.training import warmup_cosine_fraction
+
+    f = [warmup_cosine_fraction(s, 20, 0.1, 0.1) for s in range(20)]
+    assert f[:2] == [0.5, 1.0]  # round(0.1 * 20) = 2 warm-up steps
+    assert f[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(f[1:], f[2:]))
+    with pytest.raises(ValueError, match="total_steps must be >= 1"):
+        warmup_cosine_fraction(0, 0)
+
+
+def test_old_paths_re_export_the_kit_with_a_warning():
+    import interp.models.common as common
+    import interp.training as kit
+    import interp.zoo.training as old
+
+    with pytest.warns(DeprecationWarning, match="moved to interp.training.train_lm"):
+        assert old.train_lm is kit.train_lm
+    with pytest.warns(DeprecationWarning, match="moved to interp.training.warmup_cosine_fraction"):
+        assert common.warmup_cosine is kit.warmup_cosine_fraction
+    with pytest.warns(DeprecationWarning):
+        assert common.limit_threads is kit.limit_threads and common.set_seed is kit.set_seed
+    with pytest.raises(AttributeError):
+        old.nothing_here  # noqa: B018
