@@ -35,7 +35,10 @@ def _is_tensor_like(value: Any) -> bool:
 
 
 def _type_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """The name a saved result records for its type: ``module.qualname``, or the class's own ``saved_type`` (a
+    class that moved keeps the name its files were written under, so they load and are rewritten identically)."""
+    fixed = cls.__dict__.get("saved_type")
+    return fixed if isinstance(fixed, str) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _is_nested(value: Any) -> bool:

@@ -23,6 +23,9 @@ class ReproductionRecord(Result):
     the run ran (git commit and whether the tree was dirty, CPU, threads, BLAS library and kernel, the
     numeric stack's versions, the environment settings that choose kernels)."""
 
+    #: the type name its saved files record (the module moved in #45; files written before load and compare equal)
+    saved_type = "interp.reproduce.record.ReproductionRecord"
+
     kind = "reproduction"
 
     paper: str
