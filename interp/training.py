@@ -135,7 +135,7 @@ def word_level_tokenizer(vocab: Mapping[str, int] | Sequence[str], *, bos: str |
 
 
 #: the learning-rate schedules of :class:`LMTrainConfig`
-SCHEDULES = ("warmup_cosine", "one_cycle")
+SCHEDULES = ("warmup_cosine", "one_cycle", "constant")
 #: the optimizers of :class:`LMTrainConfig`
 OPTIMIZERS = ("adamw", "adam")
 
@@ -150,7 +150,8 @@ class LMTrainConfig:
     ``floor * lr`` at ``steps`` (:func:`warmup_cosine`). ``schedule="one_cycle"``: torch's ``OneCycleLR``
     (max ``lr``, ``pct_start`` of the steps rising from ``lr / 25``, then cosine annealing to ``lr / 25e4``; it
     also cycles AdamW's first beta between 0.95 and 0.85, so ``betas[0]`` is unused); ``warmup`` and ``floor``
-    are then unused, as ``pct_start`` is with the default schedule. ``schedule`` may also be a function
+    are then unused, as ``pct_start`` is with the default schedule. ``schedule="constant"``: ``lr`` throughout
+    (``warmup``, ``floor``, ``pct_start`` unused). ``schedule`` may also be a function
     ``step -> factor`` (0-based step; the learning rate is ``lr * factor``, torch's ``LambdaLR``) for a schedule
     of one's own; ``warmup``, ``floor`` and ``pct_start`` are then unused.
     """
@@ -190,6 +191,8 @@ class LMTrainConfig:
 
         if callable(self.schedule):
             return torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
+        if self.schedule == "constant":
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         if self.schedule == "one_cycle":
             return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.lr, total_steps=self.steps,
                                                        pct_start=self.pct_start)

@@ -20,7 +20,6 @@ from torch import nn
 
 from interp.dynamics.polca import ParamSpace, PolcaResult, analyse, build_basis, span_diagnostics
 from interp.dynamics.tasks import addition
-from interp.progress import progress
 
 
 @dataclasses.dataclass
@@ -129,24 +128,24 @@ def _gpt2(cfg: AdditionConfig):
 
 
 def train_addition(cfg: AdditionConfig) -> dict:
-    """Train the GPT-2 on ``steps`` batches of addition problems (Adam), recording the flat parameters before every
-    ``every``-th step and after the last (as :class:`~interp.dynamics.polca.CheckpointRecorder` would):
-    ``{"steps": [T], "thetas": [T, P]}``."""
+    """Train the GPT-2 on ``steps`` batches of addition problems (Adam, constant learning rate, no clipping:
+    :func:`interp.training.train_lm`), recording the flat parameters before every ``every``-th step and after the
+    last (as :class:`~interp.dynamics.polca.CheckpointRecorder` would): ``{"steps": [T], "thetas": [T, P]}``."""
+    from interp.training import LMTrainConfig, train_lm
+
     model = _gpt2(cfg)
     space = ParamSpace(model)
     data = addition(cfg.steps * cfg.batch, seed=cfg.seed).tokens.view(cfg.steps, cfg.batch, -1)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    steps, thetas = [], []
-    for step in progress(range(cfg.steps + 1), desc="addition train"):
-        if step % cfg.every == 0:
-            steps.append(step)
+    steps, thetas = [0], [space.flatten()]
+
+    def record(step: int, loss: float) -> None:  # after step ``step`` (0-based) the model has taken step + 1
+        if (step + 1) % cfg.every == 0:  # steps is a multiple of every, so the last step is recorded too
+            steps.append(step + 1)
             thetas.append(space.flatten())
-        if step == cfg.steps:
-            break
-        loss = addition_token_loss(model, data[step]).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    train_lm(model, iter(data), LMTrainConfig(steps=cfg.steps, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.999),
+                                              clip=None, schedule="constant", optimizer="adam"),
+             loss_fn=lambda m, batch: addition_token_loss(m, batch).mean(), desc="addition train", on_step=record)
     return {"steps": steps, "thetas": torch.stack(thetas)}
 
 

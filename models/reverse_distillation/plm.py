@@ -147,29 +147,25 @@ def masked_lm_eval(model, sequences: Sequence[str], crop: int, seed: int = 1, ma
 
 def train_plm(cfg: PLMConfig):
     """Train one model on the training split; returns (model, metrics)."""
-    from interp.training import quiet_transformers
+    from interp.training import LMTrainConfig, quiet_transformers, train_lm
 
     train, held = split_proteins(load_proteins(), cfg.holdout_fraction, cfg.split_seed)
     seqs = train.sequences[: cfg.max_proteins] if cfg.max_proteins else train.sequences
     g = set_seed(cfg.seed)
     with quiet_transformers():
         model = _new_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine_fraction(s, cfg.steps, cfg.warmup_frac, 0.1))
-    model.train()
-    losses = []
-    for _ in progress(range(cfg.steps), desc=f"protein MLM d={cfg.width}", total=cfg.steps):
-        pick = torch.randint(len(seqs), (cfg.batch_size,), generator=g)
-        ids, att = _batch([seqs[int(i)] for i in pick], cfg.crop, g)
-        inputs, labels = _mask_tokens(ids, ids <= 3, cfg.mask_prob, g)
-        loss = model(input_ids=inputs, attention_mask=att, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-    model.eval()
+
+    def batches():  # drawn from ``g`` one step at a time, as training goes
+        for _ in range(cfg.steps):
+            pick = torch.randint(len(seqs), (cfg.batch_size,), generator=g)
+            ids, att = _batch([seqs[int(i)] for i in pick], cfg.crop, g)
+            inputs, labels = _mask_tokens(ids, ids <= 3, cfg.mask_prob, g)
+            yield {"input_ids": inputs, "attention_mask": att, "labels": labels}
+
+    schedule = lambda s: warmup_cosine_fraction(s, cfg.steps, cfg.warmup_frac, 0.1)  # noqa: E731
+    losses = train_lm(model, batches(), LMTrainConfig(steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                                      betas=(0.9, 0.98), clip=1.0, schedule=schedule),
+                      desc=f"protein MLM d={cfg.width}")
     counts = np.bincount(np.concatenate([_encode(s).numpy() for s in seqs]), minlength=len(ESM_TOKENS))
     freq = counts[counts > 0] / counts.sum()
     metrics = masked_lm_eval(model, held.sequences[: cfg.n_eval_proteins], cfg.crop)

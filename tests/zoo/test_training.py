@@ -276,7 +276,7 @@ def test_train_lm_adam_is_the_polca_loop_bit_for_bit():
         opt.step()
         ref_losses.append(loss.item())
     cfg = LMTrainConfig(steps=CFG.steps, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), clip=None,
-                        schedule=lambda s: 1.0, optimizer="adam")
+                        schedule="constant", optimizer="adam")
     model, seen = _tiny_lm(), []
     assert train_lm(model, _batches(), cfg, on_step=lambda step, loss: seen.append((step, loss))) == ref_losses
     assert seen == list(enumerate(ref_losses))
