@@ -8,6 +8,11 @@ The applications moved out of the kernel into :mod:`interp.apps` (issue #45)::
     interp.store.cli        -> interp.apps.store_cli
     interp.store.ray_engine -> interp.apps.ray_engine
 
+and the audit checks got one file name (``audit_check.py``)::
+
+    interp.probes.audit_checks -> interp.probes.heads.audit_check
+    interp.probes.gavel.audit  -> interp.probes.gavel.audit_check
+
 Each old package or module is a thin alias (``interp/audit/__init__.py`` and so on) that calls :func:`alias`:
 it emits a ``DeprecationWarning`` naming the new path and makes the old name *the same module object* as the
 new one; a finder on ``sys.meta_path`` does the same for every old submodule (``import interp.audit.runner`` is
@@ -33,6 +38,9 @@ MOVED: dict[str, str] = {
     "interp.cli": "interp.apps.cli",
     "interp.store.cli": "interp.apps.store_cli",
     "interp.store.ray_engine": "interp.apps.ray_engine",
+    # one file name per plug-in kind: an analyzer's audit check is its package's audit_check.py
+    "interp.probes.audit_checks": "interp.probes.heads.audit_check",
+    "interp.probes.gavel.audit": "interp.probes.gavel.audit_check",
 }
 
 

@@ -2,7 +2,7 @@
 
 A :class:`SteeringMethod` fits :class:`SteeringVector` objects that turn themselves into capture-layer
 interventions. Built-in methods (difference-in-means, directional ablation, RepIt) and third-party
-methods (entry-point group ``interp.steering``) share one registry.
+methods are declared the same way, in the entry-point group ``interp.steering``, and share one registry.
 """
 from .base import (
     ENTRY_POINT_GROUP,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import SteeringData, SteeringMethod, SteeringVector, default_data, register
+from .base import SteeringData, SteeringMethod, SteeringVector, default_data
 from .diff_in_means import fit_direction
 
 #: The hooks at which :class:`DirectionalAblation` projects the direction out (every layer).
@@ -36,7 +36,6 @@ class DirectionalAblationConfig:
     batch_size: int = 16
 
 
-@register
 class DirectionalAblation(SteeringMethod):
     """Project the difference-in-means direction out of every layer's residual stream."""
 

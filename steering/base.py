@@ -6,13 +6,15 @@ position rule, the operation and its tensors; it turns itself into capture-layer
 (:meth:`SteeringVector.interventions`, :meth:`SteeringVector.apply`, usable around ``model(...)`` and
 ``model.generate(...)``) and saves/loads as ``vector.safetensors`` + ``vector.json``.
 
-Registry: built-in methods register themselves with :func:`register` when their module is imported;
-third-party packages declare their classes in the entry-point group ``interp.steering``::
+Registry: every method, built-in or third-party, is declared in the entry-point group ``interp.steering``
+(the built-ins in interp's own ``pyproject.toml``)::
 
     [project.entry-points."interp.steering"]
     my_method = "my_package.module:MyMethod"
 
-:func:`get` and :func:`available` see both.
+and found by :func:`get` and :func:`available` without anything registering at import time. Entry points are
+read from the installed metadata: after adding one, reinstall (``pip install -e .``). :func:`register` adds a
+method for the current process only (notebooks, tests).
 """
 from __future__ import annotations
 

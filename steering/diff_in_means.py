@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .activations import collect, mean_difference
-from .base import SteeringData, SteeringMethod, SteeringVector, default_data, register
+from .base import SteeringData, SteeringMethod, SteeringVector, default_data
 
 
 @dataclass
@@ -42,7 +42,6 @@ def fit_direction(model, data: SteeringData, layer: int, position: int, hook: st
     return mean_difference(pos, neg), pos.mean(0), neg.mean(0)
 
 
-@register
 class DiffInMeans(SteeringMethod):
     """Activation addition with the difference-in-means vector of a contrast set."""
 

@@ -56,7 +56,7 @@ from interp.progress import progress
 from interp.results import Result
 
 from .activations import collect, resid_names
-from .base import (SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template, n_prompts, register,
+from .base import (SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template, n_prompts,
                    spread)
 from .refusal import kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
 
@@ -621,7 +621,6 @@ class RepItConfig:
     batch_size: int = 16
 
 
-@register
 class RepIt(SteeringMethod):
     """RepIt concept-isolated refusal vectors (see the module docstring for the procedure).
 

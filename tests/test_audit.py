@@ -120,7 +120,7 @@ class CountCheck(Check):
 def test_heads_is_registered_through_its_entry_point():
     assert "heads" in available_checks()
     cls = get_check("heads")
-    assert cls.__module__ == "interp.probes.audit_checks" and cls.name == "heads"
+    assert cls.__module__ == "interp.probes.heads.audit_check" and cls.name == "heads"
     assert parse_checks("heads") == ["heads"]
     with pytest.raises(UnknownCheckError, match="available checks: .*heads"):
         parse_checks("heads,nope")

@@ -98,7 +98,7 @@ def _where(graph, importer: str, imported: str) -> str:
 def test_the_graph_holds_every_layer(graph):
     mods = graph.modules
     for must in ("interp.model", "interp.checks", "interp.store.harvest", "interp.apps.audit.runner",
-                 "interp.apps.reproduce.runner", "interp.apps.ray_engine", "interp.probes.audit_checks",
+                 "interp.apps.reproduce.runner", "interp.apps.ray_engine", "interp.probes.heads.audit_check",
                  "interp.steering.audit_check", "interp.benchmarks.heads.recipe"):
         assert must in mods, f"{must} is missing from the import graph"
     # lazy imports are arrows too: the multi-checkpoint audit imports the Ray engine inside a function

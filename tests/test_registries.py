@@ -237,3 +237,44 @@ def test_zoo_cli_lists_around_a_broken_plugin(plugins, monkeypatch, tmp_path):
     assert "broken: zoo entry plug-in 'regtest-broken'" in res.output and "ModuleNotFoundError" in res.output
     res = runner.invoke(app, ["build", "regtest-broken"])
     assert res.exit_code == 2 and "failed to load: ModuleNotFoundError" in res.output
+
+
+ANALYZER_FOLDERS = ("probes", "steering", "editing", "dynamics", "models")
+
+
+def test_builtins_register_one_way_the_way_plugins_do():
+    """Steering methods, audit checks and recipes: every built-in is an entry point of interp's pyproject.toml, as a
+    third party's would be, and importing the built-in modules registers nothing (no second, import-time way)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    recipes = sorted(p.parent.name for p in (root / "benchmarks").glob("*/recipe.py"))
+    code = textwrap.dedent(f'''
+        import importlib, json
+        import interp.steering, interp.steering.diff_in_means, interp.steering.ablation, interp.steering.repit
+        from interp.steering.base import METHODS
+        from interp.apps.audit.registry import CHECKS
+        from interp.apps.reproduce.recipe import RECIPES
+        for reg in (METHODS, CHECKS, RECIPES):
+            for ep in reg.entry_points().values():
+                importlib.import_module(ep.value.split(":")[0])
+        for name in {recipes!r}:
+            importlib.import_module(f"interp.benchmarks.{{name}}.recipe")
+        print(json.dumps({{"registered": [sorted(r._items) for r in (METHODS, CHECKS, RECIPES)],
+                          "declared": [{{n: ep.value for n, ep in r.entry_points().items()}}
+                                       for r in (METHODS, CHECKS, RECIPES)]}}))
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["registered"] == [[], [], []], f"registered at import time (steering, checks, recipes): {got['registered']}"
+    methods, checks, declared_recipes = got["declared"]
+    assert {"diff_in_means", "directional_ablation", "repit"} <= set(methods)
+    assert sorted(declared_recipes) == recipes
+    # one file name per kind: every audit check module is <analyzer>/.../audit_check.py, and every such file is declared
+    assert all(v.split(":")[0].endswith(".audit_check") for v in checks.values()), checks
+    files = {".".join(("interp",) + p.relative_to(root).with_suffix("").parts)
+             for top in ANALYZER_FOLDERS for p in (root / top).rglob("audit_check.py")}
+    assert files == {v.split(":")[0] for v in checks.values()}, (files, checks)

@@ -10,7 +10,7 @@ from interp.apps.audit import AuditData
 from interp.checks import configure
 from interp.probes.gavel import (CE, CEDetector, CELibrary, DetectorConfig, FeatureSpec, WindowGRU,
                                  conversation_features, gavel_rule_outputs, load_rules, rule_metrics)
-from interp.probes.gavel.audit import GavelCheck, GavelConfig
+from interp.probes.gavel.audit_check import GavelCheck, GavelConfig
 from interp.testing import tiny_model
 
 torch.set_num_threads(1)

@@ -467,7 +467,7 @@ def test_planted_heads_are_flagged_by_exactly_the_scores_that_see_them(planted):
 def test_heads_report_shows_the_patterns_of_the_planted_heads(planted):
     """The audit section's attention view: the 3 most inactive heads by AHON (LN) (the dead-output plants) and the
     most active head, their patterns as the model computes them on the first score text's first 24 tokens."""
-    from interp.probes.audit_checks import _pattern_view
+    from interp.probes.heads.audit_check import _pattern_view
 
     model, plants, scores = planted
     with model.intervene(plants):
@@ -629,7 +629,7 @@ def test_result_views_and_round_trip(planted, tmp_path):
 
 
 def test_configs_validate_their_fields():
-    from interp.probes.audit_checks import HeadsConfig
+    from interp.probes.heads.audit_check import HeadsConfig
     from interp.benchmarks.heads.experiment import ValidationConfig
 
     assert HeadsConfig().convention == "official" and HeadsConfig().padded_queries == "drop"

@@ -15,8 +15,24 @@ from interp.apps.reproduce.record import compare
 PAPERS = available_recipes()
 
 
+def test_every_recipe_folder_is_registered_and_every_registration_has_its_folder():
+    """The registry is the recipes on disk: each ``benchmarks/<paper>/recipe.py`` declared as
+    ``<paper> = interp.benchmarks.<paper>.recipe:RECIPE`` (a missing declaration means: add it to pyproject.toml and
+    reinstall), and no declaration without its file."""
+    from pathlib import Path
+
+    from interp.apps.reproduce.recipe import RECIPES
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    on_disk = {p.parent.name for p in root.glob("*/recipe.py")}
+    declared = {n: getattr(ep, "value", "") for n, ep in RECIPES.entry_points().items()}
+    assert on_disk and set(declared) == on_disk, (f"recipe files not declared: {sorted(on_disk - set(declared))}; "
+                                                  f"declared without a file: {sorted(set(declared) - on_disk)}")
+    assert all(v == f"interp.benchmarks.{n}.recipe:RECIPE" for n, v in declared.items()), declared
+    assert set(PAPERS) == on_disk
+
+
 def test_every_paper_has_a_recipe():
-    assert len(PAPERS) == 19, PAPERS
     for name in PAPERS:
         recipe = get_recipe(name)
         assert recipe.name == name and recipe.title and recipe.method and recipe.doc

@@ -3,11 +3,13 @@
 A package declares its checks in its ``pyproject.toml``::
 
     [project.entry-points."interp.checks"]
-    heads = "probes.audit_checks:HeadsCheck"
+    heads = "interp.probes.heads.audit_check:HeadsCheck"
 
 and ``interp audit --checks heads`` finds it; the built-in checks are declared the same way, so
-``interp`` itself imports no analyzer package. :func:`register_check` adds a check for the current
-process only (handy in notebooks and tests).
+``interp`` itself imports no analyzer package. A check module is named ``audit_check.py`` (beside the analyzer
+it runs). Entry points are read from the installed package's metadata, so a new one is visible only after
+reinstalling (``pip install -e .``). :func:`register_check` adds a check for the current process only (handy in
+notebooks and tests).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The recipe interface: how a paper's reproduction plugs into ``interp reproduce``.
 
 A recipe lives in ``benchmarks/<paper>/recipe.py`` (installed as ``interp.benchmarks.<paper>``), beside its
-``claims.yaml`` and ``records/``, and is declared in the entry-point group ``interp.recipes``. It imports the
-paper's method from the library; the library never imports a recipe.
+``claims.yaml`` and ``records/``, and is declared in the entry-point group ``interp.recipes`` (the only way a
+recipe registers; a new entry point is visible once the package is reinstalled, ``pip install -e .``). It imports
+the paper's method from the library; the library never imports a recipe.
 
 A recipe is a :class:`Recipe` subclass with a typed ``Config`` dataclass and at least the presets ``quick``
 (small, but every stage and every verdict runs; all quick presets together finish in about ten minutes on
