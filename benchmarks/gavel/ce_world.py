@@ -1,6 +1,6 @@
 """The digest's CPU-scale "CE world" (the reproduction's experiment code; the method is
 :mod:`interp.probes.gavel`): 4 cognitive elements as token families, a 2-layer model trained on them by
-next-token prediction (zoo entry ``gavel-ce-world``), and the full GAVEL pipeline on top.
+next-token prediction (zoo entry ``gavel-ce-world``, declared in :mod:`.zoo`), and the full GAVEL pipeline on top.
 
 World. 40 filler words ``w0..w39`` and 4 CE families ``a0..a4``, ``b0..b4``, ``c0..c4``, ``d0..d4`` (60
 words; with ``<bos> <eos> <pad> <unk>`` a 64-token vocabulary). A CE *occurrence* is a phrase of 3
@@ -22,7 +22,7 @@ negatives; the monolithic GRU (rule-positive vs random-negative) has clearly hig
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,13 +35,13 @@ from interp.probes.gavel.evaluation import (KeywordMatcher, RuleEvaluation, gave
 from interp.probes.gavel.features import FeatureSpec, conversation_features
 from interp.probes.gavel.rules import parse_rule
 from interp.results import Result
-from interp.zoo.registry import ZooEntry
+
+from .zoo import CE_WORLD, ZOO_NAME, CEWorldConfig  # noqa: F401  (CE_WORLD, CEWorldConfig: their old place)
 
 FAMILIES = {"A": "a", "B": "b", "C": "c", "D": "d"}
 FILLER = [f"w{i}" for i in range(40)]
 PHRASE = 3
 RULE = "all of {A} and 1 of {B, C}"
-ZOO_NAME = "gavel-ce-world"
 
 __all__ = ["CEWorldConfig", "make_tokenizer", "make_conversation", "build_ce_world_model", "CE_WORLD",
            "CEWorldResult", "run_ce_world", "ce_world_detector", "run_ce_world_monitor", "MONITOR_PROMPT", "RULE",
@@ -93,32 +93,6 @@ def make_conversation(rng: random.Random, ces: Sequence[str], length: int = 40, 
         seq[i] = f"{rng.choice(list(FAMILIES.values()))}{rng.randrange(5)}"
         free -= {i - 1, i, i + 1}
     return seq, owner, last
-
-
-@dataclass
-class CEWorldConfig:
-    """The CE-world LM (2 layers, d 64, 4 query / 2 KV heads so the GQA readout is exercised)."""
-
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    length: int = 40
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 3e-3
-    seed: int = 0
-    min_phrase_accuracy: float = 0.9
-
-    def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "length", "steps", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"CEWorldConfig.{name} must be a positive integer, got {v!r}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError("CEWorldConfig.n_heads must be a multiple of n_kv_heads")
-        if self.length < 20:
-            raise ValueError(f"CEWorldConfig.length must be at least 20, got {self.length}")
 
 
 def _lm_batch(rng: random.Random, tok, n: int, length: int) -> torch.Tensor:
@@ -177,15 +151,6 @@ def build_ce_world_model(out: Path, params: Mapping[str, Any]) -> dict:
     tok.save_pretrained(out)
     return {"phrase_accuracy": acc, "final_loss": float(np.mean(losses[-50:])),
             "n_params": sum(p.numel() for p in model.parameters())}
-
-
-#: the zoo entry (declared in pyproject.toml's ``interp.zoo`` entry points; nothing registers at import time)
-CE_WORLD = ZooEntry(
-    name=ZOO_NAME,
-    description="GAVEL CE world: 2-layer Llama (d 64, 4 query / 2 KV heads) trained by next-token prediction on "
-                "conversations with 4 CE token families (benchmarks/gavel/ce_world.py).",
-    source="trained locally on interp.benchmarks.gavel.ce_world.make_conversation",
-    architecture="llama", size="~0.1M", builder=build_ce_world_model, params=asdict(CEWorldConfig()))
 
 
 # ------------------------------------------------------------------------------------------ experiment

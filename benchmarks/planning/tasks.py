@@ -8,7 +8,7 @@ in the library); the generators here are the paper's task families at CPU scale 
   ``g``; the ``horizon`` (3) tokens right after the prompt are a fixed function of ``g``, the rest are
   uniformly random fillers, so information about the prefix is needed exactly up to offset 3.
 - :class:`ContextFreeGrammar` -- continuations of the probabilistic context-free grammar with nested
-  relative clauses of :mod:`interp.zoo.grammar` (recursion up to depth 2, number agreement across it).
+  relative clauses of :mod:`interp.data.grammar` (recursion up to depth 2, number agreement across it).
 - :class:`PathFinding` (``"short"``: 4-node paths, ``"long"``: 6-node paths) -- random directed graphs
   with exactly two node-disjoint source-to-goal paths, a decoy path sharing no node with them, and
   dead-end branches out of the source and into the goal (so the first step needs look-ahead).
@@ -117,13 +117,13 @@ class HorizonToy:
 # ----------------------------------------------------------------------------------------- grammar
 @dataclass(frozen=True)
 class ContextFreeGrammar:
-    """Continuations of the toy PCFG of :mod:`interp.zoo.grammar` (nested relative clauses, agreement).
+    """Continuations of the toy PCFG of :mod:`interp.data.grammar` (nested relative clauses, agreement).
 
     Each example is one document of the grammar's sentence stream (``<bos>`` then whole sentences) cut
     after ``prompt_len`` words: the prompt is those words (without ``<bos>``), the target the next
     ``target_len`` sampled words (usually ending the current sentence and starting new ones).
     ``is_correct``: the first ``target_len`` generated words are a valid continuation under the grammar
-    (checked with its LL(1) parser). ``grammar`` holds :class:`interp.zoo.grammar.GrammarConfig` fields.
+    (checked with its LL(1) parser). ``grammar`` holds :class:`interp.data.grammar.GrammarConfig` fields.
     """
 
     prompt_len: int = 24
@@ -141,10 +141,10 @@ class ContextFreeGrammar:
 
     @property
     def pcfg(self):
-        """The :class:`interp.zoo.grammar.ToyGrammar` object (cached per task)."""
+        """The :class:`interp.data.grammar.ToyGrammar` object (cached per task)."""
         cached = self.__dict__.get("_pcfg")
         if cached is None:
-            from interp.zoo.grammar import GrammarConfig, ToyGrammar
+            from interp.data.grammar import GrammarConfig, ToyGrammar
 
             cached = ToyGrammar(GrammarConfig(**self.grammar))
             object.__setattr__(self, "_pcfg", cached)

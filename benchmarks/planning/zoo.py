@@ -38,6 +38,8 @@ CPU time is the comparable number). A build fails (nothing is cached) when greed
 """
 from __future__ import annotations
 
+import functools
+
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -133,7 +135,7 @@ _OBJ = {"ntp": "next-token prediction", "mtp": "multi-token prediction (2 extra 
 _DESC = {
     "horizon": "the goal-token horizon toy (3 words after the prompt are a function of a goal token in the prefix, "
                "then random words)",
-    "cfg": "continuations of the toy PCFG with nested relative clauses (interp.zoo.grammar)",
+    "cfg": "continuations of the toy PCFG with nested relative clauses (interp.data.grammar)",
     "pf-short": "path finding on random directed graphs: two node-disjoint 4-node source->goal paths, a decoy path "
                 "and dead-end branches",
     "pf-long": "path finding on random directed graphs: two node-disjoint 6-node source->goal paths, a decoy path "
@@ -158,7 +160,7 @@ def _desc(task: str, objective: str) -> str:
 #: 2026-12-02), so the entries keep this recipe
 PF_TRAIN = {"steps": 3000, "lr": 1e-3, "warmup": 200, "followup_queries": 8}
 
-#: the planning zoo entries (name, description, params); registered in :mod:`interp.zoo.builtin`. The
+#: the planning zoo entries (name, description, params; declared by :func:`entries`). The
 #: ``pf-short-nodead`` pair (added 2026-12-02) is the branch-awareness models of validation 4: NTP greedy 1.00
 #: (the main query's first step is a free choice; edge lookup forms between steps 2,000 and 2,500). Its MTP twin
 #: had not formed lookup by step 3,000 (greedy 0.074) and trains 6,000 steps (lookup forms at 3,000-4,000; 1.00)
@@ -469,8 +471,9 @@ def _train(out: Path, cfg: PlanningModelConfig) -> dict:
     return metrics
 
 
+@functools.lru_cache(maxsize=None)
 def entries() -> tuple:
-    """The ``planning-*`` zoo entries (the ``interp.zoo`` entry point ``planning``)."""
+    """The ``planning-*`` zoo entries (the ``interp.zoo`` entry point ``planning``; the same objects on every call)."""
     from interp.zoo import ZooEntry
 
     return tuple(ZooEntry(

@@ -1,53 +1,19 @@
-"""``zoo:toy-refusal``: the recipe that trains the 2-layer "category refusal" Llama of the RepIt validation
+"""``zoo:toy-refusal``: the builder that trains the 2-layer "category refusal" Llama of the RepIt validation
 (the papers digest, section 1). Its language, splits, tokenizer and first-token judge are data, in
-:mod:`interp.benchmarks.repit.toy_data`; this module only builds and trains the model.
-
-The zoo entry (:data:`TOY_REFUSAL`) is declared in ``pyproject.toml`` under the ``interp.zoo`` entry points; its
-name, version and params are those of the entry ``interp.zoo.builtin`` registered before the move, so its cache
-key (``tests/zoo/test_moved_entries.py`` pins it) and every cached build stay valid.
+:mod:`interp.benchmarks.repit.toy_data`; the entry and its config are :mod:`.zoo`; this module only builds and
+trains the model.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from interp.data.refusal import Instruction
-from interp.zoo import ZooEntry
 
 from .toy_data import (HARMFUL_CATEGORIES, HARMLESS_KINDS, _sample, first_token_accuracy, instructions,
                                 make_tokenizer, response)
-
-@dataclass
-class ToyRefusalConfig:
-    """Model size and training recipe of ``zoo:toy-refusal`` (the recipe's 2-layer, d = 64 transformer)."""
-
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    d_mlp: int = 256
-    steps: int = 1500
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup: int = 50
-    weight_decay: float = 0.01
-    seed: int = 0
-    #: layers trained without their MLP (down projection zero and frozen), so that the early layers only move
-    #: words into the end-of-instruction positions and the refusal decision is computed later
-    attention_only_layers: tuple[int, ...] = (0,)
-    num_threads: int | None = 1
-    #: build fails unless held-out accuracy of the first response token (refuse vs comply) reaches this
-    min_accuracy: float = 0.98
-
-    def to_params(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "ToyRefusalConfig":
-        params = dict(params)
-        params["attention_only_layers"] = tuple(params.get("attention_only_layers", ()))
-        return cls(**params)
+from .zoo import TOY_REFUSAL, ToyRefusalConfig  # noqa: F401  (TOY_REFUSAL: its old place)
 
 
 def _encode(tokenizer, items: Sequence[Instruction]):
@@ -134,16 +100,4 @@ def _train(out: Path, cfg: ToyRefusalConfig) -> dict:
     return metrics
 
 
-TOY_REFUSAL = ZooEntry(
-    name="toy-refusal",
-    description="2-layer Llama (d 64) trained from scratch to refuse six-word requests that combine a shared "
-                "harmful-intent word with a harmful topic (bio, chem, nuclear, cyber, fraud, violence); the "
-                "CPU-scale category-refusal model of the RepIt validation (data: interp.benchmarks.repit.toy_data).",
-    source="trained locally on interp.benchmarks.repit.toy_data.instructions",
-    architecture="LlamaForCausalLM",
-    size="0.14M params",
-    builder=build_toy_refusal,
-    params=ToyRefusalConfig().to_params(),
-)
-
-__all__ = ["TOY_REFUSAL", "ToyRefusalConfig", "build_toy_refusal"]
+__all__ = ["TOY_REFUSAL", "ToyRefusalConfig", "build_toy_refusal"]  # the first two: their old place

@@ -47,7 +47,8 @@ from ..registry import Registry
 CACHE_ENV = "INTERP_CACHE_DIR"
 #: Name of the metadata file that marks a finished build.
 META_FILE = "zoo.json"
-#: Entry-point group through which other packages register zoo entries (a callable returning entries).
+#: Entry-point group that declares the zoo's entries, built-in or not: each entry point names a function
+#: ``entries() -> Iterable[ZooEntry]`` (a module ``zoo.py``'s ``entries``)
 ENTRY_POINT_GROUP = "interp.zoo"
 
 Builder = Callable[[Path, Mapping[str, Any]], "Mapping[str, Any] | None"]
@@ -117,23 +118,30 @@ def _validate(entry: Any, name: str | None) -> None:
 
 
 def _expand(found: Any, ep_name: str) -> dict[str, ZooEntry]:
-    """A zoo plug-in is a :class:`ZooEntry`, or a callable returning one or an iterable of them (a family)."""
-    if callable(found) and not isinstance(found, ZooEntry):
-        found = found()
-    entries = [found] if isinstance(found, ZooEntry) else list(found)
+    """A zoo plug-in is one kind of object: a function ``entries()`` returning an iterable of :class:`ZooEntry`
+    (one entry, or a family). It must return the same objects on every call (several entry points may name it)."""
+    if isinstance(found, ZooEntry) or not callable(found):
+        raise TypeError(f"a zoo entry point names a function returning ZooEntry objects (a zoo.py module's "
+                        f"'entries'), got {type(found).__name__}")
+    entries = found()
+    if isinstance(entries, ZooEntry) or isinstance(entries, (str, bytes)):
+        raise TypeError(f"the entries function must return an iterable of ZooEntry, got {type(entries).__name__}")
+    entries = list(entries)
     for e in entries:
         _validate(e, None)
     return {e.name: e for e in entries}
 
 
 #: the zoo's entries (entry-point group ``interp.zoo``), under the shared registry rules of
-#: :class:`interp.registry.Registry`; a plug-in may declare a family of entries under one entry point
+#: :class:`interp.registry.Registry`; an entry point provides one entry or a family. Its name is one of the
+#: names it provides (then ``zoo:NAME`` resolves without importing any other plug-in) or the family's name
 ZOO: Registry[ZooEntry] = Registry("zoo entry", ENTRY_POINT_GROUP, validate=_validate, expand=_expand)
 _plugins_loaded = False  # every declared plug-in was imported once (listing needs their family names)
 
 
 def register(entry: ZooEntry, replace: bool = False) -> ZooEntry:
-    """Add ``entry`` to the zoo (``replace=True`` to overwrite an entry of the same name)."""
+    """Add ``entry`` to the zoo of this process (``replace=True`` to overwrite an entry of the same name): for
+    tests and notebooks. A package declares its entries through the ``interp.zoo`` entry points instead."""
     _validate(entry, None)
     return ZOO.register(entry, entry.name, replace)
 

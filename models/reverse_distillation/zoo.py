@@ -10,6 +10,8 @@ Use :func:`family` to get the names of a family in ascending width.
 """
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -44,8 +46,10 @@ def _builder(out: Path, params: Mapping[str, Any]):
     return build_plm(out, params)
 
 
-def entries() -> list[ZooEntry]:
-    """The zoo entries of the protein family (full and toy); the ``interp.zoo`` entry point of this package."""
+@functools.lru_cache(maxsize=None)
+def entries() -> tuple[ZooEntry, ...]:
+    """The zoo entries of the protein family (full and toy); the ``interp.zoo`` entry point of this package (the
+    same objects on every call)."""
     out = []
     for toy in (False, True):
         for name, cfg in family_configs(toy).items():
@@ -63,4 +67,4 @@ def entries() -> list[ZooEntry]:
                 packages=("pyhmmer",),
                 slow=not toy,
             ))
-    return out
+    return tuple(out)

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from interp.zoo.grammar import VERBS_INTRANSITIVE, VERBS_TRANSITIVE, GrammarConfig, ToyGrammar
+from interp.data.grammar import VERBS_INTRANSITIVE, VERBS_TRANSITIVE, GrammarConfig, ToyGrammar
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_toy_grammar_model(toy_grammar_dir):
     """The cached model predicts the exact continuations (KL to the truth, agreement across clauses)."""
     import transformers
 
-    from interp.zoo.grammar import evaluate
+    from interp.apps.zoo.grammar import evaluate
 
     cfg = transformers.AutoConfig.from_pretrained(toy_grammar_dir)
     assert cfg.architectures == ["LlamaForCausalLM"] and cfg.num_hidden_layers == 4

@@ -8,7 +8,7 @@ import torch
 
 import interp
 from interp import zoo
-from interp.zoo.real import MINILM_CHECK, mean_pool
+from interp.apps.zoo.real import MINILM_CHECK, mean_pool
 
 
 # ------------------------------------------------------------------------------------------- SmolLM2
@@ -84,7 +84,7 @@ def test_dinov2_matches_onnxruntime_directly(dinov2_dir):
     """Independent of the stored reference: a fresh input through onnxruntime and the cached model."""
     from transformers import Dinov2Model
 
-    from interp.zoo.real import _onnx_path, onnx_backbone_reference
+    from interp.apps.zoo.real import _onnx_path, onnx_backbone_reference
 
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(7))
     ref = onnx_backbone_reference(_onnx_path(), x)

@@ -35,7 +35,7 @@ def test_refusal_on_fresh_heldout_sample(refusal_dir):
     """Regenerate on a small held-out sample (2 test prompts per category) and judge again."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from interp.zoo.refusal import RefusalConfig, generate_responses, refusal_rates
+    from interp.apps.zoo.refusal import RefusalConfig, generate_responses, refusal_rates
 
     rng = random.Random(7)
     sample = []

