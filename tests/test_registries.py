@@ -33,6 +33,9 @@ LAZY_SOURCE = textwrap.dedent('''
     ENTRY = ZooEntry(name="regtest-lazy", description="plug-in", source="test", architecture="none", size="0",
                      builder=_build)
 
+    def ENTRIES():
+        return (ENTRY,)
+
     def FAMILY():
         return [ZooEntry(name=f"regtest-fam-{i}", description="family", source="test", architecture="none",
                          size="0", builder=_build) for i in range(2)]
@@ -82,7 +85,7 @@ CASES = {
     "checks": (audit_registry.CHECKS, "interp.checks", _check, "heads", "head", audit_registry.get_check),
     "backends": (BACKEND_REGISTRY, "interp.backends", _backend, "torch", "torh", BACKEND_REGISTRY.get),
 }
-TARGETS = {"interp.zoo": "ENTRY", "interp.steering": "Method", "interp.checks": "Check", "interp.backends": "Backend"}
+TARGETS = {"interp.zoo": "ENTRIES", "interp.steering": "Method", "interp.checks": "Check", "interp.backends": "Backend"}
 NAMES = {"interp.zoo": ("regtest-lazy", "regtest-broken"), "interp.steering": ("regtest_lazy", "regtest_broken"),
          "interp.checks": ("regtest_lazy", "regtest_broken"), "interp.backends": ("regtest_lazy", "regtest_broken")}
 
