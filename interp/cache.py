@@ -300,6 +300,44 @@ class Cache(Mapping[str, torch.Tensor]):
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
+    def get_neuron_results(self, layer: int, neuron_slice: Any = None, pos_slice: Any = None) -> torch.Tensor:
+        """TransformerLens's ``get_neuron_results``: each neuron's output in the residual stream at ``layer``,
+        ``post[..., n] * W_out[layer, n]``, ``[batch, pos, neuron, d_model]`` (``b_out`` belongs to no neuron).
+        ``neuron_slice`` / ``pos_slice`` as TL's ``Slice``: an int selects one (dropping its axis, as TL), a tuple
+        or ``slice`` slices, a list or tensor indexes."""
+        model = self._need_model()
+        post = _pos(self[f"blocks.{layer}.mlp.hook_post"], pos_slice)  # [b, p, d_mlp]
+        W_out = model.weight("W_out")[layer]  # [d_mlp, d]
+        post, W_out = _pos(post, neuron_slice, dim=-1), _pos(W_out, neuron_slice, dim=0)
+        return (post.float()[..., None] * W_out.float().to(post.device)).to(post.dtype)
+
+    def stack_neuron_results(self, layer: int | None = None, pos_slice: Any = None, neuron_slice: Any = None,
+                             return_labels: bool = False, incl_remainder: bool = False, apply_ln: bool = False):
+        """TransformerLens's ``stack_neuron_results``: every neuron's output (:meth:`get_neuron_results`) of layers
+        ``0..layer-1`` (``None`` / ``-1``: every layer), ``[layer * neuron, batch, pos, d_model]``, labels
+        ``L{l}N{n}``; ``incl_remainder`` adds the rest of the residual stream before ``layer`` (label
+        ``remainder``), ``apply_ln`` normalises as :meth:`apply_ln_to_stack` at ``layer``."""
+        n = self._layer_arg(layer)
+        if self.is_gradient:
+            raise ValueError("this cache holds gradients: neuron outputs are products of activations and weights")
+        if isinstance(neuron_slice, int) and not isinstance(neuron_slice, bool):
+            neuron_slice = [neuron_slice]  # one neuron per layer: keep the neuron axis the stack is made of
+        parts, labels = [], []
+        for l in range(n):
+            out = self.get_neuron_results(l, neuron_slice, pos_slice)  # [b, p, m, d]
+            parts.append(out.movedim(-2, 0))
+            ids = _pos(torch.arange(self[f"blocks.{l}.mlp.hook_post"].shape[-1]), neuron_slice, dim=0)
+            labels += [f"L{l}N{i}" for i in ids.tolist()]
+        resid = _pos(self[f"blocks.{n}.hook_resid_pre"] if n < self._n_layers()
+                     else self[f"blocks.{n - 1}.hook_resid_post"], pos_slice)
+        stack = torch.cat(parts) if parts else resid.new_zeros((0, *resid.shape))
+        if incl_remainder:
+            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, n, pos_slice=pos_slice)
+        return (stack, labels) if return_labels else stack
+
     def compute_head_results(self) -> None:
         """TransformerLens's ``compute_head_results``: add ``blocks.{l}.attn.hook_result`` (each head's output in
         the residual stream, ``z @ W_O`` without ``b_O``, ``[batch, pos, head, d_model]``) for every layer that has
@@ -345,13 +383,12 @@ class Cache(Mapping[str, torch.Tensor]):
             raise ValueError("mlp_input needs a block's layer (0..n_layers-1): the final norm reads no MLP")
         heads, labels = self.stack_head_results(n + (1 if mlp_input else 0), return_labels=True)
         parts = [heads]
-        W_out = model.weight("W_out") if n else None
         b_O, b_out = model.weight("b_O"), (model.weight("b_out") if n else None)
         for l in range(n):
             if expand_neurons:
-                post = self[f"blocks.{l}.mlp.hook_post"]  # [b, p, d_mlp]
-                parts.append(torch.einsum("...m,md->m...d", post.float(), W_out[l].float().to(post.device)).to(post.dtype))
-                labels += [f"L{l}N{i}" for i in range(post.shape[-1])]
+                neurons = self.get_neuron_results(l).movedim(-2, 0)  # [d_mlp, b, p, d]
+                parts.append(neurons)
+                labels += [f"L{l}N{i}" for i in range(neurons.shape[0])]
             else:
                 parts.append(self[f"blocks.{l}.hook_mlp_out"][None])  # b_out included, as TL
                 labels.append(f"{l}_mlp_out")

@@ -101,6 +101,14 @@ class Norm:
         _, b, _ = self._model.norm_parts(self._which, self._layer)
         return b if b is not None else torch.zeros(self._model.cfg.d_model)
 
+    def __call__(self, resid: torch.Tensor) -> torch.Tensor:
+        """``model.ln_final(resid)``: the final norm applied to ``resid [..., d_model]`` with its own scale (weight
+        and bias included), as TransformerLens's module call (the logit lens: ``model.unembed(model.ln_final(x))``)."""
+        if self._which != "ln_final":
+            raise TypeError(f"model.blocks[{self._layer}].{self._which} holds weights (.w, .b); it is not callable "
+                            "(cache.apply_ln_to_stack(stack, layer) applies a block's norm with the run's scale)")
+        return self._model.apply_ln_final(resid)
+
     def __repr__(self) -> str:
         where = self._which if self._layer is None else f"blocks[{self._layer}].{self._which}"
         return f"<{where}: .w, .b>"
@@ -228,8 +236,9 @@ def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch
     return (nll * m).sum() / m.sum().clamp_min(1)
 
 
-def shape_output(logits: torch.Tensor, batch: dict, return_type: str | None):
-    """``logits``, the loss, both, or ``None``, as ``return_type`` asks."""
+def shape_output(logits: torch.Tensor, batch: dict, return_type: str | None, per_token: bool = False):
+    """``logits``, the loss, both, or ``None``, as ``return_type`` asks (the loss per token, ``[batch, pos - 1]``,
+    with ``per_token``: TransformerLens's ``loss_per_token``)."""
     if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type must be one of 'logits', 'loss', 'both' or None, got {return_type!r}")
     if return_type is None:
@@ -238,7 +247,7 @@ def shape_output(logits: torch.Tensor, batch: dict, return_type: str | None):
         return logits
     if "input_ids" not in batch:
         raise ValueError("return_type='loss' needs token inputs (a language model's loss)")
-    loss = lm_loss(logits, batch["input_ids"], batch.get("attention_mask"))
+    loss = lm_loss(logits, batch["input_ids"], batch.get("attention_mask"), per_token=per_token)
     return loss if return_type == "loss" else (logits, loss)
 
 

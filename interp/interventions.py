@@ -47,6 +47,8 @@ class HookContext:
     generating: bool = False
     run_id: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
+    #: TransformerLens's ``hook.ctx``: a dict kept per hook name across calls (``model.reset_hooks()`` clears it)
+    ctx: dict[str, Any] = field(default_factory=dict)
 
     @property
     def layer(self) -> "LayerIndex | None":

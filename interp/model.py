@@ -505,16 +505,19 @@ class Model:
     _b_V = property(lambda self: self.weight("b_V"))
 
     @property
-    def embed(self):
-        """``model.embed.W_E`` (TransformerLens's embedding module's weight)."""
-        return _habits().Weights(self, "embed", {"W_E": "W_E"})
-
-    @property
     def unembed(self):
         """``model.unembed.W_U`` / ``.b_U`` (TransformerLens's unembedding module's weights); calling it,
-        ``model.unembed(resid, apply_ln=True)``, gives the logits of a residual stream ``[..., d_model]``: the final
-        norm (if ``apply_ln``), then ``@ W_U + b_U`` (TL's module itself applies no norm: pass ``apply_ln=False``)."""
-        return _habits().Weights(self, "unembed", {"W_U": "W_U", "b_U": "b_U"}, call=self._unembed)
+        ``model.unembed(x)``, is ``x @ W_U + b_U`` as TL's module (``[..., d_model] -> [..., d_vocab]``), so the
+        logit lens is ``model.unembed(model.ln_final(resid))``; ``apply_ln=True`` applies the final norm first."""
+        return _habits().Weights(self, "unembed", {"W_U": "W_U", "b_U": "b_U"},
+                                 call=lambda resid, apply_ln=False: self._unembed(resid, apply_ln))
+
+    @property
+    def embed(self):
+        """``model.embed.W_E`` (TransformerLens's embedding module's weight); ``model.embed(tokens)`` is
+        ``W_E[tokens]`` (``[batch, pos] -> [batch, pos, d_model]``), as TL's module."""
+        return _habits().Weights(self, "embed", {"W_E": "W_E"},
+                                 call=lambda tokens: self.weight("W_E")[torch.as_tensor(tokens, dtype=torch.long)])
 
     @property
     def pos_embed(self):
@@ -626,9 +629,12 @@ class Model:
                       f"{self.backend} backend: {skipped[:4]}{' ...' if len(skipped) > 4 else ''}", stacklevel=3)
         return [n for n in names if n not in skipped]
 
-    def reset_hooks(self, including_permanent: bool = False) -> None:
+    def reset_hooks(self, including_permanent: bool = False, clear_contexts: bool = True) -> None:
         """Remove the hooks :meth:`add_hook` added, forward and backward (the permanent ones too with
-        ``including_permanent``). A removed backward hook no longer fires, also on graphs made before."""
+        ``including_permanent``). A removed backward hook no longer fires, also on graphs made before.
+        ``clear_contexts`` empties every ``hook.ctx``, as TransformerLens's."""
+        if clear_contexts:
+            self.__dict__.pop("_hook_ctx", None)
         store = self.__dict__.get("_persistent")
         if store:
             for permanent in ((False, True) if including_permanent else (False,)):
@@ -1148,14 +1154,15 @@ class Model:
         """The :class:`HookContext` of one hook call, from the current pass of this model (or ``pass_ctx``,
         for libraries that run hook code in another thread)."""
         p = pass_ctx if pass_ctx is not None else current_pass(self)
+        ctx = self.__dict__.setdefault("_hook_ctx", defaultdict(dict))[name]  # TL's hook.ctx, kept per name
         if p is None:  # a raw call of the wrapped module (torch backend context hooks): no mask known
-            return HookContext(name=name)
+            return HookContext(name=name, ctx=ctx)
         n = None
         if tensor is not None and tensor.dim() >= 2:
             n = tensor.shape[2] if name.endswith(_KEY_BY_QUERY) else tensor.shape[1]
         qmask = p.query_mask(n) if n is not None else p.attention_mask
         return HookContext(name=name, attention_mask=qmask, pass_index=p.pass_index, past_length=p.past_length,
-                           key_mask=p.attention_mask, generating=p.generating, run_id=p.run.run_id)
+                           key_mask=p.attention_mask, generating=p.generating, run_id=p.run.run_id, ctx=ctx)
 
     def _call_hooks(self, name: str, tensor: torch.Tensor, fns: Sequence[InterventionFn],
                     writable: bool = True, pass_ctx=None) -> tuple[torch.Tensor, bool]:
@@ -1183,7 +1190,7 @@ class Model:
 
     def __call__(self, inputs: Inputs, attention_mask: torch.Tensor | None = None,
                  stop_at_layer: int | None = None, return_type: str | None = "logits",
-                 prepend_bos: bool | None = None, padding_side: str | None = None) -> Any:
+                 prepend_bos: bool | None = None, padding_side: str | None = None, loss_per_token: bool = False) -> Any:
         """Logits ``[batch, pos, vocab]`` (or the model's natural output, e.g. hidden states ``[batch, pos, d]``).
 
         With ``stop_at_layer=l``, runs blocks ``0..l-1`` only and returns the residual stream there
@@ -1191,21 +1198,23 @@ class Model:
         ``return_type`` as in TransformerLens: ``"logits"`` (default), ``"loss"`` (mean next-token
         cross-entropy over real tokens, :func:`interp.habits.lm_loss`), ``"both"`` (``(logits, loss)``) or ``None``.
         ``prepend_bos`` / ``padding_side``: the BOS rule and padding side of text inputs for this call (default:
-        :attr:`prepend_bos` and the tokenizer's side), as TransformerLens's per-call arguments."""
+        :attr:`prepend_bos` and the tokenizer's side), as TransformerLens's per-call arguments. ``loss_per_token``:
+        the loss is each next token's cross-entropy, ``[batch, pos - 1]``, as TransformerLens's."""
         inputs = self._text_inputs(inputs, attention_mask, prepend_bos, padding_side)
         if stop_at_layer is not None:
             return self._stopped(inputs, {}, stop_at_layer, attention_mask)
-        return self._shaped(inputs, None, attention_mask, return_type)
+        return self._shaped(inputs, None, attention_mask, return_type, loss_per_token)
 
-    def _shaped(self, inputs: Inputs, hooks: HookSet | None, attention_mask, return_type):
-        """One run with ``hooks``, its output shaped by ``return_type`` (checked before the run)."""
+    def _shaped(self, inputs: Inputs, hooks: HookSet | None, attention_mask, return_type, per_token: bool = False):
+        """One run with ``hooks``, its output shaped by ``return_type`` (checked before the run; the loss per token
+        with ``per_token``)."""
         from .habits import RETURN_TYPES, shape_output
 
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of 'logits', 'loss', 'both' or None, got {return_type!r}")
         batch = self.prepare(inputs, attention_mask)
         out = self._run(batch, hooks, prepared=True)
-        return out if return_type == "logits" else shape_output(out, batch, return_type)
+        return out if return_type == "logits" else shape_output(out, batch, return_type, per_token)
 
     forward = __call__
 

@@ -91,4 +91,25 @@ def to_numpy(tensor: Any) -> np.ndarray:
 
 test_prompt.__test__ = False  # not a pytest test (the name is TransformerLens's)
 
-__all__ = ["get_act_name", "get_device", "test_prompt", "to_numpy"]
+def lm_cross_entropy_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                          per_token: bool = False) -> torch.Tensor:
+    """TransformerLens's ``utils.lm_cross_entropy_loss``: each next token's cross-entropy under ``logits
+    [batch, pos, vocab]`` given ``tokens [batch, pos]``; the mean over real tokens, or ``[batch, pos - 1]`` with
+    ``per_token`` (zero where a token or the next one is padding, as TL's)."""
+    from .habits import lm_loss
+
+    loss = lm_loss(logits, tokens, attention_mask, per_token=per_token)
+    if per_token and attention_mask is not None:
+        m = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+        loss = loss.masked_fill(~m.to(loss.device), 0.0)
+    return loss
+
+
+def lm_accuracy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+    """TransformerLens's ``utils.lm_accuracy``: whether the top prediction at each position is the next token,
+    ``[batch, pos - 1]`` booleans with ``per_token``, else their fraction."""
+    correct = logits.argmax(dim=-1)[:, :-1] == tokens[:, 1:].to(logits.device)
+    return correct if per_token else correct.sum() / correct.numel()
+
+
+__all__ = ["get_act_name", "get_device", "lm_accuracy", "lm_cross_entropy_loss", "test_prompt", "to_numpy"]

@@ -73,7 +73,9 @@ def _habits(model: interp.Model, texts=TEXTS, atol: float = 1e-4) -> dict[str, t
     # stop_at_layer returns the residual where it stopped; unembed of the full residual is the logits
     r = model(tokens, attention_mask=mask, stop_at_layer=2)
     assert torch.equal(r, cache["blocks.1.hook_resid_post"]) or (r - cache["blocks.1.hook_resid_post"]).abs().max() < 1e-6
-    assert (model.unembed(cache[f"blocks.{n - 1}.hook_resid_post"]) - logits).abs().max() < atol
+    final = cache[f"blocks.{n - 1}.hook_resid_post"]
+    assert (model.unembed(model.ln_final(final)) - logits).abs().max() < atol  # TL's modules: unembed adds no norm
+    assert (model.unembed(final, apply_ln=True) - logits).abs().max() < atol
 
     # callable name filters and run_with_hooks with TransformerLens's (tensor, hook) signature
     names = model.hook_names(lambda nm: nm.endswith("ln2.hook_normalized"))
