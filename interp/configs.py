@@ -5,6 +5,10 @@ A config stored in a record or a result is a plain JSON object (tuples become li
 dataclasses objects); :func:`config_from_dict` turns it back into the typed dataclass, checking every field
 name against the class (an unknown or misspelt field is an error naming it and the valid ones) and
 rebuilding nested dataclass fields and tuples from the annotations.
+
+A function with many options takes them either as keywords or as one ready typed config
+(:func:`config_from_call` builds it and refuses both at once); configs validate their fields with
+:func:`require`, one line naming the field, the value and what is expected.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
+import numbers
 import types
 import typing
 from pathlib import Path
@@ -112,6 +118,45 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], where: str = "config
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def config_from_call(cls: type[T], config: T | None, keywords: Mapping[str, Any], where: str) -> T:
+    """The typed config of a function that takes its options either as keywords or as one ready ``config``.
+
+    ``keywords`` are the options the caller gave (only those it gave); ``where`` (the function's name)
+    prefixes the errors. Giving both, a ``config`` of another class, an unknown option (named with the
+    closest valid ones) or missing a field without default raises :class:`ConfigError`; the class's own
+    ``__post_init__`` validates the values.
+    """
+    if config is not None:
+        if keywords:
+            raise ConfigError(f"{where}: pass either config= or the options as keywords, not both; got config= "
+                              f"and {', '.join(keywords)}")
+        if not isinstance(config, cls):
+            raise ConfigError(f"{where}: config must be a {cls.__name__}, got {type(config).__name__}")
+        return config
+    missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+               if f.init and f.name not in keywords and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)} (fields of {cls.__name__} without default)")
+    return config_from_dict(cls, keywords, where)
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy; ``True`` is not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (Python or NumPy; ``True`` is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require(ok: bool, name: str, value: Any, expected: str) -> None:
+    """Raise :class:`ConfigError` ``"<name> must be <expected>; got <value>"`` unless ``ok`` (config validation)."""
+    if not ok:
+        raise ConfigError(f"{name} must be {expected}; got {value!r}")
+
+
 def canonical_json(obj: Any) -> str:
     """The canonical JSON text of ``obj`` (sorted keys, no spaces; dataclasses through :func:`config_to_dict`)."""
     return json.dumps(config_to_dict(obj), sort_keys=True, separators=(",", ":"))
@@ -123,4 +168,5 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
-__all__ = ["ConfigError", "canonical_json", "config_from_dict", "config_to_dict", "digest"]
+__all__ = ["ConfigError", "canonical_json", "config_from_call", "config_from_dict", "config_to_dict", "digest", "is_int",
+           "is_number", "require"]
