@@ -186,6 +186,11 @@ def parse_overrides(cfg_cls: type, overrides: dict[str, str], owner: str, prefix
     return kwargs
 
 
+def is_config(value: Any) -> bool:
+    """Whether ``value`` is a check's config already built (a dataclass instance), not string overrides."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
 def configure(check_cls: type, overrides: dict[str, str]) -> Any:
     """Build ``check_cls.Config`` with string ``overrides`` (field -> value) parsed to the field types.
 
@@ -200,4 +205,4 @@ def configure(check_cls: type, overrides: dict[str, str]) -> Any:
     return cfg_cls(**parse_overrides(cfg_cls, overrides, f"check {check_cls.name!r}", check_cls.name))
 
 
-__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "SkipCheck", "configure", "parse_overrides"]
+__all__ = ["AuditData", "Rendered", "Check", "NoConfig", "SkipCheck", "configure", "is_config", "parse_overrides"]

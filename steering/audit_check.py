@@ -92,35 +92,35 @@ class SteeringCheckConfig:
     # method-config fields that the check's own fields of the same name also set
     SHARED: ClassVar[tuple[str, ...]] = ("layer", "position", "batch_size")
 
+    def __post_init__(self) -> None:
+        self.validate()  # a config that exists is valid: the audit parses and checks it once, before any model loads
+
     @classmethod
     def from_overrides(cls, overrides: dict[str, str]) -> "SteeringCheckConfig":
-        """Build from ``--set steering.X=V`` strings: X a field of this config or of the method's config.
+        """Build from ``--set steering.X=V`` strings: X a field of this config or of the method's config. The
+        strings are parsed once, into the typed config the check runs with (validated as it is built).
 
         Raises ``ValueError`` (before any model loads) for an unknown method, an option neither config has, a
         value that does not parse, an unknown behaviour, an unreadable data file or repit on a non-refusal set.
         """
         own = {f.name for f in fields(cls)} - {"method_options"}
-        cfg = cls(**parse_overrides(cls, {k: v for k, v in overrides.items() if k in own}, "check 'steering'",
-                                    "steering"))
+        kwargs = parse_overrides(cls, {k: v for k, v in overrides.items() if k in own}, "check 'steering'", "steering")
         rest = {k: v for k, v in overrides.items() if k not in own}
-        method_cls = cfg.method_class()
+        method = kwargs.get("method", cls.method)
         if rest:
+            method_cls = _method_class(method)
             opts = method_fields(method_cls)
             bad = sorted(set(rest) - set(opts))
             if bad:
                 raise ValueError(f"check 'steering' has no option {bad[0]!r}: it is neither a field of the check "
-                                 f"({', '.join(sorted(own))}) nor of method {cfg.method!r}'s config "
+                                 f"({', '.join(sorted(own))}) nor of method {method!r}'s config "
                                  f"({', '.join(opts) or 'it takes no options'})")
-            cfg.method_options = parse_overrides(method_cls.config_class, rest, f"method {cfg.method!r}", "steering")
-        cfg.validate()
-        return cfg
+            kwargs["method_options"] = parse_overrides(method_cls.config_class, rest, f"method {method!r}", "steering")
+        return cls(**kwargs)
 
     def method_class(self) -> type[SteeringMethod]:
         """The registered class of :attr:`method` (``ValueError`` naming the available methods otherwise)."""
-        try:
-            return get(self.method)
-        except KeyError as exc:  # unknown name, or a plug-in that fails to import (PluginError)
-            raise ValueError(f"steering.method: {exc.args[0] if exc.args else exc}") from None
+        return _method_class(self.method)
 
     def method_kwargs(self) -> dict[str, Any]:
         """The method's config overrides: the shared fields this config sets (not ``None``) that the method's
@@ -196,6 +196,14 @@ class SteeringCheckConfig:
                              "drop steering.behaviour / steering.data or choose another method")
         if self.neutral_texts < 1:
             raise ValueError(f"steering.neutral_texts must be at least 1, got {self.neutral_texts}")
+
+
+def _method_class(name: str) -> type[SteeringMethod]:
+    """The steering method registered as ``name`` (``ValueError`` naming the available methods otherwise)."""
+    try:
+        return get(name)
+    except KeyError as exc:  # unknown name, or a plug-in that fails to import (PluginError)
+        raise ValueError(f"steering.method: {exc.args[0] if exc.args else exc}") from None
 
 
 def method_fields(method_cls: type) -> list[str]:
@@ -292,8 +300,7 @@ class SteeringCheck(Check):
 
     # ------------------------------------------------------------------ run
     def run(self, model, data: AuditData) -> SteeringCheckResult:
-        c: SteeringCheckConfig = self.config
-        c.validate()  # unknown method / options / behaviour: clear error before any work
+        c: SteeringCheckConfig = self.config  # validated when it was built (__post_init__)
         if c.applicable == "no":
             return SteeringCheckResult(False, "disabled (steering.applicable=no)", method=c.method)
         kind = c.evaluation()

@@ -225,6 +225,41 @@ def test_plugin_check_runs_like_a_builtin_and_failures_are_reported(model_dir, t
         unregister_check("count")
 
 
+def test_set_options_are_parsed_once_into_the_config_the_check_runs_with(model_dir, tmp_path, monkeypatch):
+    """``interp audit --set`` parses and validates each check's options once, before the model loads; the config
+    built then is the one the check runs with (not rebuilt from the strings by the runner)."""
+    import interp.apps.audit.runner as audit_runner
+    import interp.checks
+    from interp.checks import configure as real_configure
+
+    built: list = []
+
+    def counting(cls, overrides):
+        cfg = real_configure(cls, overrides)
+        built.append(cfg)
+        return cfg
+
+    ran_with: list = []
+
+    class SeenCheck(CountCheck):
+        name = "seen"
+
+        def run(self, model, data):
+            ran_with.append(self.config)
+            return super().run(model, data)
+
+    monkeypatch.setattr(interp.checks, "configure", counting)  # the CLI's (imported where it parses --set)
+    monkeypatch.setattr(audit_runner, "configure", counting)
+    register_check(SeenCheck)
+    try:
+        res = _invoke(model_dir, "--checks", "seen", "--out", tmp_path / "ok", "--set", "seen.scale=3")
+        assert res.exit_code == 0, res.output
+    finally:
+        unregister_check("seen")
+    assert len(built) == 1 and built[0].scale == 3.0
+    assert len(ran_with) == 1 and ran_with[0] is built[0]
+
+
 def test_third_party_entry_point_is_discovered(tmp_path, monkeypatch):
     """A separately installed package declaring ``interp.checks`` is found without touching interp."""
     site = tmp_path / "site"

@@ -117,9 +117,10 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
         if extra:
             raise ValueError(f"--set given for checks that are not selected: {', '.join(sorted(extra))}")
         metrics: dict[str, dict[str, str]] = {}
-        for name in names:  # load every plug-in and validate its options before any slow work
+        configs: dict[str, object] = {}
+        for name in names:  # load every plug-in and parse its options once, into the config it runs with
             cls = get_check(name)
-            cfg = configure(cls, options.get(name, {}))
+            cfg = configs[name] = configure(cls, options.get(name, {}))
             missing = cls(cfg).missing() if callable(getattr(cls, "missing", None)) else None
             if missing and explicit:  # named on purpose but cannot run: bad input (with 'all' it is skipped)
                 raise ValueError(f"check {name!r}: {missing}")
@@ -148,7 +149,7 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
         return
     load_kwargs = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
     if multi:
-        _audit_many(specs, names, data, out, options, backend, engine, load_kwargs, force, thresholds, step_list,
+        _audit_many(specs, names, data, out, configs, backend, engine, load_kwargs, force, thresholds, step_list,
                     tokenizer, compare is not None)
         return
     from .multi import ModelLoadError, load_model
@@ -168,7 +169,7 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
     load_s = time.perf_counter() - t0
     typer.echo(f"running {', '.join(names)} on {len(data.texts)} texts ...", err=True)
     try:
-        report = run_audit(m, names, data, None, options, spec=spec, timings={"load_model": load_s},
+        report = run_audit(m, names, data, None, configs, spec=spec, timings={"load_model": load_s},
                            thresholds=thresholds, step=step_list[0] if step_list else None)
         report.write(out_path, overwrite=force)
     except (ValueError, OSError) as exc:

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from interp.io import _json_default, check_output, output_dir
 
-from interp.checks import AuditData
+from interp.checks import AuditData, is_config
 from .report import _CSS, _fmt
 
 INDEX_SCHEMA = "interp.audit.index"
@@ -259,7 +259,7 @@ def run_audits(specs: Sequence[str], checks: Sequence[str], data: AuditData | No
                             writer="interp audit")
     with output_dir(out_path, overwrite=overwrite, writer="interp audit") as tmp:
         jobs = [dict(spec=s, backend=backend, checks=list(checks), texts=list(data.texts), source=data.source,
-                     options={k: dict(v) for k, v in (options or {}).items()}, out=str(tmp / f),
+                     options={k: v if is_config(v) else dict(v) for k, v in (options or {}).items()}, out=str(tmp / f),
                      load_kwargs=dict(load_kwargs or {}), tokenizer=tokenizer, thresholds=list(thresholds),
                      step=st) for (s, st), f in zip(pairs, folders)]
         summaries = _run_jobs(jobs, engine)

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 from interp.model import Model
 from interp.progress import progress
 
-from interp.checks import AuditData, SkipCheck, configure
+from interp.checks import AuditData, SkipCheck, configure, is_config
 from .registry import get_check
 from .report import AuditReport, CheckRecord, prepare_output
 
@@ -60,7 +60,8 @@ def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None 
               keep_going: bool = True, thresholds: Sequence[Any] = (), step: int | None = None) -> AuditReport:
     """Run ``checks`` (names or check instances) on ``model`` and ``data``; write the report to ``out``.
 
-    ``options`` maps a check name to string overrides of its config fields. A check that does not apply
+    ``options`` maps a check name to string overrides of its config fields, or to its config already built
+    (:func:`interp.checks.configure`; the CLI parses ``--set`` once into these). A check that does not apply
     (its ``missing()`` or ``applies(model)`` gives a reason, its ``run`` raises :class:`~interp.checks.SkipCheck`
     or returns a result with ``applicable`` false) is recorded as ``status="skipped"`` with the reason; a check
     that raises is recorded as ``status="error"`` with its traceback (``keep_going=False`` re-raises instead).
@@ -77,7 +78,9 @@ def run_audit(model: Model, checks: Sequence[str | Any], data: AuditData | None 
     for c in checks:
         if isinstance(c, str):
             cls = get_check(c)
-            instances.append(cls(configure(cls, dict(options.get(c, {})))))
+            given = options.get(c, {})
+            # a config built already (the CLI parses --set once, before any model loads) is used as it is
+            instances.append(cls(given if is_config(given) else configure(cls, dict(given))))
         else:
             instances.append(c)
     unknown_opts = set(options) - {getattr(i, "name", "") for i in instances}
