@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from interp.probes.gavel import DetectorConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .ce_world import FAMILIES, CEWorldConfig, build_ce_world_model, ce_world_detector, run_ce_world, \
     run_ce_world_monitor

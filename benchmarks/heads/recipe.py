@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 from interp.training import limit_threads
 
 from .experiment import PLANTED, ValidationConfig, ValidationResult, build_planted_llama, scores, sweep, \

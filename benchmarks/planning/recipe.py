@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .validation import BRANCH_RUN, HORIZON_RUN, SMOLLM_RUN, decay_criteria, estimator_sanity, horizon_criteria
 

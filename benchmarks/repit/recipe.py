@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .experiment import RepItExperimentConfig, RepItValidation, experiment, toy_config
 

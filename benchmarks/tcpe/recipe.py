@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from interp.editing import EditConfig, TranscoderTrainingConfig
-from interp.reproduce import Outcome, Recipe
+from interp.apps.reproduce import Outcome, Recipe
 
 from .facts import FactsTask, compare_methods, fact_predictions, facts_relations, facts_tokenizer, train_facts_model, \
     word_lm
