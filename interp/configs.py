@@ -151,6 +151,12 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_sequence(value: Any) -> bool:
+    """Whether ``value`` is a list, tuple or other sequence (not a string) or a 1-D array."""
+    return (isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))) \
+        or getattr(value, "ndim", None) == 1
+
+
 def require(ok: bool, name: str, value: Any, expected: str) -> None:
     """Raise :class:`ConfigError` ``"<name> must be <expected>; got <value>"`` unless ``ok`` (config validation)."""
     if not ok:
@@ -168,5 +174,5 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
-__all__ = ["ConfigError", "canonical_json", "config_from_call", "config_from_dict", "config_to_dict", "digest", "is_int",
-           "is_number", "require"]
+__all__ = ["ConfigError", "canonical_json", "config_from_call", "config_from_dict", "config_to_dict", "digest",
+           "is_int", "is_number", "is_sequence", "require"]
