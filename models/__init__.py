@@ -6,3 +6,7 @@ is its recipe in ``benchmarks/<paper>/`` (``interp reproduce <paper>``), which i
 reverse. The training kit (seeding, thread limits, schedules, the small-LM trainer) is :mod:`interp.training`; shared data helpers live in :mod:`interp.models.common`. This package may use :mod:`interp`
 but never an analyzer package.
 """
+
+from .spiked_regression import SpikedSimulationConfig
+
+__all__ = ["SpikedSimulationConfig"]

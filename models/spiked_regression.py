@@ -44,14 +44,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from interp.configs import config_from_call, is_int, is_number, is_sequence, require
 from interp.training import limit_threads
 
 __all__ = [
     "SpikedData",
+    "SpikedSimulationConfig",
     "alignment_coefficient",
     "alignment_flip_gamma",
     "asymptotic_risk",
@@ -73,6 +75,67 @@ REGIMES = ("benign", "tempered", "catastrophic")
 # ----------------------------------------------------------------------------------------------
 # configuration
 # ----------------------------------------------------------------------------------------------
+SPIKE_SCALINGS = ("operator", "frobenius")
+
+
+@dataclass(frozen=True)
+class SpikedSimulationConfig:
+    """Options of :func:`simulate_risk` (everything but the random generator), validated on construction.
+
+    ``d = round(c * n)``; ``alignments`` are the targets' ``(beta*^T u)^2``, each in ``[0, beta_norm^2]``
+    (a list is stored as a tuple). ``alpha_z``/``alpha_a`` (train) and ``test_alpha_*`` (test) default to
+    ``alpha`` (well-specified). ``num_threads`` caps the BLAS pools while fitting (``None``: leave them
+    alone); it does not change the numbers.
+    """
+
+    c: float  #: aspect ratio d / n (> 0)
+    gamma: float  #: spike strength, theta^2 = gamma tau^2 (>= 0; unused under "frobenius")
+    alignments: tuple[float, ...]  #: one target per alignment, sharing X and the noise draw
+    n: int  #: points per draw
+    repeats: int  #: Monte-Carlo repeats
+    beta_norm: float = 1.0
+    alpha: float = 1.0
+    tau: float = 1.0  #: bulk entry std
+    noise_std: float = 0.0  #: training label noise std (tau_eps)
+    alpha_z: float | None = None
+    alpha_a: float | None = None
+    test_alpha_z: float | None = None
+    test_alpha_a: float | None = None
+    spike_scaling: str = "operator"  #: "operator" (theta^2 = gamma tau^2) or "frobenius" (theta^2 = d tau^2)
+    num_threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        require(is_number(self.c) and self.c > 0, f"{name}.c", self.c, "a positive number (the aspect ratio d/n)")
+        require(is_number(self.gamma) and self.gamma >= 0, f"{name}.gamma", self.gamma, "a number >= 0")
+        require(is_int(self.n) and self.n >= 1, f"{name}.n", self.n, "a positive integer")
+        require(round(self.c * self.n) >= 1, f"{name}.c", self.c,
+                f"large enough that d = round(c * n) >= 1 (n = {self.n})")
+        require(is_int(self.repeats) and self.repeats >= 1, f"{name}.repeats", self.repeats, "a positive integer")
+        require(is_number(self.beta_norm) and self.beta_norm >= 0, f"{name}.beta_norm", self.beta_norm,
+                "a number >= 0")
+        al = self.alignments
+        top = self.beta_norm ** 2
+        require(is_sequence(al) and len(al) > 0 and all(is_number(a) and 0 <= a <= top + 1e-12 for a in al),
+                f"{name}.alignments", al, f"a non-empty sequence of numbers in [0, beta_norm^2 = {top}]")
+        object.__setattr__(self, "alignments", tuple(al))
+        require(is_number(self.tau) and self.tau > 0, f"{name}.tau", self.tau, "a positive number")
+        require(is_number(self.noise_std) and self.noise_std >= 0, f"{name}.noise_std", self.noise_std,
+                "a number >= 0")
+        require(is_number(self.alpha), f"{name}.alpha", self.alpha, "a finite number")
+        for field in ("alpha_z", "alpha_a", "test_alpha_z", "test_alpha_a"):
+            v = getattr(self, field)
+            require(v is None or is_number(v), f"{name}.{field}", v, "a finite number or None (= alpha)")
+        require(self.spike_scaling in SPIKE_SCALINGS, f"{name}.spike_scaling", self.spike_scaling,
+                " or ".join(map(repr, SPIKE_SCALINGS)))
+        require(self.num_threads is None or (is_int(self.num_threads) and self.num_threads >= 1),
+                f"{name}.num_threads", self.num_threads, "a positive integer or None")
+
+    @property
+    def d(self) -> int:
+        """The dimension ``round(c * n)``."""
+        return int(round(self.c * self.n))
+
 # ----------------------------------------------------------------------------------------------
 # closed forms
 # ----------------------------------------------------------------------------------------------
@@ -241,7 +304,7 @@ def sample_spiked_data(n: int, d: int, gamma: float, betas: np.ndarray, u: np.nd
         betas: ``[d]`` or ``[d, m]`` targets sharing the same ``X`` and the same noise draw.
         u: ``[d]`` unit spike direction.
     """
-    if spike_scaling not in {"operator", "frobenius"}:
+    if spike_scaling not in SPIKE_SCALINGS:
         raise ValueError(f"spike_scaling must be 'operator' or 'frobenius', got {spike_scaling!r}")
     if u.shape != (d,) or abs(np.linalg.norm(u) - 1) > 1e-8:
         raise ValueError(f"u must be a unit vector of shape ({d},)")
@@ -294,38 +357,43 @@ def excess_risk(beta_hat: np.ndarray, betas: np.ndarray, u: np.ndarray, theta: f
     return spike + bulk
 
 
-def simulate_risk(c: float, gamma: float, alignments: Sequence[float], n: int, repeats: int,
-                  rng: np.random.Generator, beta_norm: float = 1.0, alpha: float = 1.0, tau: float = 1.0,
-                  noise_std: float = 0.0, alpha_z: float | None = None, alpha_a: float | None = None,
-                  test_alpha_z: float | None = None, test_alpha_a: float | None = None,
-                  spike_scaling: str = "operator", num_threads: int | None = 1) -> np.ndarray:
+def simulate_risk(c: float | None = None, gamma: float | None = None, alignments: Sequence[float] | None = None,
+                  n: int | None = None, repeats: int | None = None, rng: np.random.Generator | None = None, *,
+                  config: SpikedSimulationConfig | None = None, **options: Any) -> np.ndarray:
     """Monte-Carlo excess risk of the min-norm interpolator.
 
     Each repeat draws a fresh spike direction ``u`` (uniform on the sphere), one target per
-    alignment (:func:`make_targets`), one ``X`` and one noise draw shared by all targets, fits ``(X^T)^+ y`` and evaluates :func:`excess_risk`.
-    ``alpha_z``/``alpha_a`` (train) and ``test_alpha_*`` (test) default to ``alpha`` (well-specified).
-    ``num_threads`` caps the BLAS pools while fitting (``None``: leave them alone).
+    alignment (:func:`make_targets`), one ``X`` and one noise draw shared by all targets, fits ``(X^T)^+ y``
+    and evaluates :func:`excess_risk`.
+
+    The options are the fields of :class:`SpikedSimulationConfig`: given as arguments (``c, gamma,
+    alignments, n, repeats`` positionally or by name, the rest by name, e.g. ``noise_std=0.5``) or as one
+    ready ``config=`` (then no option may be given besides it). ``rng`` (a NumPy ``Generator``) is always
+    needed: it is the run's random state, not an option.
 
     Returns:
         ``[repeats, len(alignments)]`` risks.
     """
-    if c <= 0 or n < 1:
-        raise ValueError("need c > 0 and n >= 1")
-    d = int(round(c * n))
-    az = alpha if alpha_z is None else alpha_z
-    aa = alpha if alpha_a is None else alpha_a
-    taz = az if test_alpha_z is None else test_alpha_z
-    taa = aa if test_alpha_a is None else test_alpha_a
-    out = np.empty((repeats, len(alignments)))
-    with limit_threads(num_threads):
-        for r in range(repeats):
+    given = {k: v for k, v in (("c", c), ("gamma", gamma), ("alignments", alignments), ("n", n),
+                               ("repeats", repeats)) if v is not None}
+    cfg = config_from_call(SpikedSimulationConfig, config, {**given, **options}, "simulate_risk")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"simulate_risk: rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    d = cfg.d
+    az = cfg.alpha if cfg.alpha_z is None else cfg.alpha_z
+    aa = cfg.alpha if cfg.alpha_a is None else cfg.alpha_a
+    taz = az if cfg.test_alpha_z is None else cfg.test_alpha_z
+    taa = aa if cfg.test_alpha_a is None else cfg.test_alpha_a
+    out = np.empty((cfg.repeats, len(cfg.alignments)))
+    with limit_threads(cfg.num_threads):
+        for r in range(cfg.repeats):
             u = rng.standard_normal(d)
             u /= np.linalg.norm(u)
-            betas = make_targets(u, alignments, beta_norm, rng)
-            data = sample_spiked_data(n, d, gamma, betas, u, rng, tau=tau, noise_std=noise_std, alpha_z=az,
-                                      alpha_a=aa, spike_scaling=spike_scaling)
+            betas = make_targets(u, cfg.alignments, cfg.beta_norm, rng)
+            data = sample_spiked_data(cfg.n, d, cfg.gamma, betas, u, rng, tau=cfg.tau, noise_std=cfg.noise_std,
+                                      alpha_z=az, alpha_a=aa, spike_scaling=cfg.spike_scaling)
             beta_hat = min_norm_interpolator(data.x, data.y)
-            out[r] = excess_risk(beta_hat, betas, u, data.theta, tau, taz, taa)
+            out[r] = excess_risk(beta_hat, betas, u, data.theta, cfg.tau, taz, taa)
     return out
 
 

@@ -5,5 +5,5 @@ cognitive-element rules, and VQ-VAE planning codes live here. Nothing in this pa
 backend directly; every activation comes from :class:`interp.Model`.
 """
 
-from .heads import (HeadScores, ablate_heads, dynamic_zeroing, evaluate_ablation, inactive_sweep,  # noqa: E402
-                    score_heads)
+from .heads import (HeadScores, SweepConfig, ablate_heads, dynamic_zeroing, evaluate_ablation,  # noqa: E402
+                    inactive_sweep, score_heads)

@@ -10,7 +10,7 @@
   as many random heads, :func:`inactive_sweep` runs the paper's sweep over target fractions.
 * Called without inputs, every analysis uses :func:`default_inputs` (100 real-text passages, 128 tokens).
 """
-from .ablation import (AblationResult, DynamicZeroing, HeadAblation, SweepResult, ZeroHeads, ablate_heads,
+from .ablation import (AblationResult, DynamicZeroing, HeadAblation, SweepConfig, SweepResult, ZeroHeads, ablate_heads,
                        dynamic_zeroing, evaluate_ablation, head_mask, head_means, inactive_sweep, random_heads,
                        random_like)
 from .scores import (BEST_SCORE, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_N_INPUTS, EXTRA_SCORES, PADDED_QUERIES,
@@ -22,5 +22,5 @@ __all__ = ["score_heads", "HeadScores", "ScoreFunction", "SCORE_FUNCTIONS", "PAP
            "BEST_SCORE", "PAPER_FRACTIONS", "THRESHOLD_CONVENTIONS", "PADDED_QUERIES", "cdf_thresholds",
            "output_weights", "head_statistics", "scores_from_statistics", "resolve_scores", "ablate_heads",
            "HeadAblation", "ZeroHeads", "head_mask", "head_means", "dynamic_zeroing", "DynamicZeroing",
-           "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepResult", "random_heads", "random_like",
-           "default_inputs", "DEFAULT_N_INPUTS", "DEFAULT_MAX_LENGTH", "DEFAULT_BATCH_SIZE"]
+           "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepConfig", "SweepResult", "random_heads",
+           "random_like", "default_inputs", "DEFAULT_N_INPUTS", "DEFAULT_MAX_LENGTH", "DEFAULT_BATCH_SIZE"]

@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 import torch
 
 from interp.cache import Cache
+from interp.configs import config_from_call, is_int, is_number, is_sequence, require
 from interp.interventions import HookContext, Intervention, resolve_heads
 from interp.model import Model, next_token_loss
 from interp.progress import progress
@@ -505,11 +506,60 @@ class SweepResult(Result):
         return fig
 
 
-def inactive_sweep(model: Model, inputs: Any = None, score: str = BEST_SCORE, fractions: Sequence[float] = PAPER_FRACTIONS,
-                   calibration: HeadScores | None = None, n_random: int = 3, seed: int = 0,
-                   metric: str = "loss", tolerance: float = 0.01, batch_size: int | None = 8,
-                   max_length: int | None = None, convention: str = "official",
-                   padded_queries: str = "drop") -> SweepResult:
+@dataclass(frozen=True)
+class SweepConfig:
+    """Options of :func:`inactive_sweep` (everything but the model, its inputs and the calibration scores),
+    validated on construction; the defaults are the paper's.
+
+    ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
+    (may drop by 0.01, the paper's "within 1 point"); ``metric`` may also be a callable
+    ``(logits, batch) -> (sum, count)``. ``convention`` reads τ_p off the CDF (the official inverse CDF, or
+    ``"quantile"``); ``padded_queries`` is the padding rule of the pattern scores. ``batch_size`` /
+    ``max_length`` ``None``: all inputs in one pass / no truncation (the built-in inputs' defaults when
+    ``inputs=None``). A list of fractions is stored as a tuple.
+    """
+
+    score: str = BEST_SCORE  #: one score function (see SCORE_FUNCTIONS; code class names accepted)
+    fractions: tuple[float, ...] = PAPER_FRACTIONS  #: target fractions p, each in [0, 1]
+    n_random: int = 3  #: random-head baselines per fraction
+    seed: int = 0  #: seed of the random heads
+    metric: str | Callable = "loss"  #: "loss", "accuracy" or a callable (logits, batch) -> (sum, count)
+    tolerance: float = 0.01
+    batch_size: int | None = 8
+    max_length: int | None = None
+    convention: str = "official"  #: THRESHOLD_CONVENTIONS
+    padded_queries: str = "drop"  #: PADDED_QUERIES
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        try:
+            ok = isinstance(self.score, str) and len(resolve_scores(self.score)) == 1
+        except ValueError:
+            ok = False
+        require(ok, f"{name}.score", self.score, f"one score function, one of {', '.join(SCORE_FUNCTIONS)}")
+        fr = self.fractions
+        require(is_sequence(fr) and len(fr) > 0
+                and all(is_number(p) and 0 <= p <= 1 for p in fr),
+                f"{name}.fractions", fr, "a non-empty sequence of fractions in [0, 1]")
+        object.__setattr__(self, "fractions", tuple(fr))
+        require(is_int(self.n_random) and self.n_random >= 0, f"{name}.n_random", self.n_random, "an integer >= 0")
+        require(is_int(self.seed), f"{name}.seed", self.seed, "an integer")
+        require(self.metric in ("loss", "accuracy") or (callable(self.metric) and not isinstance(self.metric, str)),
+                f"{name}.metric", self.metric, "'loss', 'accuracy' or a callable (logits, batch) -> (sum, count)")
+        require(is_number(self.tolerance) and self.tolerance >= 0, f"{name}.tolerance", self.tolerance,
+                "a number >= 0")
+        for field_name in ("batch_size", "max_length"):
+            v = getattr(self, field_name)
+            require(v is None or (is_int(v) and v >= 1), f"{name}.{field_name}", v, "a positive integer or None")
+        require(self.convention in THRESHOLD_CONVENTIONS, f"{name}.convention", self.convention,
+                f"one of {', '.join(map(repr, THRESHOLD_CONVENTIONS))}")
+        require(self.padded_queries in PADDED_QUERIES, f"{name}.padded_queries", self.padded_queries,
+                f"one of {', '.join(map(repr, PADDED_QUERIES))}")
+
+
+def inactive_sweep(model: Model, inputs: Any = None, score: str | None = None, fractions: Sequence[float] | None = None,
+                   calibration: HeadScores | None = None, *, config: SweepConfig | None = None,
+                   **options: Any) -> SweepResult:
     """The paper's evaluation of one score function.
 
     For each target fraction ``p``: τ_p from the empirical CDF of ``calibration`` (default: the scores of
@@ -517,42 +567,43 @@ def inactive_sweep(model: Model, inputs: Any = None, score: str = BEST_SCORE, fr
     heads per input. Scores are computed inside the ablated pass (``mode="dynamic"``); only a pattern-based
     score on a backend whose ``attn.hook_pattern`` is not writable falls back to per-input masks from an
     unablated pass (``"prepass"``).
-    ``tolerance`` is relative for ``metric="loss"`` (loss may rise by 1 %) and absolute for ``"accuracy"``
-    (may drop by 0.01, the paper's "within 1 point"). ``convention`` reads τ_p off the CDF (the official
-    inverse CDF by default, or ``"quantile"``); ``padded_queries`` is the padding rule of the pattern scores.
-    ``inputs=None``: the built-in inputs (:func:`~.scores.default_inputs`: 100 real-text passages, 128 tokens).
+
+    The options are the fields of :class:`SweepConfig` (``score`` and ``fractions`` also positionally, the
+    rest by name, e.g. ``n_random=2, metric="accuracy"``), or one ready ``config=`` (then no option may be
+    given besides it). ``inputs=None``: the built-in inputs (:func:`~.scores.default_inputs`: 100 real-text
+    passages, 128 tokens).
     """
-    check_choice("convention", convention, THRESHOLD_CONVENTIONS)
-    check_choice("padded_queries", padded_queries, PADDED_QUERIES)
-    key = resolve_scores(score)[0]
-    fn = _metric_fn(metric)
-    batches = _batches(model, inputs, batch_size, max_length, None)
+    given = {k: v for k, v in (("score", score), ("fractions", fractions)) if v is not None}
+    cfg = config_from_call(SweepConfig, config, {**given, **options}, "inactive_sweep")
+    key = resolve_scores(cfg.score)[0]
+    fn = _metric_fn(cfg.metric)
+    batches = _batches(model, inputs, cfg.batch_size, cfg.max_length, None)
     prepass = "pattern" in SCORE_FUNCTIONS[key].uses and not model.can_write("blocks.0.attn.hook_pattern")
-    unablated = HeadScores(per_input={key: torch.cat([score_heads(model, b, key, padded_queries=padded_queries)
+    unablated = HeadScores(per_input={key: torch.cat([score_heads(model, b, key, padded_queries=cfg.padded_queries)
                                                       .per_input[key] for b in batches])},
-                           n_tokens=torch.zeros(0), padded_queries=padded_queries)
+                           n_tokens=torch.zeros(0), padded_queries=cfg.padded_queries)
     calib = calibration if calibration is not None else unablated
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
     baseline = _evaluate(model, batches, fn)
     thresholds, values, randoms, zeroed = [], [], [], []
-    for p in progress(list(fractions), desc=f"sweep {key}"):
-        tau = calib.threshold(key, p, convention)
+    for p in progress(list(cfg.fractions), desc=f"sweep {key}"):
+        tau = calib.threshold(key, p, cfg.convention)
         thresholds.append(tau)
         if prepass:
             mask = unablated.inactive(key, threshold=tau)
             values.append(_evaluate(model, batches, fn, _plans(model, batches, mask)))
         else:
-            dz = DynamicZeroing(model, key, tau, padded_queries)
+            dz = DynamicZeroing(model, key, tau, cfg.padded_queries)
             values.append(_evaluate(model, batches, fn, [dz] * len(batches)))
             mask = torch.cat(dz.flagged) if dz.flagged else torch.zeros(0, model.cfg.n_layers, model.cfg.n_heads,
                                                                             dtype=torch.bool)
         zeroed.append(float(mask.float().mean()) if mask.numel() else 0.0)
         rs = []
-        for _ in range(n_random):
+        for _ in range(cfg.n_random):
             rs.append(_evaluate(model, batches, fn, _plans(model, batches, random_like(mask, gen))))
         randoms.append(rs)
-    return SweepResult(key, metric, [float(p) for p in fractions], thresholds, baseline, values, randoms, zeroed,
-                       tolerance, "prepass" if prepass else "dynamic", convention)
+    return SweepResult(key, cfg.metric, [float(p) for p in cfg.fractions], thresholds, baseline, values, randoms,
+                       zeroed, cfg.tolerance, "prepass" if prepass else "dynamic", cfg.convention)
 
 
 class AblationViews:
@@ -577,5 +628,5 @@ class AblationViews:
 
 
 __all__ = ["AblationViews", "ablate_heads", "HeadAblation", "ZeroHeads", "head_mask", "head_means", "dynamic_zeroing",
-           "DynamicZeroing", "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepResult",
+           "DynamicZeroing", "evaluate_ablation", "AblationResult", "inactive_sweep", "SweepConfig", "SweepResult",
            "random_heads", "random_like"]

@@ -1,10 +1,13 @@
 """Spiked-covariance min-norm interpolation: closed form, simulator, regimes (Li & Sonthalia, ICLR 2026)."""
 import math
+import re
 
 import numpy as np
 import pytest
 
 from interp.benchmarks.spiked_regression import SpikedRegressionConfig, SpikedRegressionResult, experiment
+from interp.configs import ConfigError
+from interp.models import SpikedSimulationConfig
 from interp.models.spiked_regression import (alignment_coefficient, alignment_flip_gamma, asymptotic_regime,
                                              asymptotic_risk, excess_risk, gamma_from_rule, make_target, make_targets,
                                              min_norm_interpolator, sample_spiked_data, simulate_risk, theory_risk)
@@ -186,6 +189,71 @@ def test_misspecified_training_changes_risk_in_simulator():
                         test_alpha_z=1.0, test_alpha_a=1.0)
     # training on a doubled spike coefficient but testing on the original one inflates the risk
     assert mis.mean() > 1.5 * well.mean()
+
+
+def test_simulate_risk_config_and_keywords_give_the_same_risks():
+    opts = dict(beta_norm=1.2, alpha=0.9, tau=1.1, noise_std=0.5, alpha_z=1.3, test_alpha_a=0.8, num_threads=None)
+    by_keywords = simulate_risk(3.0, 9.0, [0.0, 0.7, 1.44], 60, 4, np.random.default_rng(3), **opts)
+    cfg = SpikedSimulationConfig(c=3.0, gamma=9.0, alignments=[0.0, 0.7, 1.44], n=60, repeats=4, **opts)
+    assert cfg.alignments == (0.0, 0.7, 1.44) and cfg.d == 180
+    hash(cfg)
+    by_config = simulate_risk(config=cfg, rng=np.random.default_rng(3))
+    assert by_config.shape == (4, 3)
+    np.testing.assert_array_equal(by_config, by_keywords)
+    # the options do reach the simulation: the defaults give other risks
+    plain = simulate_risk(3.0, 9.0, [0.0, 0.7, 1.44], 60, 4, np.random.default_rng(3), beta_norm=1.2)
+    assert not np.allclose(plain, by_config)
+
+
+_GOOD = dict(c=2.0, gamma=1.0, alignments=(0.0, 1.0), n=20, repeats=2)
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("c", 0.0, "SpikedSimulationConfig.c must be a positive number (the aspect ratio d/n); got 0.0"),
+    ("c", 0.01, "SpikedSimulationConfig.c must be large enough that d = round(c * n) >= 1 (n = 20); got 0.01"),
+    ("gamma", -1.0, "SpikedSimulationConfig.gamma must be a number >= 0; got -1.0"),
+    ("gamma", float("inf"), "SpikedSimulationConfig.gamma must be a number >= 0; got inf"),
+    ("n", 0, "SpikedSimulationConfig.n must be a positive integer; got 0"),
+    ("n", 20.0, "SpikedSimulationConfig.n must be a positive integer; got 20.0"),
+    ("repeats", 0, "SpikedSimulationConfig.repeats must be a positive integer; got 0"),
+    ("alignments", (0.0, 1.5), "SpikedSimulationConfig.alignments must be a non-empty sequence of numbers in "
+                               "[0, beta_norm^2 = 1.0]; got (0.0, 1.5)"),
+    ("alignments", (), "SpikedSimulationConfig.alignments must be a non-empty sequence"),
+    ("alignments", "01", "SpikedSimulationConfig.alignments must be a non-empty sequence"),
+    ("beta_norm", -1.0, "SpikedSimulationConfig.beta_norm must be a number >= 0; got -1.0"),
+    ("tau", 0.0, "SpikedSimulationConfig.tau must be a positive number; got 0.0"),
+    ("noise_std", -0.5, "SpikedSimulationConfig.noise_std must be a number >= 0; got -0.5"),
+    ("alpha", "1", "SpikedSimulationConfig.alpha must be a finite number; got '1'"),
+    ("test_alpha_a", float("nan"), "SpikedSimulationConfig.test_alpha_a must be a finite number or None (= alpha)"),
+    ("spike_scaling", "spectral", "SpikedSimulationConfig.spike_scaling must be 'operator' or 'frobenius'; "
+                                  "got 'spectral'"),
+    ("num_threads", 0, "SpikedSimulationConfig.num_threads must be a positive integer or None; got 0"),
+])
+def test_spiked_simulation_config_refuses_bad_fields(field, value, expected):
+    with pytest.raises(ConfigError, match="^" + re.escape(expected)) as err:
+        SpikedSimulationConfig(**{**_GOOD, field: value})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=re.escape(f"SpikedSimulationConfig.{field} must be")):
+        simulate_risk(rng=np.random.default_rng(0), **{**_GOOD, field: value})
+
+
+def test_simulate_risk_refuses_mixed_missing_unknown_options_and_a_missing_rng():
+    cfg = SpikedSimulationConfig(**_GOOD)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ConfigError, match="simulate_risk: pass either config= or the options as keywords, not both; "
+                                          "got config= and noise_std"):
+        simulate_risk(rng=rng, config=cfg, noise_std=0.5)
+    with pytest.raises(ConfigError, match="not both; got config= and c"):
+        simulate_risk(2.0, rng=rng, config=cfg)
+    with pytest.raises(ConfigError, match="simulate_risk: config must be a SpikedSimulationConfig, got dict"):
+        simulate_risk(rng=rng, config=dict(_GOOD))
+    with pytest.raises(ConfigError, match=re.escape("simulate_risk: missing n, repeats (fields of SpikedSimulationConfig "
+                                                    "without default)")):
+        simulate_risk(2.0, 1.0, [0.0], rng=rng)
+    with pytest.raises(ConfigError, match=re.escape("unknown field(s) 'noise' (did you mean 'noise_std'?)")):
+        simulate_risk(rng=rng, noise=0.5, **_GOOD)
+    with pytest.raises(TypeError, match="simulate_risk: rng must be a numpy.random.Generator, got int"):
+        simulate_risk(2.0, 1.0, [0.0], 20, 2, 0)
 
 
 def test_reduced_experiment_regime_directions_and_result_io(tmp_path):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import asdict
 from fractions import Fraction
 
 import pytest
@@ -9,7 +11,8 @@ import torch
 
 import interp
 from interp.testing import tiny_model
-from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores,
+from interp.configs import ConfigError
+from interp.probes.heads import (EXTRA_SCORES, PAPER_SCORES, SCORE_FUNCTIONS, DynamicZeroing, HeadScores, SweepConfig,
                                  ablate_heads, cdf_thresholds, dynamic_zeroing, evaluate_ablation, head_statistics,
                                  inactive_sweep, output_weights, score_heads, scores_from_statistics)
 
@@ -608,6 +611,55 @@ def test_inactive_sweep_on_planted_model(planted):
     assert sweep.heads_zeroed[1] > 0
     assert abs(sweep.values[1] - sweep.baseline) < 1e-3 * sweep.baseline  # only the planted dead heads go
     assert sweep.percent_inactive == pytest.approx(15.0)
+
+
+def test_inactive_sweep_config_and_keywords_give_the_same_sweep(planted):
+    model, plants, scores = planted
+    opts = dict(n_random=2, seed=3, batch_size=6, tolerance=0.05, convention="quantile")
+    cfg = SweepConfig("AHON (LN)", [0.0, 0.15], **opts)
+    assert cfg.fractions == (0.0, 0.15)  # a list is stored as a tuple: the config is hashable
+    hash(cfg)
+    with model.intervene(plants):
+        by_keywords = inactive_sweep(model, TEXTS[:6], "AHON (LN)", [0.0, 0.15], calibration=scores, **opts)
+        by_config = inactive_sweep(model, TEXTS[:6], calibration=scores, config=cfg)
+    assert asdict(by_config) == asdict(by_keywords)
+    assert by_config.fractions == [0.0, 0.15] and len(by_config.random[1]) == 2
+    assert by_config.tolerance == 0.05 and by_config.convention == "quantile"
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("score", "NOPE", "SweepConfig.score must be one score function"),
+    ("score", ["AHON (LN)", "AWFT"], "SweepConfig.score must be one score function"),
+    ("fractions", (0.1, 1.5), "SweepConfig.fractions must be a non-empty sequence of fractions in [0, 1]; got"),
+    ("fractions", (), "SweepConfig.fractions must be"),
+    ("n_random", -1, "SweepConfig.n_random must be an integer >= 0; got -1"),
+    ("seed", 0.5, "SweepConfig.seed must be an integer; got 0.5"),
+    ("metric", "acc", "SweepConfig.metric must be 'loss', 'accuracy' or a callable"),
+    ("tolerance", -0.01, "SweepConfig.tolerance must be a number >= 0; got -0.01"),
+    ("tolerance", float("nan"), "SweepConfig.tolerance must be a number >= 0; got nan"),
+    ("batch_size", 0, "SweepConfig.batch_size must be a positive integer or None; got 0"),
+    ("max_length", True, "SweepConfig.max_length must be a positive integer or None; got True"),
+    ("convention", "median", "SweepConfig.convention must be one of 'official', 'quantile'; got 'median'"),
+    ("padded_queries", "keep", "SweepConfig.padded_queries must be one of 'drop', 'official'; got 'keep'"),
+])
+def test_sweep_config_refuses_bad_fields(field, value, expected):
+    with pytest.raises(ConfigError, match="^" + re.escape(expected)) as err:
+        SweepConfig(**{field: value})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=field):  # the keyword call builds (and checks) the same config
+        inactive_sweep(None, TEXTS, **{field: value})
+
+
+def test_inactive_sweep_refuses_config_mixed_with_keywords_and_unknown_options():
+    with pytest.raises(ConfigError, match="inactive_sweep: pass either config= or the options as keywords, not both; "
+                                          "got config= and n_random"):
+        inactive_sweep(None, TEXTS, config=SweepConfig(), n_random=1)
+    with pytest.raises(ConfigError, match="not both; got config= and score"):
+        inactive_sweep(None, TEXTS, "AWFT", config=SweepConfig())
+    with pytest.raises(ConfigError, match="inactive_sweep: config must be a SweepConfig, got dict"):
+        inactive_sweep(None, TEXTS, config={"n_random": 1})
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) 'n_randon' \(did you mean 'n_random'\?\)"):
+        inactive_sweep(None, TEXTS, n_randon=1)
 
 
 def test_result_views_and_round_trip(planted, tmp_path):
