@@ -7,6 +7,7 @@ The applications moved out of the kernel into :mod:`interp.apps` (issue #45)::
     interp.cli              -> interp.apps.cli
     interp.store.cli        -> interp.apps.store_cli
     interp.store.ray_engine -> interp.apps.ray_engine
+    interp.zoo.cli          -> interp.apps.zoo.cli
 
 and the audit checks got one file name (``audit_check.py``)::
 
@@ -38,6 +39,7 @@ MOVED: dict[str, str] = {
     "interp.cli": "interp.apps.cli",
     "interp.store.cli": "interp.apps.store_cli",
     "interp.store.ray_engine": "interp.apps.ray_engine",
+    "interp.zoo.cli": "interp.apps.zoo.cli",
     # one file name per plug-in kind: an analyzer's audit check is its package's audit_check.py
     "interp.probes.audit_checks": "interp.probes.heads.audit_check",
     "interp.probes.gavel.audit": "interp.probes.gavel.audit_check",
