@@ -6,7 +6,7 @@ import json
 from typer.testing import CliRunner
 
 from interp import zoo
-from interp.zoo.cli import app
+from interp.apps.zoo.cli import app
 
 runner = CliRunner()
 
@@ -59,3 +59,22 @@ def test_mounted_in_main_cli(tmp_zoo):
 
     res = runner.invoke(main_app, ["zoo", "list"])
     assert res.exit_code == 0 and "toy-grammar" in res.output
+
+
+def test_old_path_is_a_deprecated_alias_of_the_moved_cli():
+    """``interp.zoo.cli`` moved to the applications (#45): the old path is the same module, with a warning."""
+    import subprocess
+    import sys
+
+    import interp.apps.zoo.cli
+
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    import interp.zoo.cli\nexcept DeprecationWarning as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "interp.zoo.cli moved to interp.apps.zoo.cli" in out.stdout
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from interp.zoo.cli import app as old_app
+    assert old_app is app is interp.apps.zoo.cli.app
