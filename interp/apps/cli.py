@@ -12,9 +12,9 @@ app = typer.Typer(help="interp: capture, intervene and audit transformer models.
 
 
 def _mount_optional() -> None:
-    """Sub-commands that live beside their feature: the zoo (interp.zoo.cli), audit (interp.apps.audit.cli),
+    """Sub-commands that live beside their feature: the zoo (interp.apps.zoo.cli), audit (interp.apps.audit.cli),
     harvest (interp.apps.store_cli) and reproduce (interp.apps.reproduce.cli). One that fails to import is still listed, as a command that says why."""
-    mounts = {"zoo": lambda: app.add_typer(importlib.import_module("interp.zoo.cli").app, name="zoo",
+    mounts = {"zoo": lambda: app.add_typer(importlib.import_module("interp.apps.zoo.cli").app, name="zoo",
                                            help="Built-in model zoo."),
               "audit": lambda: importlib.import_module("interp.apps.audit.cli").register(app),
               "harvest": lambda: importlib.import_module("interp.apps.store_cli").register(app),
