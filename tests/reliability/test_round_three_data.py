@@ -3,8 +3,8 @@ before the fix.
 
 * GAVEL's parser checks membership with sets: the comparisons it makes grow linearly with the CEs of a
   group (counted, never timed), and its errors and the written order are unchanged.
-* The zoo trainer's checkpoint loader: every way a checkpoint can be unreadable is a ``SerializationError``
-  (a pickle payload in ``optimizer.pt`` included, which never runs).
+* The small-LM trainer's checkpoint loader (:mod:`interp.training`): every way a checkpoint can be unreadable
+  is a ``SerializationError`` (a pickle payload in ``optimizer.pt`` included, which never runs).
 * ``Result.load`` holds each tensor to the dtype and shape ``result.json`` recorded; an unknown zoo entry is
   an ``error:`` line with exit code 2.
 * The activation store: any OS error while writing (``EFBIG``, ``EIO`` ...) is one line and the store
@@ -160,7 +160,7 @@ class _Payload:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of ``train_lm`` after 3 of 6 steps."""
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     class Stop(Exception):
         pass
@@ -221,7 +221,7 @@ def test_every_unreadable_training_checkpoint_is_a_serialization_error(checkpoin
     """``UnpicklingError`` (the refusal of a pickle payload by ``torch.load(weights_only=True)``), ``EOFError``,
     ``OverflowError``, safetensors' own error ... all escaped as themselves before; now each is a
     ``SerializationError`` that names the folder and says to delete it, and the payload never runs."""
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     folder = tmp_path / "ckpt"
     shutil.copytree(checkpoint, folder)
@@ -245,7 +245,7 @@ def test_every_unreadable_training_checkpoint_is_a_serialization_error(checkpoin
 
 
 def test_an_intact_training_checkpoint_still_resumes(checkpoint, tmp_path):
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     cfg = LMTrainConfig(steps=6, lr=1e-2)
     full = train_lm(_tiny_lm(), _batches(), cfg)
