@@ -1,7 +1,7 @@
 """A real, short training run to audit: a tiny byte-level language model trained on the audit's built-in texts.
 
-:func:`tiny_training_run` trains a 2-layer Llama (d_model 64, 4 heads, one token per byte) with the zoo's small-LM
-trainer (:func:`interp.zoo.training.train_lm`) and saves a checkpoint at each requested step, as a Hugging Face
+:func:`tiny_training_run` trains a 2-layer Llama (d_model 64, 4 heads, one token per byte) with the small-LM
+trainer (:func:`interp.training.train_lm`) and saves a checkpoint at each requested step, as a Hugging Face
 trainer lays them out::
 
     RUN/checkpoint-5/    config.json, model.safetensors, tokenizer files, trainer_state.json {"global_step": 5, ...}
@@ -27,7 +27,7 @@ def tiny_training_run(folder: str | Path, steps: Sequence[int] = (5, 10, 20, 40)
     import transformers as T
 
     from interp.testing import tiny_config, tiny_tokenizer
-    from interp.zoo.training import LMTrainConfig, train_lm
+    from interp.training import LMTrainConfig, train_lm
 
     from interp.checks import AuditData
 
