@@ -152,6 +152,12 @@ def _lr_at(step: int, steps: int, cfg: RaptorTrainConfig) -> float:
     return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * p))
 
 
+# Not the training kit's checkpoint (interp.training.train_lm), on purpose: the kit checkpoints one loop (the whole
+# model, one optimizer and schedule, ``step`` equal to the number of losses), while a Raptor run trains several
+# units in turn, each with its own optimizer and batches seeded from (seed, unit, step), so its state is the unit
+# in progress, its step, the finished units and their losses, and the Raptor config it was written for. What the
+# two have in common is already shared: the kernel's atomic write (interp.io.output_dir: the folder appears whole
+# or not at all) and its checked readers (load_json, load_tensors, load_torch with weights_only=True).
 def _save_checkpoint(path: Path, raptor: Raptor, opt, state: dict) -> None:
     buf = io.BytesIO()
     torch.save(opt.state_dict() if opt is not None else {}, buf)  # read back with weights_only=True

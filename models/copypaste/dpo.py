@@ -231,6 +231,11 @@ def _reference_logprobs(ref: torch.nn.Module, enc: EncodedPairs, n: int, copy_po
     return ref_c, ref_r
 
 
+# Not the training kit's checkpoint (interp.training.train_lm), on purpose: the kit saves the whole model's
+# state_dict and one list of losses, while DPO resumes from the trainable (LoRA) parameters only (not the frozen
+# base), the reference log-probs computed once before the first step, and three histories (loss, margin,
+# accuracy); its public ``checkpoint`` is one ``.pt`` file. It uses the same primitives as the kit: interp.io's
+# atomic write (atomic_write_bytes) and checked reader (load_torch, weights_only=True).
 def _save_checkpoint(path, policy, opt, sched, done, hist, ref_c, ref_r) -> None:
     import io
 
