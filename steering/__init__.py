@@ -8,6 +8,7 @@ from .base import (
     ENTRY_POINT_GROUP,
     OPERATIONS,
     AffineAblate,
+    AuditFit,
     SteeringData,
     SteeringMethod,
     SteeringVector,
@@ -28,7 +29,7 @@ from . import repit
 from .repit import RepIt, RepItConfig, isolate, localize
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "SteeringData", "SteeringMethod", "SteeringVector",
+    "ENTRY_POINT_GROUP", "OPERATIONS", "AffineAblate", "AuditFit", "SteeringData", "SteeringMethod", "SteeringVector",
     "available", "default_data", "get", "register", "reload_entry_points", "spread", "unregister", "collect", "last_token", "mean_difference",
     "DiffInMeans", "DiffInMeansConfig", "ABLATION_HOOKS", "DirectionalAblation", "DirectionalAblationConfig",
     "ablation_vector", "orthogonalize_weights", "behaviour", "LinearProbe", "evaluate_behaviour", "token_kl_view", "refusal", "repit", "RepIt", "RepItConfig", "isolate", "localize",

@@ -6,29 +6,34 @@ built-in behaviour ``default_behaviour`` (``sentiment``), which a language model
 SmolLM2-135M-Instruct, the default model, continues 11 of the 12 neutral evaluation prompts ("The hotel room turned
 out to be") positively by the marker judge (rate 0.92), and a linear probe separates the contrastive texts (held-out
 accuracy 1.0); on ``uppercase`` its unsteered rate is near 0, so there would be nothing to remove. The check then
-fits ``behaviour_method`` (``diff_in_means`` when ``method`` is RepIt, which needs harm categories) and steers
+fits ``behaviour_method`` (``diff_in_means``) in place of a method that needs harm categories (RepIt) and steers
 *against* the behaviour (``scale=-1``, unless set): on SmolLM2 the behaviour rate falls 0.92 -> 0.00 at layer 15.
 ``--set steering.behaviour=refusal`` forces the refusal evaluation (skipped, with the reason, where it does not apply).
 
-Two evaluations:
+Two evaluations, both through the steering-method interface only (:class:`~interp.steering.base.SteeringMethod`:
+``check_options``, ``for_audit``, ``audit_fit``, ``needs_categories``, ``audit_title``), so a plug-in method runs
+here as the built-ins do:
 
 * **refusal** (RepIt: Siu et al., ICLR 2026, by default; what follows);
-* **behaviour** (any method, built-in or plug-in): the method is fitted on a contrastive behaviour set (a
+* **behaviour** (any method that needs no harm categories): the method is fitted on a contrastive behaviour set (a
   built-in one, ``--set steering.behaviour=sentiment``, or a user's JSON file, ``--set steering.data=FILE``) and
   :func:`interp.steering.behaviour.evaluate_behaviour` reports the behaviour rate (marker judge) and a linear
   probe's score before and after steering, the KL on neutral text (the audit's text set) and the perplexity of
   the steered greedy continuation under the unsteered model.
 
 ``--set steering.<option>=VALUE`` sets a field of this check's config or, for any other name, a field of the
-selected method's config (``steering.method`` chooses it); a name in both (``layer``, ``position``,
-``batch_size``) sets both. An unknown method or option is a ``ValueError`` from :meth:`SteeringCheckConfig.
-from_overrides`, raised before any model loads.
+selected method's config (``steering.method`` chooses it; RepIt's ``targets``, ``rho``, ``candidate_layers``,
+``nontarget_retain``, ``intervention`` ... are its own options); a name in both (``layer``, ``position``,
+``batch_size``) sets both. The method's options are passed to it as given; the method refuses those it cannot
+take (:meth:`SteeringMethod.check_options`). An unknown method or option is a ``ValueError`` from
+:meth:`SteeringCheckConfig.from_overrides`, raised before any model loads.
 
 Refusal evaluation: ``interp audit MODEL --checks steering`` adds a steering section when the model has a refusal data set:
-it fits a steering method from the registry (default ``repit``, targets bio/chem/nuclear) on the ``train``
-split of :mod:`interp.data`, selects on ``val`` and reports on held-out ``test`` prompts the method,
-the layer, and the refusal table per category (string-match judge on greedy generations) without and with
-the intervention, plus the harmless-prompt KL divergence.
+it builds the method (``for_audit``: default ``repit``, targets bio/chem/nuclear, with RepIt's audit sizes) and
+fits it (``audit_fit``) on the ``train`` split of :mod:`interp.data`, selecting on ``val``, and reports on held-out
+``test`` prompts the method, the layer, and the refusal table per category (string-match judge on greedy
+generations) without the intervention, with the method's baselines (RepIt: ``natural``, its target vector before
+isolation) and with the method's vector, plus the harmless-prompt KL divergence.
 
 "Has a refusal data set" (``applicable="auto"``): the tokenizer has a chat template, the data set formats
 with it, and the model refuses at least ``min_baseline_refusal`` of a probe of harmful ``val`` prompts
@@ -38,7 +43,7 @@ forces the run, ``"no"`` always skips).
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from interp.checks import AuditData, Check, Rendered, parse_overrides
@@ -47,9 +52,7 @@ from interp.viz import token_view
 
 from .base import SteeringData, SteeringMethod, get, has_chat_template
 from .behaviour import KL_VIEW_TITLE, evaluate_behaviour
-from .refusal import (evaluate_refusal, judge_generations, kl_divergence, refusal_data, refusal_scores,
-                      refusal_token_ids)
-from .repit import RepIt, RepItConfig
+from .refusal import evaluate_refusal, refusal_data, refusal_scores, refusal_token_ids
 
 
 @dataclass
@@ -57,7 +60,6 @@ class SteeringCheckConfig:
     """Options of the ``steering`` check (reduced sizes, so an audit stays minutes on CPU)."""
 
     method: str = "repit"  #: a name from steering.available()
-    targets: tuple[str, ...] = ("bio", "chem", "nuclear")  #: RepIt target categories
     applicable: str = "auto"  #: "auto" | "yes" | "no"
     min_baseline_refusal: float = 0.5  #: auto: share of harmful val probes the model must refuse (log-odds > 0)
     probe_prompts: int = 22  #: harmful val prompts of the applicability probe (spread over categories)
@@ -67,19 +69,15 @@ class SteeringCheckConfig:
     test_per_category: int = 6
     test_harmless: int = 24
     max_new_tokens: int = 24
-    layer: int | None = None  #: fix the layer (skips the selection when position is also set)
+    layer: int | None = None  #: fix the layer (RepIt: skips the selection when position is also set)
     position: int | None = None
-    candidate_layers: tuple[int, ...] | None = None  #: None: every third layer of the first 80%
-    rho: float | None = None  #: fix rho (skips the search)
-    nontarget_retain: float = 0.9
-    intervention: str = "affine"  #: RepIt deployment: "affine" (paper, one layer) or "ablation" (every layer)
     batch_size: int = 16
     #: "auto": refusal when the model has refusal behaviour, else ``default_behaviour``; "refusal"; or a
     #: built-in behaviour (interp.data.behaviour_names())
     behaviour: str = "auto"
     #: the built-in behaviour "auto" falls back to: one the model exhibits unsteered (see the module docstring)
     default_behaviour: str = "sentiment"
-    #: the method fitted on a behaviour when ``method`` is repit (RepIt needs harm categories)
+    #: the method fitted on a behaviour in place of a ``method`` that needs harm categories (RepIt)
     behaviour_method: str = "diff_in_means"
     #: the scale of the auto fallback's vector when the method has a ``scale`` and it is not set: -1 steers
     #: against the behaviour the model exhibits
@@ -87,7 +85,9 @@ class SteeringCheckConfig:
     data: str | None = None  #: a JSON contrastive set (interp.data.load_behaviour); overrides behaviour
     probe_layer: int | None = None  #: behaviour probe layer (default: the vector's layer)
     neutral_texts: int = 16  #: audit texts the neutral-text KL runs on
-    method_options: dict = field(default_factory=dict)  #: fields of the method's own config
+    #: fields of the method's own config (RepIt: targets, rho, candidate_layers, nontarget_retain, intervention, ...),
+    #: passed to the method as given
+    method_options: dict = field(default_factory=dict)
 
     # method-config fields that the check's own fields of the same name also set
     SHARED: ClassVar[tuple[str, ...]] = ("layer", "position", "batch_size")
@@ -109,7 +109,7 @@ class SteeringCheckConfig:
         method = kwargs.get("method", cls.method)
         if rest:
             method_cls = _method_class(method)
-            opts = method_fields(method_cls)
+            opts = method_cls.option_names()
             bad = sorted(set(rest) - set(opts))
             if bad:
                 raise ValueError(f"check 'steering' has no option {bad[0]!r}: it is neither a field of the check "
@@ -125,18 +125,22 @@ class SteeringCheckConfig:
     def method_kwargs(self) -> dict[str, Any]:
         """The method's config overrides: the shared fields this config sets (not ``None``) that the method's
         config has, then :attr:`method_options`."""
-        opts = method_fields(self.method_class())
-        out = {k: getattr(self, k) for k in self.SHARED if k in opts and getattr(self, k) is not None}
-        return {**out, **self.method_options}
+        return {**self._shared(self.method_class()), **self.method_options}
+
+    def _shared(self, method_cls: type[SteeringMethod]) -> dict[str, Any]:
+        """The shared fields this config sets (not ``None``) that ``method_cls``'s config has."""
+        opts = method_cls.option_names()
+        return {k: getattr(self, k) for k in self.SHARED if k in opts and getattr(self, k) is not None}
 
     def evaluation(self) -> str:
         """``"refusal"``, ``"data"`` (the JSON file), a built-in behaviour name, or ``"auto"`` (decided on the model).
 
-        With ``behaviour="auto"`` RepIt asks for ``"refusal"`` and any other method for ``"auto"``; either way
-        a model without refusal behaviour is evaluated on :attr:`default_behaviour` instead (:meth:`falls_back`)."""
+        With ``behaviour="auto"`` a method that needs harm categories (RepIt) asks for ``"refusal"`` and any other
+        method for ``"auto"``; either way a model without refusal behaviour is evaluated on
+        :attr:`default_behaviour` instead (:meth:`falls_back`)."""
         if self.data is not None:
             return "data"
-        if self.behaviour == "auto" and self.method == "repit":
+        if self.behaviour == "auto" and self.method_class().needs_categories:
             return "refusal"
         return self.behaviour
 
@@ -147,8 +151,9 @@ class SteeringCheckConfig:
         return self.behaviour == "auto" and self.data is None
 
     def behaviour_method_class(self) -> type[SteeringMethod]:
-        """The class fitted on a behaviour: :attr:`method`'s, or :attr:`behaviour_method`'s for repit."""
-        name = self.behaviour_method if self.method == "repit" else self.method
+        """The class fitted on a behaviour: :attr:`method`'s, or :attr:`behaviour_method`'s in place of a method
+        that needs harm categories (RepIt)."""
+        name = self.behaviour_method if self.method_class().needs_categories else self.method
         try:
             return get(name)
         except KeyError as exc:
@@ -156,14 +161,13 @@ class SteeringCheckConfig:
 
     def behaviour_kwargs(self, fallback: bool = False) -> dict[str, Any]:
         """The behaviour method's config overrides (``fallback``: the auto fallback, which steers with
-        :attr:`behaviour_scale` unless a scale is set)."""
-        if self.method != "repit":
-            kwargs = self.method_kwargs()
-        else:
-            opts = method_fields(self.behaviour_method_class())
-            kwargs = {k: getattr(self, k) for k in self.SHARED if k in opts and getattr(self, k) is not None}
-        if fallback and self.method == "repit" and "scale" in method_fields(self.behaviour_method_class()) \
-                and "scale" not in kwargs:
+        :attr:`behaviour_scale` unless a scale is set). A stand-in :attr:`behaviour_method` gets the shared fields
+        only: :attr:`method_options` are the options of :attr:`method`."""
+        if not self.method_class().needs_categories:
+            return self.method_kwargs()
+        stand_in = self.behaviour_method_class()
+        kwargs = self._shared(stand_in)
+        if fallback and "scale" in stand_in.option_names() and "scale" not in kwargs:
             kwargs["scale"] = self.behaviour_scale
         return kwargs
 
@@ -174,26 +178,26 @@ class SteeringCheckConfig:
         if self.applicable not in ("auto", "yes", "no"):
             raise ValueError(f"steering.applicable must be 'auto', 'yes' or 'no', got {self.applicable!r}")
         method_cls = self.method_class()
-        opts = method_fields(method_cls)
-        bad = sorted(set(self.method_options) - set(opts))
-        if bad:
-            raise ValueError(f"method {self.method!r} has no option {bad[0]!r}; options: {', '.join(opts) or '(none)'}")
+        method_cls.check_options(self.method_kwargs())  # the method's own rules (names; RepIt: values too)
         if self.behaviour not in ("auto", "refusal", *zd.behaviour_names()):
             raise ValueError(f"steering.behaviour must be 'auto', 'refusal' or a built-in behaviour "
                              f"({', '.join(zd.behaviour_names())}), got {self.behaviour!r}")
         if self.default_behaviour not in zd.behaviour_names():
             raise ValueError(f"steering.default_behaviour must be a built-in behaviour "
                              f"({', '.join(zd.behaviour_names())}), got {self.default_behaviour!r}")
-        if self.behaviour_method == "repit":
-            raise ValueError("steering.behaviour_method cannot be 'repit' (it needs harm categories)")
-        self.behaviour_method_class()
+        try:
+            stand_in = get(self.behaviour_method)
+        except KeyError as exc:
+            raise ValueError(f"steering.behaviour_method: {exc.args[0] if exc.args else exc}") from None
+        if stand_in.needs_categories:
+            raise ValueError(f"steering.behaviour_method cannot be {self.behaviour_method!r} (it needs harm categories)")
         if self.data is not None:
             if self.behaviour not in ("auto",):
                 raise ValueError("give steering.data (a contrastive JSON file) or steering.behaviour, not both")
             zd.load_behaviour(self.data)
-        if self.method == "repit" and self.evaluation() != "refusal":
-            raise ValueError("method 'repit' is evaluated on the refusal data set only (it needs harm categories); "
-                             "drop steering.behaviour / steering.data or choose another method")
+        if method_cls.needs_categories and self.evaluation() != "refusal":
+            raise ValueError(f"method {self.method!r} is evaluated on the refusal data set only (it needs harm "
+                             "categories); drop steering.behaviour / steering.data or choose another method")
         if self.neutral_texts < 1:
             raise ValueError(f"steering.neutral_texts must be at least 1, got {self.neutral_texts}")
 
@@ -204,12 +208,6 @@ def _method_class(name: str) -> type[SteeringMethod]:
         return get(name)
     except KeyError as exc:  # unknown name, or a plug-in that fails to import (PluginError)
         raise ValueError(f"steering.method: {exc.args[0] if exc.args else exc}") from None
-
-
-def method_fields(method_cls: type) -> list[str]:
-    """Names of a steering method's config fields (empty when it takes no configuration)."""
-    cfg = getattr(method_cls, "config_class", None)
-    return [f.name for f in fields(cfg)] if cfg is not None else []
 
 
 @dataclass
@@ -293,9 +291,9 @@ class SteeringCheck(Check):
         """The section title names the method (and the behaviour once known)."""
         c = self.config
         method = method or c.method
-        if method == "repit":
-            return type(self).title
         kind = behaviour or {"auto": None, "data": c.data}.get(c.evaluation(), c.evaluation())
+        if kind == "refusal" and get(method).audit_title:  # the method names its refusal section (RepIt)
+            return get(method).audit_title
         return f"Steering: method {method}" + (f" on {kind}" if kind else "")
 
     # ------------------------------------------------------------------ run
@@ -340,8 +338,8 @@ class SteeringCheck(Check):
                        fallback: bool = False) -> SteeringCheckResult:
         """Fit the method on a contrastive behaviour and evaluate it (:func:`~interp.steering.behaviour.evaluate_behaviour`).
 
-        ``fallback``: the auto evaluation's built-in behaviour (the method is :attr:`behaviour_method` for repit,
-        and steers with :attr:`behaviour_scale` unless a scale is set)."""
+        ``fallback``: the auto evaluation's built-in behaviour (the method is :attr:`behaviour_method` in place of
+        one that needs harm categories, and steers with :attr:`behaviour_scale` unless a scale is set)."""
         from interp import data as zd
 
         c: SteeringCheckConfig = self.config
@@ -383,40 +381,22 @@ class SteeringCheck(Check):
                                    behaviour=beh.name, evaluation=ev, method_options=kwargs, note=note)
 
     def _run_refusal(self, model, base_rate: float | None) -> SteeringCheckResult:
-        """The refusal evaluation (RepIt's per-category table, or any method's refusal rates)."""
+        """The refusal evaluation: per category, the refusal rate without steering, with each of the method's
+        baselines and with its vector (:meth:`SteeringMethod.for_audit`, :meth:`SteeringMethod.audit_fit`)."""
         c: SteeringCheckConfig = self.config
         tok = model.tokenizer
         train = refusal_data(tok, "train", max_per_category=c.train_per_category, max_harmless=c.train_harmless)
         val = refusal_data(tok, "val", max_per_category=c.val_per_category, max_harmless=c.train_harmless)
         test = refusal_data(tok, "test", max_per_category=c.test_per_category, max_harmless=c.test_harmless)
-        if c.method == "repit":
-            layers = c.candidate_layers
-            if layers is None and (c.layer is None or c.position is None):
-                top = model.cfg.n_layers - int(0.2 * model.cfg.n_layers)
-                layers = tuple(range(0, top, 3)) if top > 6 else None
-            method = RepIt(replace(RepItConfig(targets=tuple(c.targets), layer=c.layer, position=c.position,
-                                               candidate_layers=layers, rho=c.rho, nontarget_retain=c.nontarget_retain,
-                                               intervention=c.intervention,
-                                               max_select_prompts=max(8, c.val_per_category * 4),
-                                               batch_size=c.batch_size), **c.method_options))
-            vec = method.fit(model, train, val)
-            vectors = {"none": None, "natural": method.vectors_["natural"], "repit": vec}
-            ev = evaluate_refusal(model, vectors, test, test.negative, list(c.targets), None, None, c.max_new_tokens,
-                          c.batch_size, n_examples=1)
-            judged, kl, examples = ev["judged"], {k: ev["kl"][k] for k in ("natural", "repit")}, ev["examples"]
-            loc = method.localization_
-            dims = None if loc is None else int(loc.k_for_share)
-            rho, targets, position = float(vec.metadata["rho"]), list(c.targets), int(vec.metadata["position"])
-        else:
-            method = c.method_class()(**c.method_kwargs())
-            vec = method.fit(model, SteeringData(train.positive, train.negative, train.categories), val)
-            judged, examples = {}, []
-            for cond, v in (("none", None), (c.method, vec)):
-                _, flags = judge_generations(model, test.positive, v, c.max_new_tokens, c.batch_size)
-                judged[cond] = _rates(flags, test.categories)
-            kl = {c.method: kl_divergence(model, test.negative, vec, c.batch_size)}
-            dims, rho, targets = None, None, []
-            position = vec.metadata.get("position")
+        method = c.method_class().for_audit(model, c.method_kwargs(), val_per_category=c.val_per_category)
+        fit = method.audit_fit(model, train, val)
+        vec, name = fit.vector, c.method
+        if name in fit.baselines:
+            raise ValueError(f"method {name!r}'s audit_fit names a baseline after the method itself")
+        ev = evaluate_refusal(model, {"none": None, **fit.baselines, name: vec}, test, test.negative, fit.targets,
+                              None, None, c.max_new_tokens, c.batch_size, n_examples=1)
+        judged, kl, examples = ev["judged"], ev["kl"], ev["examples"]
+        targets, position = list(fit.targets), vec.metadata.get("position")
         counts: dict[str, int] = {}
         for cat in test.categories:
             counts[cat] = counts.get(cat, 0) + 1
@@ -430,9 +410,8 @@ class SteeringCheck(Check):
                 if sel:
                     n = sum(r["n"] for r in sel)
                     summary[f"{cond} {grp} refusal"] = sum(r["refusal_rate"] * r["n"] for r in sel) / n
-        return SteeringCheckResult(True, "", c.method, vec.layer, position, rho, targets, rows, kl, base_rate, dims,
-                                   summary, examples, method_options=dict(c.method_options if c.method == "repit"
-                                                                          else c.method_kwargs()))
+        return SteeringCheckResult(True, "", c.method, vec.layer, position, fit.rho, targets, rows, kl, base_rate,
+                                   fit.dims_90, summary, examples, method_options=c.method_kwargs())
 
     # ------------------------------------------------------------------ report
     def render(self, result: SteeringCheckResult) -> Rendered:
@@ -520,7 +499,7 @@ class SteeringCheck(Check):
         else:
             sn = result.summary_numbers
             grp = "target" if "none target refusal" in sn else "non-target"  # a method without targets: all prompts
-            conds = [k for k in ("repit", result.method) if f"{k} {grp} refusal" in sn]
+            conds = [k for k in (result.method,) if f"{k} {grp} refusal" in sn]
             out["rate_none"] = sn.get(f"none {grp} refusal")
             out["rate_steered"] = sn.get(f"{conds[0]} {grp} refusal") if conds else None
             out["kl_neutral"] = result.kl.get(conds[0]) if conds else None

@@ -402,6 +402,39 @@ def _jsonable(value: Any) -> Any:
 
 
 # ============================================================================ the method interface
+@dataclass
+class AuditFit:
+    """A method's fit as the audit's steering check evaluates it on the refusal data set
+    (:meth:`SteeringMethod.audit_fit`).
+
+    Fields:
+        vector: the fitted vector; its condition in the section is named after the method.
+        baselines: further named vectors evaluated beside it (and listed before it), e.g. RepIt's ``"natural"``
+            (its target vector without isolation). Names must differ from ``"none"`` and from the method's name.
+        targets: the harm categories the vector is meant to act on (the table's ``target`` group; the examples
+            are drawn from them); empty: every harmful prompt counts as ``non-target``.
+        rho: an isolation strength the method chose (RepIt's rho), shown in the section; ``None``: none.
+        dims_90: how many residual dimensions hold 90% of the squared norm of the method's correction, where it
+            has one (RepIt); ``None`` otherwise.
+    """
+
+    vector: SteeringVector
+    baselines: dict[str, SteeringVector] = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
+    rho: float | None = None
+    dims_90: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vector, SteeringVector):
+            raise TypeError(f"AuditFit.vector must be a SteeringVector, got {type(self.vector).__name__}")
+        bad = [k for k, v in self.baselines.items() if not isinstance(v, SteeringVector)]
+        if bad:
+            raise TypeError(f"AuditFit.baselines[{bad[0]!r}] must be a SteeringVector")
+        if "none" in self.baselines:
+            raise ValueError("AuditFit.baselines cannot be named 'none' (the unsteered condition)")
+        self.targets = [str(t) for t in self.targets]
+
+
 class SteeringMethod:
     """Base class of steering methods. Subclasses set ``name`` and implement :meth:`fit`.
 
@@ -409,11 +442,50 @@ class SteeringMethod:
     ``config_class``) and fitted with ``fit(model, data=None, val=None)`` (``data=None``: the built-in contrast
     set, :func:`default_data`); diagnostics of the last fit may be
     kept on the instance (attributes ending in ``_``).
+
+    The audit's steering check (``steering/audit_check.py``) runs every method through this interface only: it
+    refuses bad options with :meth:`check_options` (before any model loads), builds the method with
+    :meth:`for_audit` from the user's options (``--set steering.X=V``, passed as given) and fits it with
+    :meth:`audit_fit`. A method overrides these to add its own rules, audit defaults or extra conditions (RepIt
+    does all three); :attr:`needs_categories` and :attr:`audit_title` say how the check evaluates and names it.
     """
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type | None] = None
     vector_class: ClassVar[type[SteeringVector]] = SteeringVector
+    #: ``fit`` needs harm-category labels on the positive prompts: the audit evaluates the method on the refusal
+    #: data set only, and a behaviour is fitted with the check's ``behaviour_method`` instead
+    needs_categories: ClassVar[bool] = False
+    #: the audit section's title when the method is evaluated on refusal (``None``: "Steering: method NAME on ...")
+    audit_title: ClassVar[str | None] = None
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """Names of the config fields (the options the method takes; empty without a ``config_class``)."""
+        return [f.name for f in fields(cls.config_class)] if cls.config_class is not None else []
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Refuse ``options`` (config field -> typed value) this method cannot be built with, before any model
+        loads: ``ValueError`` naming the method and the option. The base checks the names; a method with rules
+        on the values extends it (``super().check_options(options)`` first)."""
+        opts = cls.option_names()
+        bad = sorted(set(options) - set(opts))
+        if bad:
+            raise ValueError(f"method {cls.name!r} has no option {bad[0]!r}; options: {', '.join(opts) or '(none)'}")
+
+    @classmethod
+    def for_audit(cls, model, options: dict[str, Any], val_per_category: int) -> "SteeringMethod":
+        """The method as the audit's steering check fits it on the refusal data set: ``options`` are the user's
+        (validated by :meth:`check_options`) and win over any default a method adds here from the model or the
+        check's data sizes (``val_per_category``: harmful validation prompts per category). Default:
+        ``cls(**options)``."""
+        return cls(**options)
+
+    def audit_fit(self, model, train: SteeringData, val: SteeringData) -> AuditFit:
+        """Fit for the audit's refusal evaluation: ``train``/``val`` are the refusal data set's splits (harmful
+        ``positive`` with ``categories``, harmless ``negative``). Default: :meth:`fit` and the vector alone."""
+        return AuditFit(self.fit(model, train, val))
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
         if self.config_class is None:

@@ -52,12 +52,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from interp.configs import is_int, is_number, is_sequence, require
 from interp.progress import progress
 from interp.results import Result
 
 from .activations import collect, resid_names
-from .base import (SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template, n_prompts,
-                   spread)
+from .base import (AuditFit, SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template,
+                   n_prompts, spread)
 from .refusal import kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
 
 REWEIGHTS = ("invnorm", "uniform", "sim")
@@ -633,6 +634,67 @@ class RepIt(SteeringMethod):
 
     name = "repit"
     config_class = RepItConfig
+    needs_categories = True
+    audit_title = "Steering (RepIt concept-isolated refusal vectors)"
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """The names (:meth:`SteeringMethod.check_options`) and the values that need no model or data: target
+        lists of category names, ``reweight``/``intervention`` from their sets, ``rho``, ``nontarget_retain``,
+        ``nontarget_ceiling`` and ``localize_share`` in [0, 1], layer lists and sizes that are integers
+        (``ValueError`` naming the method and the option)."""
+        super().check_options(options)
+
+        def check(key: str, ok: Callable[[Any], bool], expected: str) -> None:
+            if key in options:
+                require(ok(options[key]), f"method 'repit' option {key!r}", options[key], expected)
+
+        def names(v: Any) -> bool:
+            return is_sequence(v) and len(v) > 0 and all(isinstance(x, str) and x for x in v)
+
+        def unit(v: Any) -> bool:
+            return is_number(v) and 0.0 <= v <= 1.0
+
+        check("targets", names, "a non-empty list of category names")
+        check("non_targets", lambda v: v is None or names(v), "None or a non-empty list of category names")
+        check("reweight", lambda v: v in REWEIGHTS, f"one of {', '.join(REWEIGHTS)}")
+        check("intervention", lambda v: v in INTERVENTIONS, f"one of {', '.join(INTERVENTIONS)}")
+        for key in ("rho", "nontarget_retain"):
+            check(key, lambda v: v is None or unit(v), "None or a number in [0, 1]")
+        check("nontarget_ceiling", unit, "a number in [0, 1]")
+        check("localize_share", lambda v: is_number(v) and 0.0 < v <= 1.0, "a number in (0, 1]")
+        check("rho_grid", lambda v: is_sequence(v) and len(v) > 0 and all(unit(x) for x in v),
+              "a non-empty list of numbers in [0, 1]")
+        for key in ("candidate_layers",):
+            check(key, lambda v: v is None or (is_sequence(v) and len(v) > 0 and all(is_int(x) and x >= 0 for x in v)),
+                  "None or a non-empty list of layer numbers >= 0")
+        check("layer", lambda v: v is None or (is_int(v) and v >= 0), "None or a layer number >= 0")
+        check("position", lambda v: v is None or (is_int(v) and v < 0), "None or a negative position")
+        for key in ("n_eoi", "top_k", "max_select_prompts"):
+            check(key, lambda v: v is None or (is_int(v) and v >= 1), "None or an integer >= 1")
+        for key in ("batch_size", "n_refine"):
+            check(key, lambda v: is_int(v) and v >= (1 if key == "batch_size" else 0),
+                  "an integer >= 1" if key == "batch_size" else "an integer >= 0")
+
+    @classmethod
+    def for_audit(cls, model, options: dict[str, Any], val_per_category: int) -> "RepIt":
+        """RepIt at the audit's reduced sizes: the rho search keeps 90% of the non-target baseline refusal
+        (``nontarget_retain=0.9``), the selection and search use ``max(8, 4 * val_per_category)`` prompts per
+        set, and unless a layer and position are fixed the candidate layers are every third layer of the first
+        80% (all layers when that leaves at most 6). Options given win over each of these."""
+        opts = {"nontarget_retain": 0.9, "max_select_prompts": max(8, val_per_category * 4), **options}
+        if "candidate_layers" not in options and (opts.get("layer") is None or opts.get("position") is None):
+            top = model.cfg.n_layers - int(0.2 * model.cfg.n_layers)
+            opts["candidate_layers"] = tuple(range(0, top, 3)) if top > 6 else None
+        return cls(**opts)
+
+    def audit_fit(self, model, train: SteeringData, val: SteeringData) -> AuditFit:
+        """The fit, with the natural (non-isolated) target vector as a baseline condition, the target categories,
+        the chosen rho and the localisation of the correction."""
+        vec = self.fit(model, train, val)
+        loc = self.localization_
+        return AuditFit(vec, baselines={"natural": self.vectors_["natural"]}, targets=list(self.config.targets),
+                        rho=float(vec.metadata["rho"]), dims_90=None if loc is None else int(loc.k_for_share))
 
     def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
         """Fit on ``data``, select and search on ``val``. ``data=None``: the built-in categorised refusal set
