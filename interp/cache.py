@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import MutableMapping
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -56,6 +57,36 @@ def _size(nbytes: int) -> str:
     return f"{nbytes:.1f} GiB"  # pragma: no cover
 
 
+class CacheDict(MutableMapping[str, torch.Tensor]):
+    """TransformerLens's ``cache.cache_dict`` over an interp :class:`Cache`: ``{name: tensor}``, live (reads go to
+    the cache, writes and deletes change it)."""
+
+    def __init__(self, cache: "Cache") -> None:
+        self._cache = cache
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._cache._data:
+            raise KeyError(name)
+        return self._cache[name]
+
+    def __setitem__(self, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"cache_dict[{name!r}] must be a tensor, got {type(tensor).__name__}")
+        self._cache._data[name] = [tensor]
+
+    def __delitem__(self, name: str) -> None:
+        del self._cache._data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._cache._data))
+
+    def __len__(self) -> int:
+        return len(self._cache._data)
+
+    def __repr__(self) -> str:
+        return f"CacheDict({list(self._cache._data)})"
+
+
 class Cache(Mapping[str, torch.Tensor]):
     """Activations keyed by canonical hook name.
 
@@ -65,13 +96,29 @@ class Cache(Mapping[str, torch.Tensor]):
     steps of ``generate``, whose sequence lengths differ).
     """
 
-    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None, model=None, gradient: bool = False) -> None:
+    def __init__(self, data: Mapping[str, list[torch.Tensor]] | None = None, model=None, gradient: bool = False,
+                 has_batch_dim: bool = True) -> None:
         self._data: dict[str, list[torch.Tensor]] = {k: list(v) for k, v in (data or {}).items()}
         #: the model that filled the cache (for weights and norms in the analysis helpers), or None
         self.model = model
         #: whether the cache holds gradients d(scalar)/d(activation) (``model.gradients(...).grads``) rather than
         #: activations: helpers that would multiply by weights or normalise refuse such a cache
         self.is_gradient = bool(gradient)
+        #: TransformerLens's ``has_batch_dim``: False after :meth:`remove_batch_dim` (``run_with_cache(...,
+        #: remove_batch_dim=True)``)
+        self.has_batch_dim = bool(has_batch_dim)
+
+    def _like(self, data: Mapping[str, list[torch.Tensor]], has_batch_dim: bool | None = None) -> "Cache":
+        """A cache of ``data`` with this one's model and kind."""
+        return Cache(data, model=self.model, gradient=self.is_gradient,
+                     has_batch_dim=self.has_batch_dim if has_batch_dim is None else has_batch_dim)
+
+    @property
+    def cache_dict(self) -> "CacheDict":
+        """TransformerLens's ``cache.cache_dict``: a live ``{name: tensor}`` view of this cache; reading gives
+        ``cache[name]``, assigning (``cache.cache_dict[name] = t``) stores ``t`` as that name's one tensor, ``del``
+        removes the name, as TL's dict does."""
+        return CacheDict(self)
 
     # -- filling
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -148,15 +195,15 @@ class Cache(Mapping[str, torch.Tensor]):
     def select(self, patterns) -> "Cache":
         """A new cache with only the keys matching ``patterns``."""
         keep = expand(patterns, list(self._data))
-        return Cache({k: self._data[k] for k in keep}, model=self.model, gradient=self.is_gradient)
+        return self._like({k: self._data[k] for k in keep})
 
     def to(self, device=None, dtype=None) -> "Cache":
         """The cache on ``device`` / in ``dtype`` (floating tensors only); the device is checked first."""
         from .model import check_device
 
         device = check_device(device)
-        return Cache({k: [t.to(device=device, dtype=dtype if t.is_floating_point() else None) for t in v]
-                      for k, v in self._data.items()}, model=self.model, gradient=self.is_gradient)
+        return self._like({k: [t.to(device=device, dtype=dtype if t.is_floating_point() else None) for t in v]
+                           for k, v in self._data.items()})
 
     # -- TransformerLens-style analysis (need the model that filled the cache)
     def _need_model(self):
@@ -183,10 +230,27 @@ class Cache(Mapping[str, torch.Tensor]):
         return layer
 
     def remove_batch_dim(self) -> "Cache":
-        """TransformerLens's ``remove_batch_dim``: a cache of a one-example run without its batch axis."""
+        """TransformerLens's ``remove_batch_dim``: drop the batch axis of a one-example run's cache, in place (as
+        TL's), and return the cache. A second call warns and changes nothing, as TL's."""
+        if not self.has_batch_dim:
+            import warnings
+            warnings.warn("remove_batch_dim: this cache has no batch axis already", stacklevel=2)
+            return self
         if any(p.shape[0] != 1 for parts in self._data.values() for p in parts):
             raise ValueError("remove_batch_dim needs a cache of a one-example run (batch 1)")
-        return Cache({k: [p[0] for p in v] for k, v in self._data.items()}, model=self.model, gradient=self.is_gradient)
+        self._data = {k: [p[0] for p in v] for k, v in self._data.items()}
+        self.has_batch_dim = False
+        return self
+
+    def apply_slice_to_batch_dim(self, batch_slice: Any) -> "Cache":
+        """TransformerLens's ``apply_slice_to_batch_dim``: a cache of the batch rows ``batch_slice`` selects (an int
+        selects one row and drops the batch axis, a tuple or ``slice`` slices, a list or tensor indexes)."""
+        if not self.has_batch_dim:
+            if batch_slice is None:
+                return self._like(self._data)
+            raise ValueError("cannot index into a cache without a batch axis (remove_batch_dim was applied)")
+        keep_axis = batch_slice is None or isinstance(batch_slice, bool) or not isinstance(batch_slice, int)
+        return self._like({k: [_pos(self[k], batch_slice, dim=0)] for k in self._data}, has_batch_dim=keep_axis)
 
     def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False,
                           pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False):
@@ -197,10 +261,10 @@ class Cache(Mapping[str, torch.Tensor]):
         (an int drops the axis, as in TL; a tuple is a slice).
 
         ``apply_ln`` as TransformerLens: for the final layer (the logit lens) each entry passes through the
-        final norm with its own, recomputed scale (weight and bias included, so ``entry @ W_U + b_U`` are the
-        logits that residual would give; the last entry gives the model's logits); for an earlier ``layer``,
-        through that block's ``ln1`` (``ln2`` with ``mlp_input``) with this run's cached scale, as
-        :meth:`apply_ln_to_stack`."""
+        final norm module with its own, recomputed statistics (weight and bias included, so ``entry @ W_U + b_U``
+        are the logits that residual would give; the last entry gives the model's logits); for an earlier
+        ``layer`` it is centred (LayerNorm) and divided by this run's cached scale of that block's ``ln1``
+        (``ln2`` with ``mlp_input``), without the norm's weight, as :meth:`apply_ln_to_stack`."""
         n = self._n_layers()
         layer = self._layer_arg(layer)
         names, labels = [], []
@@ -214,44 +278,61 @@ class Cache(Mapping[str, torch.Tensor]):
             if (incl_mid and l < layer) or (mlp_input and l == layer):
                 names.append(f"blocks.{l}.hook_resid_mid")
                 labels.append(f"{l}_mid")
-        stack = torch.stack([self[nm] for nm in names])
+        stack = _pos(torch.stack([self[nm] for nm in names]), pos_slice)
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input, recompute_ln=layer == n, include_bias=True)
-        stack = _pos(stack, pos_slice)
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice,
+                                           has_batch_dim=self.has_batch_dim, recompute_ln=layer == n)
         return (stack, labels) if return_labels else stack
+
+    def _embed_parts(self) -> tuple[list[torch.Tensor], list[str]]:
+        """The embedding parts of a decomposition, as TransformerLens: ``hook_embed`` (label ``embed``) and, on
+        models with learned positions, ``hook_pos_embed`` (``pos_embed``), each ``[batch, pos, d]``; a cache
+        without ``hook_embed`` (filtered by name) gives ``blocks.0.hook_resid_pre`` as one ``embed`` part."""
+        if "hook_embed" not in self._data:
+            return [self["blocks.0.hook_resid_pre"]], ["embed"]
+        parts, labels = [self["hook_embed"]], ["embed"]
+        if "hook_pos_embed" in self._data:
+            parts.append(self["hook_pos_embed"].expand_as(parts[0]))  # a [1, pos, d] table broadcast to the batch
+            labels.append("pos_embed")
+        return parts, labels
 
     def decompose_resid(self, layer: int | None = None, mlp_input: bool = False, mode: str = "all",
                         apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
                         return_labels: bool = False):
-        """The residual stream before ``layer`` (default ``None`` / ``-1``: the final one) as its additive parts:
-        the embedding as it enters block 0 (``blocks.0.hook_resid_pre``: token embedding plus any learned
-        position embedding or embedding scale; left out with ``incl_embeds=False``), then each layer's
-        ``hook_attn_out`` and ``hook_mlp_out`` (``mode="attn"`` / ``"mlp"``: only those): ``[k, batch, pos, d]``;
-        the parts sum to the residual (pre-norm, sequential models). ``mlp_input`` adds ``layer``'s
-        ``hook_attn_out`` (the parts then sum to the input of ``layer``'s MLP). ``apply_ln`` passes them through
-        the norm that reads them (the final norm, or ``layer``'s ``ln1`` / ``ln2`` with ``mlp_input``) as
-        :meth:`apply_ln_to_stack` does; ``pos_slice`` as in :meth:`accumulated_resid`. Arguments in
-        TransformerLens's order."""
+        """The residual stream before ``layer`` (default ``None`` / ``-1``: the final one) as its additive parts,
+        TransformerLens's: the embeddings (``embed`` = ``hook_embed`` and, with learned positions, ``pos_embed``
+        = ``hook_pos_embed``; left out with ``incl_embeds=False``), then each layer's ``hook_attn_out`` and
+        ``hook_mlp_out`` (``mode="attn"`` / ``"mlp"``: only those; attention-only models have no MLP part):
+        ``[k, batch, pos, d]``; the parts sum to the residual (pre-norm, sequential models). ``mlp_input`` adds
+        ``layer``'s ``hook_attn_out`` (the parts then sum to the input of ``layer``'s MLP). ``apply_ln`` passes
+        them through the norm that reads them (the final norm, or ``layer``'s ``ln1`` / ``ln2`` with
+        ``mlp_input``) as :meth:`apply_ln_to_stack` does; ``pos_slice`` as in :meth:`accumulated_resid`.
+        Arguments in TransformerLens's order."""
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
         layer = self._layer_arg(layer)
-        names, labels = (["blocks.0.hook_resid_pre"], ["embed"]) if incl_embeds else ([], [])
+        incl_attn = mode != "mlp"
+        incl_mlp = mode != "attn" and not getattr(self._need_model().cfg, "attn_only", False)
+        parts, labels = self._embed_parts() if incl_embeds else ([], [])
+        names = []
         for l in range(layer):
-            if mode != "mlp":
+            if incl_attn:
                 names.append(f"blocks.{l}.hook_attn_out")
                 labels.append(f"{l}_attn_out")
-            if mode != "attn":
+            if incl_mlp:
                 names.append(f"blocks.{l}.hook_mlp_out")
                 labels.append(f"{l}_mlp_out")
-        if mlp_input and mode != "mlp":
+        if mlp_input and incl_attn:
             if layer == self._n_layers():
                 raise ValueError("mlp_input needs a block's layer (0..n_layers-1): the final norm reads no MLP")
             names.append(f"blocks.{layer}.hook_attn_out")
             labels.append(f"{layer}_attn_out")
-        stack = torch.stack([self[nm] for nm in names])
+        parts = parts + [self[nm] for nm in names]
+        if not parts:
+            raise ValueError("decompose_resid: nothing to decompose (incl_embeds=False before layer 0)")
+        stack = _pos(torch.stack(parts), pos_slice)
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
-        stack = _pos(stack, pos_slice)
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
 
     def stack_head_results(self, layer: int | None = -1, return_labels: bool = False, incl_remainder: bool = False,
@@ -368,8 +449,8 @@ class Cache(Mapping[str, torch.Tensor]):
         ``layer`` (``None`` / ``-1``: the final one; with ``mlp_input``, the input of ``layer``'s MLP) as each
         head's output (``L{l}H{h}``, :meth:`stack_head_results`), each neuron's output ``post * W_out[n]``
         (``L{l}N{n}``; each layer's ``mlp_out``, ``b_out`` included, when ``expand_neurons=False``, labelled
-        ``{l}_mlp_out``), the embedding (``embed``: ``blocks.0.hook_resid_pre``, token and position embedding
-        in one part) and the biases (``bias``: every ``b_O``, and every ``b_out`` with ``expand_neurons``):
+        ``{l}_mlp_out``), the embeddings (``embed`` and, with learned positions, ``pos_embed``, as
+        :meth:`decompose_resid`) and the biases (``bias``: every ``b_O``, and every ``b_out`` with ``expand_neurons``):
         ``[k, batch, pos, d]``, summing to the residual. ``apply_ln`` / ``pos_slice`` as in :meth:`decompose_resid`.
         ``project_output_onto`` (``[d]`` or ``[d, n]``, e.g. a logit direction) projects each component: the last axis
         becomes ``n`` (dropped for ``[d]``), as TransformerLens (here computed after the decomposition: the same
@@ -392,9 +473,10 @@ class Cache(Mapping[str, torch.Tensor]):
             else:
                 parts.append(self[f"blocks.{l}.hook_mlp_out"][None])  # b_out included, as TL
                 labels.append(f"{l}_mlp_out")
-        embed = self["blocks.0.hook_resid_pre"]
-        parts.append(embed[None])
-        labels.append("embed")
+        embeds, embed_labels = self._embed_parts()
+        embed = embeds[0]
+        parts += [e[None] for e in embeds]
+        labels += embed_labels
         bias = b_O[:n + (1 if mlp_input else 0)].sum(0) + (b_out[:n].sum(0) if n and expand_neurons else 0)
         parts.append(bias.to(embed.device, embed.dtype).expand_as(embed)[None])
         labels.append("bias")
@@ -411,23 +493,27 @@ class Cache(Mapping[str, torch.Tensor]):
 
     def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
                           pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
-                          recompute_ln: bool = False, *, include_bias: bool = False) -> torch.Tensor:
-        """Apply a norm as this run applied it to components ``stack [..., batch, pos, d]`` of the residual it
-        normalised: centre each component (LayerNorm), divide by the run's ``hook_scale`` of that norm and
-        multiply by the norm's weight. The norm is then linear in the components, so the components' logit
-        attributions sum to the true logit (plus the bias term, a constant: ``include_bias=True`` adds it to
-        every component, as :meth:`accumulated_resid` needs; leave it off for a decomposition and account for
-        it once, see :meth:`ln_bias_term`).
+                          recompute_ln: bool = False, *, include_weight: bool = False,
+                          include_bias: bool = False) -> torch.Tensor:
+        """TransformerLens's ``apply_ln_to_stack``: treat components ``stack [k, *batch_and_pos, d]`` as the input
+        of a norm and apply that norm's scaling as this run applied it: centre each component (LayerNorm) and
+        divide by the run's cached ``hook_scale``. The result is linear in the components.
+
+        As TransformerLens, the norm's weight and bias are **not** applied (TL assumes ``fold_ln`` moved them into
+        the next weights; interp models are never folded, so this is TL's number on the same, unfolded weights:
+        the components' ``@ W_U`` then do not sum to the logit when the norm's weight is not 1).
+        ``include_weight=True`` multiplies by the norm's weight (then the attributions sum to the logit, less
+        the bias term :meth:`ln_bias_term`, a constant), ``include_bias=True`` also adds the bias to every
+        component (interp's keywords, beyond TL's).
 
         Arguments as TransformerLens's: ``layer`` ``None`` / ``-1`` / ``n_layers`` is the final norm; another
         layer is that block's ``ln1`` (the attention input), or its ``ln2`` with ``mlp_input=True``.
-        ``pos_slice`` / ``batch_slice``: the stack holds only these
-        positions / batch rows (the scale is sliced the same way); ``has_batch_dim=False`` for a stack without
-        the batch axis (a ``remove_batch_dim`` cache's scale has none either). ``recompute_ln=True`` normalises
-        each component by its own scale instead of the run's (what the logit lens of
-        :meth:`accumulated_resid` does at the final layer). Unlike TransformerLens (which
-        expects ``fold_ln`` to have moved the weight into ``W_U``) the norm's own weight is applied, so the
-        result is right on an unfolded model."""
+        ``pos_slice``: the stack holds only these positions (already sliced; the scale is sliced the same way).
+        ``batch_slice`` slices the stack's batch axis (axis 1, when ``has_batch_dim``) and the scale's alike.
+        ``has_batch_dim=False``: the stack has no batch axis. ``recompute_ln=True`` at the final layer passes each
+        component through the final norm with statistics of its own, weight and bias included (TL's
+        ``model.ln_final(component)``: the logit lens of :meth:`accumulated_resid`); elsewhere it is ignored, as
+        in TL."""
         model = self._need_model()
         if self.is_gradient:
             raise ValueError("this cache holds gradients: a norm is applied to activations, not to gradients")
@@ -441,19 +527,21 @@ class Cache(Mapping[str, torch.Tensor]):
             raise ValueError(f"apply_ln_to_stack: layer {layer!r} out of range: None, -1 or {n} (the final norm) "
                              f"or a block 0..{n - 1}")
         w, b, kind = model.norm_parts(which, None if which == "ln_final" else layer)
+        if has_batch_dim and batch_slice is not None:
+            stack = _pos(stack, batch_slice, dim=1)
         x = stack.float()
         if kind == "layer":
             x = x - x.mean(-1, keepdim=True)
-        if recompute_ln:
-            eps = (model._final_norm() if which == "ln_final" else model._block_norm(layer, which))[3]
-            scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-            x = x / scale
+        if recompute_ln and which == "ln_final":  # TL's ln_final(component): own statistics, weight and bias
+            eps = model._final_norm()[3]
+            x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+            include_weight = include_bias = True
         else:
             scale = self[scale_name].float()
-            if batch_slice is not None and has_batch_dim and scale.dim() >= 3:  # [batch, pos, 1]
+            if batch_slice is not None and self.has_batch_dim:
                 scale = _pos(scale, batch_slice, dim=0)
             x = x / _pos(scale, pos_slice, dim=-2).to(x.device)
-        if w is not None:
+        if include_weight and w is not None:
             x = x * w.float().to(x.device)
         if include_bias and b is not None:
             x = x + b.float().to(x.device)
@@ -461,29 +549,43 @@ class Cache(Mapping[str, torch.Tensor]):
 
     def ln_bias_term(self) -> torch.Tensor:
         """The final norm's bias (``[d]``, zeros for RMSNorm): the constant that completes a decomposition
-        passed through :meth:`apply_ln_to_stack`."""
+        passed through :meth:`apply_ln_to_stack` with ``include_weight=True``."""
         model = self._need_model()
         w, b, _ = model.ln_final_parts()
         return b if b is not None else torch.zeros(model.cfg.d_model)
 
-    def logit_attrs(self, stack: torch.Tensor, tokens, incorrect_tokens=None, pos: int = -1,
-                    has_batch_dim: bool = True) -> torch.Tensor:
-        """Direct logit attribution of residual components ``stack [k, batch, pos, d]`` (already passed
-        through :meth:`apply_ln_to_stack`): ``stack[..., pos, :] @ W_U[:, tokens]``, minus the same for
-        ``incorrect_tokens`` when given; ``tokens`` is an int, ``[batch]`` ids, or strings. ``[k, batch]``."""
+    def logit_attrs(self, residual_stack: torch.Tensor, tokens, incorrect_tokens=None, pos_slice: Any = None,
+                    batch_slice: Any = None, has_batch_dim: bool = True, *, pos: int | None = None) -> torch.Tensor:
+        """TransformerLens's ``logit_attrs``: how much each component of ``residual_stack`` ``[k, *batch_and_pos,
+        d]`` (a decomposition of the final residual, not yet normalised) writes in the direction of ``tokens``
+        (minus ``incorrect_tokens`` when given, of the same shape): ``apply_ln_to_stack(residual_stack, -1,
+        pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim)`` (TL's: no norm weight)
+        times :meth:`interp.Model.tokens_to_residual_directions`, summed over ``d``: ``[k, *batch_and_pos]``.
+        ``tokens`` is a string (one token), an int, or ``[batch]`` / ``[batch, pos]`` ids.
+
+        ``pos=`` (keyword only) is interp's earlier form: ``residual_stack`` already through
+        :meth:`apply_ln_to_stack`, position ``pos`` taken here, ``W_U`` directions per batch row."""
         model = self._need_model()
-        W_U = model.weight("W_U").float()
 
         def ids(t):
             if isinstance(t, str):
                 t = model.to_single_token(t)
             return torch.as_tensor(t, dtype=torch.long)
-        x = stack[..., pos, :].float() if has_batch_dim else stack.float()
-        dirs = W_U[:, ids(tokens)]
+        if incorrect_tokens is not None and ids(tokens).shape != ids(incorrect_tokens).shape:
+            raise ValueError(f"tokens and incorrect_tokens must have the same shape, got {tuple(ids(tokens).shape)} "
+                             f"and {tuple(ids(incorrect_tokens).shape)}")
+        dirs = model.tokens_to_residual_directions(tokens).float()  # [..., d]
         if incorrect_tokens is not None:
-            dirs = dirs - W_U[:, ids(incorrect_tokens)]
-        return (x * dirs.T).sum(-1) if dirs.dim() == 2 else x @ dirs
-
+            dirs = dirs - model.tokens_to_residual_directions(incorrect_tokens).float()
+        if pos is not None:
+            if pos_slice is not None or batch_slice is not None:
+                raise ValueError("logit_attrs: give pos= (interp's form, a normalised stack) or TL's pos_slice / "
+                                 "batch_slice, not both")
+            x = residual_stack[..., pos, :].float() if has_batch_dim else residual_stack.float()
+            return (x * dirs.to(x.device)).sum(-1)
+        scaled = self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice, batch_slice=batch_slice,
+                                        has_batch_dim=has_batch_dim)
+        return (scaled.float() * dirs.to(scaled.device)).sum(-1)
 
     def mean(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean of ``cache[name]`` over batch and positions.

@@ -138,6 +138,54 @@ class Weights:
         return f"<model.{self._where}: {', '.join(self._names)}>"
 
 
+class HookPoint:
+    """TransformerLens's hook point object, as ``model.hook_dict[name]`` gives it: ``.name``, ``.layer()``,
+    ``.ctx``, ``.add_hook(fn, dir="fwd", is_permanent=False)`` (``model.add_hook(name, ...)``),
+    ``.remove_hooks(dir="fwd", including_permanent=False)`` (only this point's hooks; ``dir="both"`` too),
+    ``.clear_context()``. Hooks added here run on every later run of the model, as TL's."""
+
+    def __init__(self, model, name: str) -> None:
+        self._model, self.name = model, name
+
+    def add_hook(self, hook, dir: str = "fwd", is_permanent: bool = False, level: int | None = None,
+                 prepend: bool = False) -> None:
+        """TL's ``HookPoint.add_hook``: ``hook(tensor, hook)`` at this point (``dir="bwd"``: on its gradient);
+        ``prepend=True`` runs it before the hooks already added here. ``level`` (TL's context level) is not
+        supported: anything but ``None`` is refused."""
+        if level is not None:
+            raise ValueError("HookPoint.add_hook(level=...) (TL's hook context levels) is not supported by interp")
+        self._model.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent, prepend=prepend)
+
+    def remove_hooks(self, dir: str = "fwd", including_permanent: bool = False, level: int | None = None) -> None:
+        """TL's ``HookPoint.remove_hooks``: remove the hooks added at this point (``dir`` ``"fwd"``, ``"bwd"`` or
+        ``"both"``; permanent ones too with ``including_permanent``)."""
+        if level is not None:
+            raise ValueError("HookPoint.remove_hooks(level=...) (TL's hook context levels) is not supported by interp")
+        self._model._remove_hooks(self.name, dir, including_permanent)
+
+    def layer(self) -> int:
+        """The block index of this point (TL raises for points outside the blocks; so does this)."""
+        from .names import parse
+
+        layer = parse(self.name)[0]
+        if layer is None:
+            raise ValueError(f"{self.name!r} is not in a block: it has no layer")
+        return layer
+
+    @property
+    def ctx(self) -> dict:
+        """TL's ``hook.ctx``: the dict kept for this point across runs (cleared by ``model.reset_hooks()``)."""
+        from collections import defaultdict
+
+        return self._model.__dict__.setdefault("_hook_ctx", defaultdict(dict))[self.name]
+
+    def clear_context(self) -> None:
+        self.ctx.clear()
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r})"
+
+
 def tl_named_parameters(model):
     """``(TransformerLens name, weight in TL shape)`` for each weight the model has (see
     :meth:`interp.Model.tl_named_parameters`); grouped key/value weights as ``_W_K`` / ``_W_V`` where the model

@@ -593,7 +593,8 @@ class Model:
         self._unsupported_switch("use_attn_in", use_attn_in, "hook_attn_in")
 
     # ------------------------------------------------------------------ persistent hooks (TransformerLens)
-    def add_hook(self, name: Any, hook: InterventionFn, dir: str = "fwd", is_permanent: bool = False) -> None:
+    def add_hook(self, name: Any, hook: InterventionFn, dir: str = "fwd", is_permanent: bool = False,
+                 prepend: bool = False) -> None:
         """TransformerLens's ``add_hook``: ``hook(tensor, hook_point)`` runs on every later run of this model
         (every thread), until :meth:`reset_hooks` (``is_permanent=True`` survives ``reset_hooks()`` too).
         ``name`` is a hook name, a glob or a callable filter.
@@ -601,7 +602,8 @@ class Model:
         ``dir="bwd"`` adds a backward hook, as TransformerLens's: ``hook(grad, hook_point)`` receives the
         gradient of the activation at that hook (same shape) when ``.backward()`` (or ``torch.autograd.grad``)
         runs through a forward made while the hook was added; a returned tensor replaces that gradient. Forwards
-        made while a backward hook is added keep their autograd graph (unless grad mode is off, as in TL)."""
+        made while a backward hook is added keep their autograd graph (unless grad mode is off, as in TL).
+        ``prepend=True`` runs ``hook`` before those already added at the same name."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(hook):
@@ -609,7 +611,36 @@ class Model:
         names = self._resolve(name) if dir == "fwd" else self._backward_sites(name)
         store = self.__dict__.setdefault("_persistent", {True: defaultdict(list), False: defaultdict(list)})
         for n in names:
-            store[bool(is_permanent)][n].append(hook if dir == "fwd" else _BackwardHook(n, hook))
+            fn = hook if dir == "fwd" else _BackwardHook(n, hook)
+            if prepend:
+                store[bool(is_permanent)][n].insert(0, fn)
+            else:
+                store[bool(is_permanent)][n].append(fn)
+
+    def _remove_hooks(self, name: str, dir: str = "fwd", including_permanent: bool = False) -> None:
+        """Remove the hooks :meth:`add_hook` added at ``name`` (``dir`` ``"fwd"``, ``"bwd"`` or ``"both"``): TL's
+        ``hook_dict[name].remove_hooks``."""
+        if dir not in ("fwd", "bwd", "both"):
+            raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
+        store = self.__dict__.get("_persistent")
+        if not store:
+            return
+        for permanent in ((False, True) if including_permanent else (False,)):
+            fns = store[permanent].get(name, [])
+            gone = [f for f in fns if (dir == "both" or (dir == "bwd") == isinstance(f, _BackwardHook))]
+            for f in gone:
+                if isinstance(f, _BackwardHook):
+                    f.live = False
+            store[permanent][name] = [f for f in fns if f not in gone]
+
+    @property
+    def hook_dict(self) -> dict[str, Any]:
+        """TransformerLens's ``model.hook_dict``: ``{hook name: hook point}`` for every hook this model offers, in
+        execution order; each point has ``.name``, ``.add_hook``, ``.remove_hooks``, ``.layer()``, ``.ctx``
+        (:class:`interp.habits.HookPoint`). The same point object is returned for a name each time."""
+        points = self.__dict__.setdefault("_hook_points", {})
+        HookPoint = _habits().HookPoint
+        return {n: points.setdefault(n, HookPoint(self, n)) for n in self.hook_names()}
 
     def _backward_sites(self, pattern: Any) -> list[str]:
         """The sites a backward hook on ``pattern`` can fire at. A read-only site (``model.can_write(name)`` is
@@ -649,7 +680,18 @@ class Model:
               reset_hooks_end: bool = True) -> Iterator["Model"]:
         """TransformerLens's ``with model.hooks(fwd_hooks=[(name, fn)], bwd_hooks=[(name, fn)]):`` — the hooks
         apply to every run in the block (this thread) and are removed on exit, also when it raises (backward
-        hooks then stop firing; run the backward pass inside the block)."""
+        hooks then stop firing; run the backward pass inside the block). ``reset_hooks_end=False`` keeps them
+        after the block, as TL's: they are added as :meth:`add_hook`'s (every run, every thread) until
+        :meth:`reset_hooks`."""
+        if not reset_hooks_end:
+            for pattern, fns in fwd_hooks:
+                for fn in (fns if isinstance(fns, (list, tuple)) else [fns]):
+                    self.add_hook(pattern, fn)
+            for pattern, fns in bwd_hooks:
+                for fn in (fns if isinstance(fns, (list, tuple)) else [fns]):
+                    self.add_hook(pattern, fn, dir="bwd")
+            yield self
+            return
         back = self._hookset([(p, fn) for p0, fn in bwd_hooks for p in [self._backward_sites(p0)]], "backward hook")
         hookset: HookSet = defaultdict(list, {k: list(v) for k, v in self._hookset(fwd_hooks, "hook").items()})
         made = []
@@ -837,12 +879,18 @@ class Model:
                        prepend_bos: bool | None = None, padding_side: str | None = None):
         """TransformerLens's ``run_with_hooks`` (TL's argument order): ``fwd_hooks`` is a list of
         ``(name_or_filter, fn)`` where ``fn(tensor, hook)`` may return a replacement (``hook.name`` is the hook's
-        name and ``hook.layer()`` its layer, as in TL). The hooks apply to this run only. ``bwd_hooks`` as in
-        TL: with ``reset_hooks_end=True`` (the default) they are removed when the run returns, before any
-        backward pass could fire them (TL warns so too); with ``reset_hooks_end=False`` they stay added, as
-        :meth:`add_hook`'s, until :meth:`reset_hooks`. ``return_type`` as in :meth:`__call__`;
-        ``prepend_bos`` / ``padding_side`` rule text inputs for this call."""
+        name and ``hook.layer()`` its layer, as in TL). With ``reset_hooks_end=True`` (the default) the hooks
+        apply to this run only; with ``reset_hooks_end=False`` they stay added after it, forward and backward
+        hooks alike, as :meth:`add_hook`'s, until :meth:`reset_hooks` (TL's). Backward hooks with
+        ``reset_hooks_end=True`` are removed when the run returns, before any backward pass could fire them (TL
+        warns so too). ``return_type`` as in :meth:`__call__`; ``prepend_bos`` / ``padding_side`` rule text
+        inputs for this call."""
         hooks: HookSet = defaultdict(list, {k: list(v) for k, v in self._hookset(fwd_hooks).items()})
+        if not reset_hooks_end:
+            for name, fns in hooks.items():
+                for fn in fns:
+                    self.add_hook(name, fn)
+            hooks = defaultdict(list)  # added: every run applies them, this one too
         if bwd_hooks:
             if reset_hooks_end:
                 import warnings
@@ -1172,6 +1220,12 @@ class Model:
         """
         ctx = self._context(name, tensor, pass_ctx)
         changed = False
+        if (writable and name.endswith(_FORKED_SITES) and tensor.requires_grad
+                and any(getattr(fn, "wants_grad", False) for fn in fns)):
+            # the gradient at a site is that of a write there (TL's bridge): hook_resid_mid feeds only the MLP
+            # (the residual add after it reads the unhooked value), so its gradient is the MLP branch's, not the
+            # residual's; a fresh view handed on to the MLP separates the two
+            tensor, changed = tensor.view_as(tensor), True
         token = _IN_HOOK.set(_IN_HOOK.get() | {id(self)})
         try:
             for fn in fns:
@@ -1261,7 +1315,7 @@ class Model:
         out = self._run(batch, self._capture_hooks(wanted, cache, device, dtype), stop_at_layer, prepared=True)
         _check_fired(wanted, cache)
         if remove_batch_dim:
-            cache = Cache({k: [t[0] for t in cache.passes(k)] for k in cache}, model=self)
+            cache = Cache({k: [t[0] for t in cache.passes(k)] for k in cache}, model=self, has_batch_dim=False)
         if stop_at_layer is None and return_type != "logits":
             out = shape_output(out, batch, return_type)
         return out, cache
@@ -1328,6 +1382,7 @@ class Model:
                 if t.requires_grad:
                     live[name].append(t)
                 acts.add(name, t.detach().clone())  # a copy: see _capture_hooks
+            probe.wants_grad = True  # type: ignore[attr-defined]
             return probe
 
         batch = self.prepare(inputs, attention_mask)
@@ -1611,10 +1666,17 @@ def check_device(device: Any) -> torch.device | None:
     return d
 
 
+#: sites whose tensor is one branch of a fork (a write there reaches only that branch): the gradient a backward hook
+#: or :meth:`Model.gradients` reads there is the branch's (see :meth:`Model._call_hooks`)
+_FORKED_SITES = ("hook_resid_mid",)
+
+
 class _BackwardHook:
     """A TransformerLens backward hook at one site: as a forward hook it registers ``fn`` on the activation's
     gradient (a tensor hook), so ``fn(grad, hook)`` runs when a backward pass goes through that activation; a
     returned tensor replaces the gradient. ``live`` turns it off (also for graphs made before)."""
+
+    wants_grad = True
 
     def __init__(self, name: str, fn: Callable, owner: "Model | None" = None) -> None:
         self.name, self.fn, self.live, self.owner = name, fn, True, owner

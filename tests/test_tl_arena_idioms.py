@@ -6,7 +6,8 @@ callables, ``model.hooks(...)``, ``add_hook`` / ``reset_hooks``, ``hook.ctx``, `
 TL's modules (``model.unembed(model.ln_final(x))``, ``model.embed(tokens)``), ``cache.decompose_resid``,
 ``cache.accumulated_resid(apply_ln=True)`` at the final layer, ``cache.get_neuron_results`` /
 ``stack_neuron_results``, ``FactoredMatrix`` (``model.OV`` / ``model.QK``: eigenvalues, SVD, norms, full circuits),
-``model.to_single_token`` / ``to_string``."""
+``model.to_single_token`` / ``to_string``; TL's cache attribution helpers with TL's signatures
+(:func:`attribution_helpers`) and round three's idioms (:func:`more_idioms`)."""
 from __future__ import annotations
 
 import warnings
@@ -109,15 +110,158 @@ def test_arena_idioms_equal_transformer_lens(reference, backend):
     assert ours["hook_ctx"][0] == 3 and ours["hook_ctx_cleared"] == {}  # three forwards, then reset_hooks
 
 
-def test_decompose_resid_on_gpt2_has_one_embed_part_where_tl_has_two(reference):
-    """interp's ``decompose_resid`` has one ``embed`` part (token plus position embedding) where TL has ``embed``
-    and ``pos_embed`` (docs/for_transformer_lens_users.md): the other parts equal TL's, and the parts sum alike."""
-    import transformer_lens.utils  # noqa: F401
+def attribution_helpers(model) -> dict:
+    """TL's cache attribution helpers with TL's positional and keyword arguments: their numbers."""
+    o = {}
+    toks = model.to_tokens(["When J and M went, J gave to", "When T and A went, A gave to"])
+    _, c = model.run_with_cache(toks)
+    d, o["dec_labels"] = c.decompose_resid(-1, return_labels=True)
+    o["dec"] = d
+    o["dec_positional"] = c.decompose_resid(1, True, "attn", True, -1, True, True)
+    o["dec_no_embeds"] = c.decompose_resid(2, mode="mlp", incl_embeds=False, apply_ln=True, pos_slice=(1, 4))
+    o["acc_ln_block"] = c.accumulated_resid(1, True, True, -1, True)
+    o["acc_ln_final"] = c.accumulated_resid(None, True, True, (0, 3))
+    o["heads_ln"] = c.stack_head_results(2, True, True, -1, True)
+    o["heads_none"] = list(c.stack_head_results(0, pos_slice=-1).shape)
+    o["ln_block"] = c.apply_ln_to_stack(d, 2, True)
+    o["ln_batch_slice"] = c.apply_ln_to_stack(d, -1, False, None, 1)
+    o["ln_pos_and_batch"] = c.apply_ln_to_stack(d[:, :, -1], 1, False, -1, (0, 1))
+    o["ln_recompute"] = c.apply_ln_to_stack(d, None, recompute_ln=True)
+    a, b = model.to_single_token("J"), model.to_single_token("A")
+    o["logit_attrs_str"] = c.logit_attrs(d[:, :, -1], "J", "M", -1)
+    o["logit_attrs_batch"] = c.logit_attrs(d[:, :, -1], torch.tensor([a, b]), torch.tensor([b, a]), pos_slice=-1)
+    o["logit_attrs_every_pos"] = c.logit_attrs(d, torch.tensor([[a] * toks.shape[1]] * 2))
+    o["logit_attrs_batch_slice"] = c.logit_attrs(d[:, 1:, -1], a, pos_slice=-1, batch_slice=(1, 2))
+    o["full"], o["full_labels"] = c.get_full_resid_decomposition(-1, expand_neurons=False, apply_ln=True, pos_slice=-1,
+                                                                 return_labels=True)
+    with pytest.raises(ValueError):  # tokens and incorrect_tokens of different shapes
+        c.logit_attrs(d, torch.tensor([a, b]), a)
+    one = model.run_with_cache(toks[:1], remove_batch_dim=True)[1]
+    o["no_batch_lens"] = one.accumulated_resid(-1, apply_ln=True, pos_slice=-1)
+    o["no_batch_logit_attrs"] = one.logit_attrs(one.decompose_resid(-1, pos_slice=-1), a, b, pos_slice=-1,
+                                                has_batch_dim=False)
+    return o
 
-    model = wrap("gpt2", "torch")
-    toks = model.to_tokens(["When J and M went, J gave to"])
-    ours, labels = model.run_with_cache(toks)[1].decompose_resid(layer=-1, return_labels=True)
-    theirs, tl_labels = bridge_of("gpt2").run_with_cache(toks)[1].decompose_resid(layer=-1, return_labels=True)
-    assert tl_labels[:2] == ["embed", "pos_embed"] and labels[0] == "embed" and labels[1:] == tl_labels[2:]
-    same(ours[1:], theirs[2:], "decompose_resid")
-    same(ours[0], theirs[0] + theirs[1], "embed")
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_cache_attribution_helpers_equal_tl(arch, backend):
+    """``decompose_resid`` (TL's ``embed`` and ``pos_embed`` parts), ``accumulated_resid``, ``stack_head_results``,
+    ``apply_ln_to_stack`` (TL's: the cached scale without the norm's weight; ``batch_slice`` slices the stack and
+    the scale), ``logit_attrs`` (TL's signature: the raw stack, ``pos_slice`` / ``batch_slice``),
+    ``get_full_resid_decomposition``, on a ``remove_batch_dim`` cache too: each equals TL's ``ActivationCache`` on
+    the bridge of the same (unfolded) weights, with TL's positional argument order."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = attribution_helpers(bridge_of(arch))
+    ours = attribution_helpers(wrap(arch, backend))
+    for key in theirs:
+        same(ours[key], theirs[key], key)
+    assert ("pos_embed" in ours["dec_labels"]) == (arch == "gpt2")
+
+
+def more_idioms(model, utils) -> dict:
+    """Round-three idioms (issue #44): what a TL / ARENA user writes beside the demos, their numbers."""
+    out = {}
+    toks = model.to_tokens(["When J and M went, J gave to", "When T and A went, A gave to"])
+    out["str_tokens_1d"] = model.to_str_tokens(toks[0])
+    out["str_tokens_2d"] = model.to_str_tokens(toks[:1])
+    out["decode"] = model.tokenizer.decode(toks[0])
+    out["act_names"] = [utils.get_act_name("resid_pre", 0), utils.get_act_name("attn", 1),
+                        utils.get_act_name("q", 2, "attn"), utils.get_act_name("attn_out", 2)]
+    out["d_head"] = model.cfg.d_head
+    out["weights"] = [model.W_in, model.W_out]
+    if model.cfg.positional_embedding_type == "standard":  # GPT-2 (biases); the bridge has no b_O on Llama (interp: zeros)
+        out["biases"] = [model.b_O, model.b_in, model.b_out]
+    out["ov_svd"] = list(model.OV[1, 0].svd())
+    out["numpy"] = utils.to_numpy(model.W_E[:3, :4]).tolist()
+    logits, cache = model.run_with_cache(toks)
+    out["neg_layer"] = cache["resid_pre", -1]
+    out["attn_short"] = cache["attn", 1]
+    names = set(cache.keys())
+    out["has_names"] = all(n in names for n in ("blocks.0.hook_resid_pre", "blocks.2.attn.hook_pattern", "hook_embed"))
+    items = sorted((k, v) for k, v in cache.items() if k.startswith("blocks.1.attn.hook_")
+                   and k.endswith(("hook_z", "hook_pattern")))
+    out["items_keys"] = [k for k, _ in items]
+    out["items_values"] = [v for _, v in items]
+    out["values_len"] = len([v for v in cache.values()]) == len(cache)
+    cpu = cache.to("cpu")
+    out["to_cpu"] = cpu["blocks.1.hook_mlp_out"]
+    row = cache.apply_slice_to_batch_dim(1)
+    out["batch_slice_int"] = [row["blocks.0.attn.hook_pattern"], row.has_batch_dim]
+    rows = cache.apply_slice_to_batch_dim((0, 1))
+    out["batch_slice_tuple"] = [rows["blocks.2.hook_resid_post"], rows.has_batch_dim]
+    out["batch_sliced_lens"] = row.accumulated_resid(-1, apply_ln=True, pos_slice=-1)
+    _, one = model.run_with_cache(toks[:1])
+    one.remove_batch_dim()  # TL removes it in place
+    out["remove_batch_dim_in_place"] = [one["blocks.1.hook_resid_post"], one.has_batch_dim]
+    out["cache_dict"] = sorted(k for k in cache.cache_dict if k.endswith("hook_scale"))
+    out["cache_dict_value"] = cache.cache_dict["blocks.1.ln2.hook_scale"]
+
+    layers = []
+
+    def record_layer(act, hook):
+        layers.append(hook.layer())
+
+    model.run_with_hooks(toks, fwd_hooks=[(lambda n: n.endswith("hook_z"), record_layer)])
+    out["hook_layer"] = layers
+
+    def halve(z, hook):
+        return z * 0.5
+
+    base = model(toks, return_type="loss")
+    kept = model.run_with_hooks(toks, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", halve)],
+                                reset_hooks_end=False)
+    still = model(toks, return_type="loss")  # TL: the hook stays added after reset_hooks_end=False
+    model.reset_hooks()
+    out["run_with_hooks_kept"] = torch.stack([base, kept, still, model(toks, return_type="loss")])
+    with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", lambda x, hook: x * 0.0)], reset_hooks_end=True):
+        inside = model(toks, return_type="loss")
+    out["hooks_ctx"] = torch.stack([inside, model(toks, return_type="loss")])
+    with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", lambda x, hook: x * 0.0)], reset_hooks_end=False):
+        pass
+    after = model(toks, return_type="loss")
+    model.reset_hooks()
+    out["hooks_ctx_kept"] = torch.stack([after, model(toks, return_type="loss")])
+
+    hp = model.hook_dict["blocks.1.attn.hook_pattern"]
+    out["hook_point"] = [hp.name, hp.layer()]
+    seen = []
+    hp.add_hook(lambda p, hook: seen.append((hook.name, p.sum())))
+    model(toks)
+    hp.remove_hooks()
+    model(toks)
+    out["hook_point_hooks"] = seen
+    grads = {}
+    model.hook_dict["blocks.0.hook_mlp_out"].add_hook(lambda g, hook: grads.__setitem__(hook.name, g.detach()),
+                                                     dir="bwd")
+    with torch.enable_grad():
+        model(toks, return_type="loss").backward()
+    model.reset_hooks()
+    for p in model.parameters():
+        p.grad = None
+    out["hook_point_bwd"] = grads["blocks.0.hook_mlp_out"]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_more_idioms_equal_tl(arch, backend):
+    """Round three of issue #44: ``to_str_tokens`` of a tensor, ``tokenizer.decode``, ``get_act_name`` forms,
+    ``cfg.d_head``, ``W_in`` / ``W_out`` / ``b_O``, ``OV[l, h].svd()``, ``utils.to_numpy``, ``cache["resid_pre", -1]``,
+    ``cache["attn", l]``, ``keys`` / ``items`` / ``values``, ``cache.to("cpu")``, ``apply_slice_to_batch_dim``,
+    ``remove_batch_dim()`` in place, ``cache_dict``, ``hook.layer()``, ``run_with_hooks(..., reset_hooks_end=False)``
+    and ``model.hooks(..., reset_hooks_end=...)`` (False keeps the hooks, as TL), ``model.hook_dict[name]``'s
+    ``add_hook`` / ``remove_hooks`` (forward and backward): each equal to the bridge of the same weights."""
+    import transformer_lens.utils as tl_utils
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = more_idioms(bridge_of(arch), tl_utils)
+        ours = more_idioms(wrap(arch, backend), interp.utils)
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        same(ours[key], theirs[key], key)
+    kept = ours["run_with_hooks_kept"]
+    assert kept[1] == kept[2] != kept[0] == kept[3]  # the hook stayed added until reset_hooks
+    assert ours["hooks_ctx_kept"][0] != ours["hooks_ctx_kept"][1]

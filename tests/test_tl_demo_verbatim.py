@@ -9,9 +9,10 @@ TransformerLens itself (a TransformerBridge booted directly, with ``transformer_
 grouped-query attention; GPT-2: LayerNorm with biases, learned positions). Every number agrees.
 
 TransformerLens's attribution helpers (``apply_ln_to_stack``) assume ``fold_ln``: they divide by the norm's
-scale and leave its weight to ``W_U``. So the reference is the bridge with TransformerLens's weight processing
-(``enable_compatibility_mode(fold_value_biases=False)``: fold_ln, centred writing weights and unembedding);
-interp applies the norm's weight itself and gets the same numbers on the unprocessed model.
+scale and leave its weight to ``W_U``. interp never folds, so the reference is the bridge of the same loading (no
+weight processing) and interp's helpers are TL's: on these models, whose norm weights are not 1, the attributions
+are TL's numbers on unfolded weights (they do not add up to the logit difference, in TL as here;
+``apply_ln_to_stack(..., include_weight=True)`` is interp's exact form, checked in tests/test_tl_habits.py).
 """
 from __future__ import annotations
 
@@ -74,10 +75,8 @@ def exploratory_demo(model, utils, patching) -> dict[str, torch.Tensor]:
     out["logit_lens_labels"] = labels
     per_layer_residual, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
     per_layer_logit_diffs = residual_stack_to_logit_diff(per_layer_residual, cache)
-    n_parts = 2 * model.cfg.n_layers  # the embedding part(s) first: TL splits embed and pos_embed, interp has one
-    out["per_layer"] = per_layer_logit_diffs[-n_parts:]
-    out["per_layer_embed"] = per_layer_logit_diffs[:-n_parts].sum()
-    out["per_layer_labels"] = labels[-n_parts:]
+    out["per_layer"] = per_layer_logit_diffs
+    out["per_layer_labels"] = labels
     per_head_residual, labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
     per_head_logit_diffs = residual_stack_to_logit_diff(per_head_residual, cache)
     out["per_head"] = einops.rearrange(per_head_logit_diffs, "(layer head_index) -> layer head_index",
@@ -174,7 +173,8 @@ def folder_of(arch: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def reference(arch: str) -> dict:
-    """The demo on TransformerLens itself: the bridge booted from the model's folder, weights processed."""
+    """The demo on TransformerLens itself: the bridge booted from the model's folder, as interp loads it (no weight
+    processing)."""
     import warnings
 
     import transformer_lens.patching as tl_patching
@@ -184,10 +184,6 @@ def reference(arch: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bridge = TransformerBridge.boot_transformers(folder_of(arch), device="cpu")
-        # fold_ln (what TL's attribution helpers need) and its centring; value biases stay in the heads, where
-        # the model has them (TL's fold_value_biases moves them into b_O, changing per-head attributions and
-        # what zeroing a head's values removes: a different model decomposition, not a different model)
-        bridge.enable_compatibility_mode(fold_value_biases=False)
         return exploratory_demo(bridge, tl_utils, tl_patching)
 
 
@@ -205,19 +201,16 @@ def test_exploratory_demo_runs_as_written_and_agrees_with_transformer_lens(arch,
                         transformers.AutoTokenizer.from_pretrained(folder), backend=backend)
     ours = exploratory_demo(model, interp.utils, interp.patching)
     ref = reference(arch)
-    # interp's own answers are right: the attributions add up to the logit difference
+    # interp's answers are consistent: the last logit-lens entry is the whole residual's attribution, the
+    # per-layer parts add up to it
     logit_diff = ours["logit_diff"].mean()
     assert close(ours["logit_lens"][-1], ours["dla_total"])
-    assert close(ours["per_layer"].sum() + ours["per_layer_embed"], ours["dla_total"])
+    assert close(ours["per_layer"].sum(), ours["dla_total"])
     assert ours["logit_lens_labels"] == ref["logit_lens_labels"] and ours["per_head_labels"] == ref["per_head_labels"]
     assert ours["per_layer_labels"] == ref["per_layer_labels"]
-    for key in ("logits", "logit_diff", "dla_total", "logit_lens", "per_layer", "per_layer_embed", "per_head", "pattern_1",
+    for key in ("logits", "logit_diff", "dla_total", "logit_lens", "per_layer", "per_head", "pattern_1",
                 "pattern_last", "patch_resid_by_hand", "patch_z_by_hand", "patch_resid_module",
                 "patch_head_out_module", "ablated_logit_diff", "induction"):
-        if key == "logits":  # TransformerLens centres the unembedding: logits agree up to a per-row constant
-            a, b = ours[key], ref[key]
-            assert close(a - a.mean(-1, keepdim=True), b - b.mean(-1, keepdim=True)), key
-            continue
         assert ours[key].shape == ref[key].shape, key
         assert close(ours[key], ref[key]), (key, ours[key], ref[key])
     # the logit difference itself is what the model says (not a lens artefact)

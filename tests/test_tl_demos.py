@@ -10,8 +10,9 @@ Plotting cells are left out (``imshow`` of a tensor is not interp's API); what t
 Every cell runs, unchanged, on an interp model of each backend (with ``interp.utils`` / ``interp.patching``)
 and on the TransformerLens bridge of the same weights (with ``transformer_lens.utils`` / ``.patching`` and
 TL's own ``ActivationCache``); every number a cell computes agrees. :data:`COUNTS` holds the cells per demo
-(reported in docs/for_transformer_lens_users.md). The Direct Logit Attribution Demo is compared with the bridge with
-TL's weight processing, which TL's ``apply_ln`` assumes (as the Exploratory demo's test does).
+(reported in docs/for_transformer_lens_users.md). The reference is the bridge of the same loading as interp's (no
+weight processing: interp never folds), also for the Direct Logit Attribution Demo, whose ``apply_ln`` is TL's
+(the cached scale, without the norm's weight, which TL leaves to ``fold_ln``).
 """
 from __future__ import annotations
 
@@ -382,35 +383,72 @@ def attr_setup(ns):
     ns["model"].set_use_attn_result(True)
 
 
-def attr_fwd_bwd(ns):
+def attr_fwd_bwd(ns):  # TL's cell 11 as it is now: run_with_cache, a backward hook, and the bridge workarounds
     from transformer_lens import ActivationCache
 
     model = ns["model"]
     filter_not_qkv_input = lambda name: "_input" not in name  # noqa: E731
 
+    def _fix_cache_device_and_pos_embed(cache, device):
+        """Move run_with_cache tensors back to model device (Bug 5 workaround)
+        and expand pos_embed to batch dimension (Bug 3 workaround)."""
+        for key in list(cache.cache_dict.keys()):
+            val = cache.cache_dict[key]
+            if isinstance(val, torch.Tensor):
+                cache.cache_dict[key] = val.to(device)
+        if "hook_pos_embed" in cache.cache_dict:
+            pe = cache.cache_dict["hook_pos_embed"]
+            if pe.shape[0] == 1:
+                for k, v in cache.cache_dict.items():
+                    if k != "hook_pos_embed" and isinstance(v, torch.Tensor) and v.ndim >= 2 and v.shape[0] > 1:
+                        cache.cache_dict["hook_pos_embed"] = pe.expand(v.shape[0], -1, -1)
+                        break
+
+    def _fix_head_result_cache(cache, model, is_grad=False):
+        """Fix hook_result shape for TransformerBridge compatibility."""
+        n_heads = model.cfg.n_heads
+        for layer in range(model.cfg.n_layers):
+            key = f"blocks.{layer}.attn.hook_result"
+            if key not in cache.cache_dict:
+                continue
+            val = cache.cache_dict[key]
+            if not isinstance(val, torch.Tensor) or val.ndim != 3:
+                continue
+            if is_grad:
+                cache.cache_dict[key] = val.unsqueeze(-2).expand(*val.shape[:-1], n_heads, val.shape[-1])
+            else:
+                del cache.cache_dict[key]
+
     def get_cache_fwd_and_bwd(model, tokens, metric):
         model.reset_hooks()
-        cache = {}
-
-        def forward_cache_hook(act, hook):
-            cache[hook.name] = act.detach()
-
-        model.add_hook(filter_not_qkv_input, forward_cache_hook, "fwd")
+        device = model.cfg.device
         grad_cache = {}
 
         def backward_cache_hook(act, hook):
             grad_cache[hook.name] = act.detach()
 
         model.add_hook(filter_not_qkv_input, backward_cache_hook, "bwd")
-        value = metric(model(tokens))
+        output, fwd_cache = model.run_with_cache(tokens, names_filter=filter_not_qkv_input)
+        _fix_cache_device_and_pos_embed(fwd_cache, device)
+        value = metric(output)
         value.backward()
         model.reset_hooks()
-        return value.item(), ActivationCache(cache, model), ActivationCache(grad_cache, model)
+        for key, hp in model.hook_dict.items():
+            if hp.name != key and filter_not_qkv_input(key):
+                if hp.name in grad_cache and key not in grad_cache:
+                    grad_cache[key] = grad_cache[hp.name]
+        grad_act_cache = ActivationCache(grad_cache, model)
+        _fix_cache_device_and_pos_embed(grad_act_cache, device)
+        _fix_head_result_cache(fwd_cache, model, is_grad=False)
+        _fix_head_result_cache(grad_act_cache, model, is_grad=True)
+        return value.item(), fwd_cache, grad_act_cache
 
     with torch.enable_grad():
         clean_value, clean_cache, clean_grad_cache = get_cache_fwd_and_bwd(model, ns["clean_tokens"], ns["ioi_metric"])
+        assert abs(clean_value - 1.0) < 1e-5, f"Expected 1.0, got {clean_value}"
         corrupted_value, corrupted_cache, corrupted_grad_cache = get_cache_fwd_and_bwd(
             model, ns["corrupted_tokens"], ns["ioi_metric"])
+        assert abs(corrupted_value) < 1e-5, f"Expected 0.0, got {corrupted_value}"
     for p in model.parameters():  # the demo leaves parameter gradients behind; drop them
         p.grad = None
     ns.update(attr_clean_cache=clean_cache, attr_clean_grad_cache=clean_grad_cache,
@@ -454,9 +492,8 @@ def attr_layer_out(ns):
     corrupted_grad_layer_out = corrupted_grad_cache.decompose_resid(-1, return_labels=False)
     layer_out_attr = einops.reduce(corrupted_grad_layer_out * (clean_layer_out - corrupted_layer_out),
                                    "component batch pos d_model -> component pos", "sum")
-    keep = [i for i, lab in enumerate(labels) if lab != "pos_embed"]
-    ns["out"]["layer_out_attr"] = layer_out_attr[keep]
-    ns["out"]["layer_out_labels"] = [labels[i] for i in keep]
+    ns["out"]["layer_out_attr"] = layer_out_attr
+    ns["out"]["layer_out_labels"] = labels
 
 
 def attr_head_out(ns):
@@ -839,11 +876,9 @@ def dla_naive_and_projected(ns):
     projected, labels = cache.get_full_resid_decomposition(layer=-1, pos_slice=-1, apply_ln=True,
                                                            project_output_onto=logit_direction, return_labels=True)
     assert torch.allclose(naive, projected, atol=1e-4), "Outputs should match!"
-    # heads and neurons (the labels L{l}H{h} / L{l}N{n}); TL splits the embedding in two where interp has one part
-    keep = [i for i, lab in enumerate(labels) if lab.startswith("L")]
     ns.update(projected=projected, labels=labels)
-    ns["out"]["dla_components"] = projected[keep]
-    ns["out"]["dla_labels"] = [labels[i] for i in keep]
+    ns["out"]["dla_components"] = projected  # heads, neurons, embed, pos_embed, bias
+    ns["out"]["dla_labels"] = labels
 
 
 def dla_top_components(ns):
@@ -869,9 +904,9 @@ def dla_multi_target(ns):
         top_neuron_local = neuron_slab[:, col].abs().argmax().item()
         top.append((model.to_string(tid), labels[neuron_idx_start + top_neuron_local]))
     assert len(top) == 3
-    # TL's processed model centres the unembedding: one token's direction moves by a vector common to all tokens,
-    # so compare differences of targets (what a logit difference reads), not single targets
-    ns["out"]["dla_neuron_slab_differences"] = neuron_slab[:, :2] - neuron_slab[:, 2:]
+    ns["out"]["dla_neuron_slab"] = neuron_slab
+    ns["out"]["dla_multi"] = multi
+    ns["out"]["dla_top_neurons"] = top
 
 
 def dla_memory_watch(ns):
@@ -991,9 +1026,6 @@ HEAD_DETECTOR_DEMO: list[Cell] = [hd_previous_token, hd_previous_token_excluding
 DEMOS: dict[str, list[Cell]] = {"Main_Demo": MAIN_DEMO, "Activation_Patching_in_TL_Demo": ACTIVATION_PATCHING_DEMO,
                                 "Attribution_Patching_Demo": ATTRIBUTION_PATCHING_DEMO,
                                 "Direct_Logit_Attribution_Demo": DLA_DEMO, "Head_Detector_Demo": HEAD_DETECTOR_DEMO}
-#: demos whose reference is the bridge with TransformerLens's weight processing (fold_ln ...), which TL's
-#: ``apply_ln`` assumes (interp applies the norm's weight itself, on the unprocessed model)
-PROCESSED = {"Direct_Logit_Attribution_Demo"}
 #: TL's code cells (numbered from 0 among each notebook's code cells, TL's main at the time of writing) that each
 #: step above runs, where the demo is enumerated cell by cell
 TL_CELLS: dict[str, dict[str, tuple[int, ...]]] = {
@@ -1100,20 +1132,6 @@ def bridge_of(arch: str):
     return wrap(arch, "transformer_lens").tl
 
 
-@functools.lru_cache(maxsize=None)
-def processed_bridge_of(arch: str):
-    """The bridge booted directly, with TL's weight processing (fold_ln, centred writing weights; value biases
-    left in the heads), as tests/test_tl_demo_verbatim.py's reference."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        bridge = TransformerBridge.boot_transformers(folder_of(arch), device="cpu")
-        bridge.enable_compatibility_mode(fold_value_biases=False)
-    bridge.cfg.default_prepend_bos = True
-    return bridge
-
-
 def same(a, b, key) -> None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         a, b = torch.as_tensor(a).float(), torch.as_tensor(b).float()
@@ -1133,7 +1151,7 @@ def reference(demo: str, arch: str) -> tuple[dict, list[str], frozenset]:
     import transformer_lens.patching as tl_patching
     import transformer_lens.utils as tl_utils
 
-    bridge = processed_bridge_of(arch) if demo in PROCESSED else bridge_of(arch)
+    bridge = bridge_of(arch)
     shared = frozenset(n for n, _ in bridge.tl_named_parameters()) & frozenset(
         n for n, _ in wrap(arch, "torch").tl_named_parameters())
     with warnings.catch_warnings():

@@ -50,15 +50,20 @@ def _habits(model: interp.Model, texts=TEXTS, atol: float = 1e-4) -> dict[str, t
     a_tok, b_tok = logits[rows, last].topk(2, -1).indices.unbind(-1)
     parts, part_labels = cache.decompose_resid(return_labels=True)
     assert (parts.sum(0) - cache[f"blocks.{n - 1}.hook_resid_post"]).abs().max() < atol
-    scaled = cache.apply_ln_to_stack(parts)
+    scaled = cache.apply_ln_to_stack(parts, include_weight=True)  # TL's default leaves the weight to fold_ln
     W_U = model.weight("W_U")
     dla = torch.stack([(scaled[:, i, last[i]] @ (W_U[:, a_tok[i]] - W_U[:, b_tok[i]])) for i in range(len(texts))], 1)
     bias = cache.ln_bias_term() @ (W_U[:, a_tok] - W_U[:, b_tok])
     true = logits[rows, last, a_tok] - logits[rows, last, b_tok]
     assert (dla.sum(0) + bias - true).abs().max() < atol
-    attrs = cache.logit_attrs(scaled, a_tok, b_tok, pos=-1)
+    attrs = cache.logit_attrs(scaled, a_tok, b_tok, pos=-1)  # interp's earlier form: a normalised stack
     manual = torch.stack([scaled[:, i, -1] @ (W_U[:, a_tok[i]] - W_U[:, b_tok[i]]) for i in range(len(texts))], 1)
     assert attrs.shape == (len(part_labels), len(texts)) and (attrs - manual).abs().max() < atol
+    # TL's form: the raw stack and pos_slice; the norm's scale without its weight, as TL's
+    tl_attrs = cache.logit_attrs(parts[:, :, -1], a_tok, b_tok, pos_slice=-1)
+    unweighted = cache.apply_ln_to_stack(parts)[:, :, -1]
+    manual = torch.stack([unweighted[:, i] @ (W_U[:, a_tok[i]] - W_U[:, b_tok[i]]) for i in range(len(texts))], 1)
+    assert (tl_attrs - manual).abs().max() < atol
     out["dla"] = dla
 
     # per-head results: summed over heads plus b_O they are the attention output

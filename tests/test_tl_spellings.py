@@ -180,7 +180,8 @@ def test_cache_helpers_take_transformer_lens_arguments():
     # negative layer keys, remove_batch_dim
     assert torch.equal(cache["resid_post", -1], cache["blocks.2.hook_resid_post"])
     _, one = m.run_with_cache(TEXT)
-    assert one.remove_batch_dim()["blocks.0.hook_resid_pre"].shape == one["blocks.0.hook_resid_pre"].shape[1:]
+    shape = one["blocks.0.hook_resid_pre"].shape
+    assert one.remove_batch_dim() is one and one["blocks.0.hook_resid_pre"].shape == shape[1:]  # in place, as TL
     with pytest.raises(ValueError, match="one-example"):
         cache.remove_batch_dim()
     # the logit lens with a position slice: the last entry through the final norm is the logits there
@@ -220,20 +221,25 @@ def test_block_norms_position_table_and_apply_ln_to_stack_per_block(arch, backen
     with torch.no_grad():
         ref1 = ln1[1](cache["resid_pre", 1])
         ref2 = ln2[2](cache["resid_mid", 2])
-    got1 = cache.apply_ln_to_stack(cache["resid_pre", 1][None], layer=1, include_bias=True)[0]
-    got2 = cache.apply_ln_to_stack(cache["resid_mid", 2][None], layer=2, mlp_input=True,
+    got1 = cache.apply_ln_to_stack(cache["resid_pre", 1][None], layer=1, include_weight=True, include_bias=True)[0]
+    got2 = cache.apply_ln_to_stack(cache["resid_mid", 2][None], layer=2, mlp_input=True, include_weight=True,
                                    include_bias=True)[0]
     assert torch.allclose(got1, ref1, atol=2e-6) and torch.allclose(got2, ref2, atol=2e-6)
-    # pos_slice / batch_slice: the stack holds only those positions / rows, the scale is sliced alike
+    # pos_slice: the stack holds only those positions, the scale is sliced alike; batch_slice (TL's) slices the
+    # stack's batch axis and the scale's
     last = cache.apply_ln_to_stack(cache["resid_mid", 2][:, -1][None], layer=2, mlp_input=True, pos_slice=-1,
-                                   include_bias=True)[0]
-    row = cache.apply_ln_to_stack(cache["resid_mid", 2][1][None], layer=2, mlp_input=True, batch_slice=1,
-                                  include_bias=True)[0]
+                                   include_weight=True, include_bias=True)[0]
+    row = cache.apply_ln_to_stack(cache["resid_mid", 2][None], layer=2, mlp_input=True, batch_slice=1,
+                                  include_weight=True, include_bias=True)[0]
     assert torch.allclose(last, ref2[:, -1], atol=2e-6) and torch.allclose(row, ref2[1], atol=2e-6)
-    # a decomposition through a block norm sums to that norm's output (less its bias, added once)
+    # a decomposition through a block norm (with its weight) sums to that norm's output (less its bias, added once)
     parts = cache.decompose_resid(layer=1)
     bias = m.blocks[1].ln1.b
-    assert torch.allclose(cache.apply_ln_to_stack(parts, layer=1).sum(0) + bias, ref1, atol=1e-5)
+    assert torch.allclose(cache.apply_ln_to_stack(parts, layer=1, include_weight=True).sum(0) + bias, ref1, atol=1e-5)
+    # TL's default leaves the weight out (TL assumes fold_ln): the same parts, not multiplied by it
+    w = m.blocks[1].ln1.w
+    assert torch.allclose(cache.apply_ln_to_stack(parts, layer=1) * w, cache.apply_ln_to_stack(
+        parts, layer=1, include_weight=True), atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
