@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from interp.store.harvest import HarvestConfig
 
 IN_FLIGHT_PER_WORKER = 2
 
@@ -65,15 +68,20 @@ def _get(ray, ref):
         raise
 
 
-def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str, load_kwargs: dict[str, Any],
-               folder: Path, names: list[str], shapes: dict[str, list[int]], stop: int | None, batch_size: int,
-               dtype: str, num_workers: int, record: Callable[[int, dict[str, Any], int], None],
-               threads_per_worker: int = 1, gpus_per_worker: float = 0.0) -> int:
-    """Compute every shard of ``todo`` on ``num_workers`` actors; ``record(index, entry, n_tokens)`` runs on
-    the driver as each shard completes. Returns the number of shards written."""
+def run_shards(todo: Iterator[tuple[int, int, list]], config: "HarvestConfig", *, spec: str, folder: Path,
+               names: list[str], shapes: dict[str, list[int]], stop: int | None,
+               record: Callable[[int, dict[str, Any], int], None]) -> int:
+    """Compute every shard of ``todo`` (``(index, first context id, contexts)``) on ``config.num_workers``
+    actors, each loading ``spec`` with ``config.backend`` / ``config.load_kwargs`` and reserving
+    ``config.threads_per_worker`` CPUs and ``config.gpus_per_worker`` GPUs; shards are computed in batches of
+    ``config.batch_size`` and stored as ``config.dtype``. The per-call things: the store ``folder``, the resolved
+    hook ``names``, their feature ``shapes``, the ``stop`` layer, and ``record(index, entry, n_tokens)``, which
+    runs on the driver as each shard completes. Returns the number of shards written."""
     ray = ensure_ray()
-    Worker = ray.remote(num_cpus=threads_per_worker, num_gpus=gpus_per_worker)(_HarvestWorker)
-    workers = [Worker.remote(spec, backend, load_kwargs, threads_per_worker) for _ in range(num_workers)]
+    num_workers = config.num_workers
+    Worker = ray.remote(num_cpus=config.threads_per_worker, num_gpus=config.gpus_per_worker)(_HarvestWorker)
+    workers = [Worker.remote(spec, config.backend, dict(config.load_kwargs), config.threads_per_worker)
+               for _ in range(num_workers)]
     pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (index, worker, tokens)
     load = [0] * num_workers
     done = 0
@@ -93,7 +101,7 @@ def run_shards(todo: Iterator[tuple[int, int, list]], *, spec: str, backend: str
             collect(IN_FLIGHT_PER_WORKER * num_workers - 1)
             w = min(range(num_workers), key=load.__getitem__)
             ref = workers[w].run.remote(str(folder), index, first_context, contexts, names, shapes, stop,
-                                        batch_size, dtype)
+                                        config.batch_size, config.dtype)
             pending[ref] = (index, w, len(contexts) * len(contexts[0].tokens))
             load[w] += 1
         collect(0)

@@ -31,16 +31,20 @@ def harvest_cmd(model: str = typer.Argument(..., help="Model spec: zoo:NAME or a
     """Harvest activations to a sharded safetensors store with a JSON manifest (resumable by rerunning)."""
     from pathlib import Path
 
-    from interp.store.harvest import harvest
+    from interp.store.harvest import HarvestConfig, harvest
     from interp.store.manifest import StoreError
 
     hooks = [n.strip() for item in names for n in item.split(",") if n.strip()]
     load_kwargs = {k: v for k, v in (("dtype", model_dtype), ("device", device)) if v is not None}
     try:
         check_load_options(model_dtype, device)  # before the model loads (minutes for a large one)
-        res = harvest(model, data, hooks, out, context_size=context_size, batch_size=batch_size, dtype=dtype,
-                      max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=not no_bos, text_column=text_column,
-                      engine=engine, num_workers=workers, gpus_per_worker=gpus_per_worker, repair=repair, backend=backend, load_kwargs=load_kwargs)
+        # the options, built and validated once into the typed config the harvest (and its engine) runs with
+        config = HarvestConfig(names=hooks, context_size=context_size, batch_size=batch_size, dtype=dtype,
+                               max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=not no_bos,
+                               text_column=text_column, engine=engine, num_workers=workers,
+                               gpus_per_worker=gpus_per_worker, repair=repair, backend=backend,
+                               load_kwargs=load_kwargs)
+        res = harvest(model, data, out=out, config=config)
     except (StoreError, ValueError, KeyError, FileNotFoundError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -22,11 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from interp.configs import config_from_call, is_int, is_number, is_sequence, require
 from interp.model import Model
 from interp.names import parse
 from interp.progress import progress
@@ -55,8 +56,10 @@ def _check_engine(obj: Any, name: str) -> None:
 
 #: engines that compute shards elsewhere than this process (entry-point group ``interp.harvest_engines``; the
 #: built-in ``ray`` is declared there in pyproject.toml like a third party's): the kernel never imports them, it
-#: looks them up by name when a harvest asks for one. An engine is a callable with the keyword signature of
-#: :func:`interp.apps.ray_engine.run_shards` returning the number of shards written.
+#: looks them up by name when a harvest asks for one. An engine is a callable with the signature of
+#: :func:`interp.apps.ray_engine.run_shards`, ``(todo, config, *, spec, folder, names, shapes, stop, record)``
+#: (``config``: the harvest's :class:`HarvestConfig`, for its batch size, dtype, workers and loading options),
+#: returning the number of shards written.
 HARVEST_ENGINES: Registry = Registry("harvest engine", "interp.harvest_engines", validate=_check_engine)
 
 
@@ -65,12 +68,14 @@ def engine_names() -> list[str]:
     return ["local", *[n for n in HARVEST_ENGINES.available() if n != "local"]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class HarvestConfig:
-    """How a harvest packs, runs and stores. Fields marked *identity* define the store: resuming with a
-    different value is refused.
+    """How a harvest packs, runs and stores: the options of :func:`harvest`, validated once when built (a
+    one-line :class:`~interp.configs.ConfigError` naming the field). Fields marked *identity* define the
+    store: resuming with a different value is refused.
 
-    - ``names`` (identity): hook names or globs to store, e.g. ``"blocks.*.hook_resid_post"``.
+    - ``names`` (identity): hook names or globs to store, e.g. ``"blocks.*.hook_resid_post"`` (one string or
+      several; kept as a tuple).
     - ``context_size`` (identity, default 128): tokens per context, BOS included.
     - ``batch_size`` (identity, default 8): contexts per forward pass.
     - ``dtype`` (identity): stored dtype, one of ``float32``, ``float16``, ``bfloat16``, ``float64``.
@@ -79,11 +84,13 @@ class HarvestConfig:
     - ``prepend_bos`` / ``separator`` (identity): sae-lens's ``prepend_bos`` (each context starts with BOS)
       and ``sequence_separator_token`` (``"bos"``, ``"eos"``, ``"sep"``, an id, or ``None``).
     - ``text_column`` / ``tokens_column`` (identity): fields read from JSON lines and datasets.
-    - ``engine``: ``"local"`` or ``"ray"``; ``num_workers``: Ray actors (each loads the model once);
-      ``gpus_per_worker``: GPUs each actor reserves (pass ``load_kwargs={"device": "cuda"}`` or
-      ``{"device_map": "auto"}`` to use them).
+    - ``engine``: ``"local"`` or a registered engine (``"ray"``); ``num_workers``: its workers (each loads the
+      model once); ``gpus_per_worker`` / ``threads_per_worker``: GPUs / CPU threads each reserves (pass
+      ``load_kwargs={"device": "cuda"}`` or ``{"device_map": "auto"}`` to use the GPUs).
     - ``verify``: re-check the full sha256 of completed shards when resuming (without it: sizes, headers
       and sample hashes); ``repair``: recompute shards that fail it instead of stopping.
+    - ``backend`` / ``load_kwargs``: how a model given as a spec is loaded (:func:`interp.load`), here and on
+      an engine's workers.
     """
 
     names: str | Sequence[str]
@@ -101,35 +108,48 @@ class HarvestConfig:
     gpus_per_worker: float = 0.0
     verify: bool = True
     repair: bool = False
+    backend: str = "torch"
+    load_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    threads_per_worker: int = 1
+
+    #: fields that say how to run, not what is stored (left out of the store's identity)
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = ("engine", "num_workers", "gpus_per_worker", "verify", "repair",
+                                             "backend", "load_kwargs", "threads_per_worker")
 
     def __post_init__(self) -> None:
-        if isinstance(self.names, str):
-            self.names = [self.names]
-        self.names = list(self.names)
-        if not self.names or not all(isinstance(n, str) and n for n in self.names):
-            raise ValueError(f"names must be one or more hook names or globs, got {self.names!r}")
-        for fld, lo in (("context_size", 2 if self.prepend_bos else 1), ("batch_size", 1), ("num_workers", 1)):
+        name = type(self).__name__
+        names = (self.names,) if isinstance(self.names, str) else self.names
+        require(is_sequence(names) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
+                f"{name}.names", self.names, "one or more hook names or globs")
+        object.__setattr__(self, "names", tuple(names))
+        for flag in ("prepend_bos", "verify", "repair"):
+            require(isinstance(getattr(self, flag), bool), f"{name}.{flag}", getattr(self, flag), "True or False")
+        for fld, lo in (("context_size", 2 if self.prepend_bos else 1), ("batch_size", 1), ("num_workers", 1),
+                        ("threads_per_worker", 1)):
             v = getattr(self, fld)
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"{fld} must be an integer >= {lo}, got {v!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < self.context_size):
-            raise ValueError(f"max_tokens must be None or an integer >= context_size ({self.context_size}), "
-                             f"got {self.max_tokens!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.shard_mb, (int, float)) or isinstance(self.shard_mb, bool) \
-                or not math.isfinite(self.shard_mb) or self.shard_mb <= 0:
-            raise ValueError(f"shard_mb must be a positive number, got {self.shard_mb!r}")
-        if not isinstance(self.gpus_per_worker, (int, float)) or self.gpus_per_worker < 0:
-            raise ValueError(f"gpus_per_worker must be a number >= 0, got {self.gpus_per_worker!r}")
-        if not isinstance(self.engine, str) or (self.engine != "local" and self.engine not in HARVEST_ENGINES):
-            raise ValueError(f"engine must be one of {', '.join(engine_names())}, got {self.engine!r}")
-        if self.separator is not None and not isinstance(self.separator, int) and self.separator not in ("bos", "eos", "sep"):
-            raise ValueError(f"separator must be 'bos', 'eos', 'sep', a token id or None, got {self.separator!r}")
+            require(is_int(v) and v >= lo, f"{name}.{fld}", v, f"an integer >= {lo}")
+        require(self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= self.context_size),
+                f"{name}.max_tokens", self.max_tokens, f"None or an integer >= context_size ({self.context_size})")
+        require(self.dtype in DTYPES, f"{name}.dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        require(is_number(self.shard_mb) and self.shard_mb > 0, f"{name}.shard_mb", self.shard_mb, "a positive number")
+        require(is_number(self.gpus_per_worker) and self.gpus_per_worker >= 0, f"{name}.gpus_per_worker",
+                self.gpus_per_worker, "a number >= 0")
+        require(isinstance(self.engine, str) and (self.engine == "local" or self.engine in HARVEST_ENGINES),
+                f"{name}.engine", self.engine, f"one of {', '.join(engine_names())}")
+        require(self.separator is None or is_int(self.separator) or self.separator in ("bos", "eos", "sep"),
+                f"{name}.separator", self.separator, "'bos', 'eos', 'sep', a token id or None")
+        for col in ("text_column", "tokens_column", "backend"):
+            require(isinstance(getattr(self, col), str) and getattr(self, col), f"{name}.{col}", getattr(self, col),
+                    "a non-empty string")
+        require(isinstance(self.load_kwargs, Mapping) and all(isinstance(k, str) for k in self.load_kwargs),
+                f"{name}.load_kwargs", self.load_kwargs, "a mapping of interp.load keyword arguments")
+        object.__setattr__(self, "load_kwargs", dict(self.load_kwargs))
 
     def identity(self) -> dict[str, Any]:
-        skip = {"engine", "num_workers", "gpus_per_worker", "verify", "repair"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+        """The fields that define the store (recorded in its manifest; ``names`` as a list, as stored)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.RUN_FIELDS}
+        out["names"] = list(self.names)
+        return out
 
     @property
     def max_contexts(self) -> int | None:
@@ -356,13 +376,16 @@ def _chunks(it: Iterator[Context], size: int) -> Iterator[list[Context]]:
 
 
 # ----------------------------------------------------------------------------------------- harvest
-def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str | Path, *,
-            context_size: int = 128, batch_size: int = 8, dtype: str = "float32", max_tokens: int | None = None,
-            shard_mb: float = 64.0, prepend_bos: bool = True, separator: str | int | None = "bos",
-            text_column: str = "text", tokens_column: str = "input_ids", engine: str = "local",
-            num_workers: int = 2, gpus_per_worker: float = 0.0, verify: bool = True, repair: bool = False, backend: str = "torch",
-            load_kwargs: dict[str, Any] | None = None) -> HarvestResult:
+def harvest(model: Model | str, data: Any, names: str | Sequence[str] | None = None, out: str | Path | None = None,
+            *, config: HarvestConfig | None = None, **options: Any) -> HarvestResult:
     """Harvest the activations at ``names`` of ``model`` over ``data`` into the store folder ``out``.
+
+    The options are the fields of :class:`HarvestConfig` (``names`` and ``context_size``, ``batch_size``,
+    ``dtype``, ``max_tokens``, ``shard_mb``, ``engine``, ``backend``, ``load_kwargs`` ...): given as keywords
+    (``harvest(model, data, names, out, context_size=16)``) or as one ready ``config=`` (then neither ``names``
+    nor any option may be given besides it: ``harvest(model, data, out=folder, config=cfg)``). The config is
+    built and validated once, before anything loads: a bad value is a one-line
+    :class:`~interp.configs.ConfigError` (a ``ValueError``) naming the field.
 
     ``model`` is an :class:`interp.Model` or a spec for :func:`interp.load` (``zoo:NAME``, a folder; with
     ``backend`` and ``load_kwargs``); ``engine="ray"`` needs a spec (each worker loads the model itself).
@@ -375,11 +398,10 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
     Each stored name ``n`` becomes rows ``[n_tokens, *feature_shape]``; read them with
     :class:`~interp.store.ActivationStore`. Returns a :class:`HarvestResult`.
     """
-    cfg = HarvestConfig(names=names, context_size=context_size, batch_size=batch_size, dtype=dtype,
-                        max_tokens=max_tokens, shard_mb=shard_mb, prepend_bos=prepend_bos, separator=separator,
-                        text_column=text_column, tokens_column=tokens_column, engine=engine,
-                        num_workers=num_workers, gpus_per_worker=gpus_per_worker, verify=verify, repair=repair)
-    load_kwargs = dict(load_kwargs or {})
+    given = {"names": names} if names is not None else {}
+    cfg = config_from_call(HarvestConfig, config, {**given, **options}, "harvest")
+    if out is None:
+        raise TypeError("harvest: out (the store folder) is required")
     spec = str(model) if isinstance(model, (str, Path)) else getattr(model, "source", None)
     if cfg.engine != "local" and spec is None:
         raise ValueError(f"engine={cfg.engine!r} needs a model spec (zoo:NAME or a folder) that the workers can load; "
@@ -393,7 +415,7 @@ def harvest(model: Model | str, data: Any, names: str | Sequence[str], out: str 
         raise StoreError(f"output {str(folder)!r} exists and is not an activation store; choose a new or empty folder")
     source = open_source(data, text_column=cfg.text_column, tokens_column=cfg.tokens_column)
     with _StoreLock(folder):
-        return _harvest_locked(model, source, folder, cfg, spec, backend, load_kwargs)
+        return _harvest_locked(model, source, folder, cfg, spec)
 
 
 class _StoreLock:
@@ -441,9 +463,9 @@ def _remove_own_temporaries(folder: Path) -> None:
             stray.unlink(missing_ok=True)
 
 
-def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: HarvestConfig, spec: str | None,
-                    backend: str, load_kwargs: dict[str, Any]) -> HarvestResult:
-    m = _open_model(model, backend, load_kwargs)
+def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: HarvestConfig,
+                    spec: str | None) -> HarvestResult:
+    m = _open_model(model, cfg.backend, cfg.load_kwargs)
     t0 = time.perf_counter()
     contexts = _contexts(source, m, cfg)
     try:
@@ -452,7 +474,7 @@ def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: H
         raise ValueError(f"data {source.description!r} yields no complete context of {cfg.context_size} tokens") from None
     contexts = itertools.chain([first], contexts)
 
-    stop = stop_layer(m.hook_names(cfg.names) or cfg.names, m.cfg.n_layers)
+    stop = stop_layer(m.hook_names(list(cfg.names)) or cfg.names, m.cfg.n_layers)
     resolved, shapes, probe = _probe(m, first, cfg.names, stop)
     torch_dtype = DTYPES[cfg.dtype]
     row_bytes = sum(int(np.prod(s)) for s in shapes.values()) * torch_dtype.itemsize
@@ -497,8 +519,7 @@ def _harvest_locked(model: Model | str, source: DataSource, folder: Path, cfg: H
         run = _run_local if cfg.engine == "local" else _run_engine
         counter = _Counter(bar)
         try:
-            written = run(todo, m, folder, manifest, resolved, shapes, stop, cfg, torch_dtype, counter, spec,
-                          backend, load_kwargs)
+            written = run(todo, m, folder, manifest, resolved, shapes, stop, cfg, torch_dtype, counter, spec)
         finally:
             bar.close()
         tokens_computed = counter.n
@@ -576,7 +597,7 @@ def _run_local(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, b
     return count[0]
 
 
-def _run_engine(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, spec, backend, load_kwargs) -> int:
+def _run_engine(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, bar, spec) -> int:
     """Hand the shards to the registered engine ``cfg.engine`` (:data:`HARVEST_ENGINES`); record them here."""
     run_shards = HARVEST_ENGINES.get(cfg.engine)
 
@@ -585,9 +606,7 @@ def _run_engine(todo, model, folder, manifest, names, shapes, stop, cfg, dtype, 
         write_manifest(folder, manifest)
         bar.update(n_tokens)
 
-    return run_shards(todo, spec=spec, backend=backend, load_kwargs=load_kwargs, folder=folder, names=names,
-                      shapes=shapes, stop=stop, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                      num_workers=cfg.num_workers, record=record, gpus_per_worker=cfg.gpus_per_worker)
+    return run_shards(todo, cfg, spec=spec, folder=folder, names=names, shapes=shapes, stop=stop, record=record)
 
 
 __all__ = ["harvest", "HarvestConfig", "HARVEST_ENGINES", "engine_names", "HarvestResult", "compute_shard", "stop_layer", "weights_fingerprint", "DTYPES",
