@@ -18,8 +18,18 @@ Each old package or module is a thin alias (``interp/audit/__init__.py`` and so 
 it emits a ``DeprecationWarning`` naming the new path and makes the old name *the same module object* as the
 new one; a finder on ``sys.meta_path`` does the same for every old submodule (``import interp.audit.runner`` is
 ``interp.apps.audit.runner``), so a class imported under either name is one class (registries and
-``isinstance`` agree). Nothing here imports an application by itself: the targets are names, imported only
-when old code asks for an old path.
+``isinstance`` agree).
+
+A module whose names went to *several* new modules cannot be one module object; it stays as a thin module whose
+``__getattr__`` is :func:`forward` (listed in :data:`FORWARDED`): each name read warns and returns the new
+module's object (the same object, so identity holds name by name). The zoo's builders moved this way::
+
+    interp.zoo.grammar -> interp.data.grammar (the grammar), interp.apps.zoo.grammar (the model and its metrics)
+    interp.zoo.real    -> interp.apps.zoo.real
+    interp.zoo.refusal -> interp.apps.zoo.refusal
+
+This module is the one mechanism for every moved path. Nothing here imports an application by itself: the
+targets are names, imported only when old code asks for an old path.
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ import importlib.machinery
 import sys
 import warnings
 from types import ModuleType
+from typing import Any, Callable
 
 #: old module path -> new module path (a submodule of an old package maps to the same submodule of the new one,
 #: unless it is listed itself)
@@ -54,9 +65,21 @@ def new_name(old: str) -> str | None:
     return None
 
 
-def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path works until interp 0.2 (import {new} instead)",
-                  DeprecationWarning, stacklevel=4)
+#: the old modules that stay and forward each name read (their names went to several new modules): old path ->
+#: (the new module of every name not listed, {name: its new module})
+_GRAMMAR_APP = "interp.apps.zoo.grammar"
+FORWARDED: dict[str, tuple[str, dict[str, str]]] = {
+    "interp.zoo.grammar": ("interp.data.grammar", {n: _GRAMMAR_APP for n in ("ToyGrammarConfig", "make_tokenizer",
+                                                                             "evaluate", "build_toy_grammar")}),
+    "interp.zoo.real": ("interp.apps.zoo.real", {}),
+    "interp.zoo.refusal": ("interp.apps.zoo.refusal", {}),
+}
+
+
+def _warn(old: str, new: str, stacklevel: int = 4, hint: str = "") -> None:
+    """The one deprecation message of a moved path (``old`` a module, or ``module.name``)."""
+    warnings.warn(f"{old} moved to {new}; the old path works until interp 0.2{hint}", DeprecationWarning,
+                  stacklevel=stacklevel)
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -64,7 +87,7 @@ class _AliasLoader(importlib.abc.Loader):
         self.old, self.new = old, new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        _warn(self.old, self.new)
+        _warn(self.old, self.new, hint=f" (import {self.new} instead)")
         return importlib.import_module(self.new)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -90,10 +113,31 @@ def alias(old: str) -> ModuleType:
         raise ValueError(f"{old!r} is not a moved module; moved: {', '.join(MOVED)}")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
-    _warn(old, new)
+    _warn(old, new, hint=f" (import {new} instead)")
     module = importlib.import_module(new)
     sys.modules[old] = module
     return module
 
 
-__all__ = ["MOVED", "alias", "new_name"]
+def forward(old: str) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``old`` (the caller's ``__name__``, listed in :data:`FORWARDED`): name ``n``
+    comes from its new module, with a ``DeprecationWarning`` naming ``new.n``; a name the new module lacks is an
+    ``AttributeError`` naming the old module."""
+    if old not in FORWARDED:
+        raise ValueError(f"{old!r} is not a forwarded module; forwarded: {', '.join(FORWARDED)}")
+    default, targets = FORWARDED[old]
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        new = targets.get(name, default)
+        module = importlib.import_module(new)
+        if not hasattr(module, name):
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        _warn(f"{old}.{name}", f"{new}.{name}", stacklevel=3)
+        return getattr(module, name)
+
+    return __getattr__
+
+
+__all__ = ["FORWARDED", "MOVED", "alias", "forward", "new_name"]
