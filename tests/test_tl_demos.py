@@ -1048,13 +1048,11 @@ TL_CELLS: dict[str, dict[str, tuple[int, ...]]] = {
 #: aside; the Activation demo's ``DO_SLOW_RUNS = True`` and the Attribution demo's ``Metric`` type alias too)
 MODEL_CELLS = {"Activation_Patching_in_TL_Demo": set(range(7, 24)) - {11},
                "Attribution_Patching_Demo": set(range(6, 43)) - {10}}
-#: demo cells that raise on TransformerLens 3.9's bridge itself, and why: not runnable, so not counted (a step's
-#: cells; interp runs them where it can, and may fail only where TL fails too)
-FAILS_ON_TL = {
-    "attr_residual": "the bridge reports hook_in / hook_out alias names to hook functions, so the demo's cache has "
-                     "no blocks.0.hook_resid_pre (TL's demo patches such caches by hand)",
-    "attr_patch_block_every": "the same: attr_cache.stack_activation('resid_pre') finds no blocks.0.hook_resid_pre",
-}
+#: demo cells that raise on TransformerLens 3.9's bridge itself on every architecture, and why: not runnable, so not
+#: counted (a step's cells; interp runs them where it can). None since the demo's current cell 11 (run_with_cache
+#: plus alias entries through hook_dict), whose caches have blocks.0.hook_resid_pre: the residual and block cells
+#: (15, 28-29) used to raise on the bridge with the older cell 11's hand-made caches
+FAILS_ON_TL: dict[str, str] = {}
 
 
 _GQA_STACK = ("TL's cell stacks per-head tensors of q (query heads) with k / v (key/value heads): on a grouped-query "
