@@ -49,6 +49,18 @@ def _pos(t: torch.Tensor, pos_slice: Any, dim: int = -2) -> torch.Tensor:
     return t.index_select(dim % t.dim(), torch.as_tensor(pos_slice, dtype=torch.long, device=t.device))
 
 
+def _project(stack: torch.Tensor, project_output_onto: torch.Tensor | None) -> torch.Tensor:
+    """TransformerLens's ``project_output_onto``: ``stack [..., d]`` times a ``[d]`` direction (the last axis dropped)
+    or a ``[d, n]`` matrix (the last axis becomes ``n``); ``None`` leaves the stack as it is."""
+    if project_output_onto is None:
+        return stack
+    proj = torch.as_tensor(project_output_onto)
+    if proj.dim() not in (1, 2) or proj.shape[0] != stack.shape[-1]:
+        raise ValueError(f"project_output_onto must be [d_model] or [d_model, n] with d_model = "
+                         f"{stack.shape[-1]}, got shape {tuple(proj.shape)}")
+    return stack @ proj.to(stack.device, stack.dtype)
+
+
 def _size(nbytes: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
@@ -381,23 +393,28 @@ class Cache(Mapping[str, torch.Tensor]):
         stack = _pos(stack, pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def get_neuron_results(self, layer: int, neuron_slice: Any = None, pos_slice: Any = None) -> torch.Tensor:
+    def get_neuron_results(self, layer: int, neuron_slice: Any = None, pos_slice: Any = None,
+                           project_output_onto: torch.Tensor | None = None) -> torch.Tensor:
         """TransformerLens's ``get_neuron_results``: each neuron's output in the residual stream at ``layer``,
         ``post[..., n] * W_out[layer, n]``, ``[batch, pos, neuron, d_model]`` (``b_out`` belongs to no neuron).
         ``neuron_slice`` / ``pos_slice`` as TL's ``Slice``: an int selects one (dropping its axis, as TL), a tuple
-        or ``slice`` slices, a list or tensor indexes."""
+        or ``slice`` slices, a list or tensor indexes. ``project_output_onto`` (``[d_model]`` or ``[d_model, n]``)
+        projects each output, as TL's (the last axis dropped, or ``n``)."""
         model = self._need_model()
         post = _pos(self[f"blocks.{layer}.mlp.hook_post"], pos_slice)  # [b, p, d_mlp]
         W_out = model.weight("W_out")[layer]  # [d_mlp, d]
         post, W_out = _pos(post, neuron_slice, dim=-1), _pos(W_out, neuron_slice, dim=0)
-        return (post.float()[..., None] * W_out.float().to(post.device)).to(post.dtype)
+        out = (post.float()[..., None] * W_out.float().to(post.device)).to(post.dtype)
+        return _project(out, project_output_onto)
 
     def stack_neuron_results(self, layer: int | None = None, pos_slice: Any = None, neuron_slice: Any = None,
-                             return_labels: bool = False, incl_remainder: bool = False, apply_ln: bool = False):
+                             return_labels: bool = False, incl_remainder: bool = False, apply_ln: bool = False,
+                             project_output_onto: torch.Tensor | None = None):
         """TransformerLens's ``stack_neuron_results``: every neuron's output (:meth:`get_neuron_results`) of layers
         ``0..layer-1`` (``None`` / ``-1``: every layer), ``[layer * neuron, batch, pos, d_model]``, labels
         ``L{l}N{n}``; ``incl_remainder`` adds the rest of the residual stream before ``layer`` (label
-        ``remainder``), ``apply_ln`` normalises as :meth:`apply_ln_to_stack` at ``layer``."""
+        ``remainder``), ``apply_ln`` normalises as :meth:`apply_ln_to_stack` at ``layer``, then
+        ``project_output_onto`` projects as :meth:`get_neuron_results` (TL's argument order)."""
         n = self._layer_arg(layer)
         if self.is_gradient:
             raise ValueError("this cache holds gradients: neuron outputs are products of activations and weights")
@@ -417,6 +434,7 @@ class Cache(Mapping[str, torch.Tensor]):
             labels.append("remainder")
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, n, pos_slice=pos_slice)
+        stack = _project(stack, project_output_onto)
         return (stack, labels) if return_labels else stack
 
     def compute_head_results(self) -> None:
@@ -483,12 +501,7 @@ class Cache(Mapping[str, torch.Tensor]):
         stack = _pos(torch.cat(parts), pos_slice)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, n, mlp_input, pos_slice=pos_slice)
-        if project_output_onto is not None:
-            proj = torch.as_tensor(project_output_onto)
-            if proj.dim() not in (1, 2) or proj.shape[0] != stack.shape[-1]:
-                raise ValueError(f"project_output_onto must be [d_model] or [d_model, n] with d_model = "
-                                 f"{stack.shape[-1]}, got shape {tuple(proj.shape)}")
-            stack = stack @ proj.to(stack.device, stack.dtype)
+        stack = _project(stack, project_output_onto)
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,

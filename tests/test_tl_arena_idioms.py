@@ -134,6 +134,10 @@ def attribution_helpers(model) -> dict:
     o["logit_attrs_batch_slice"] = c.logit_attrs(d[:, 1:, -1], a, pos_slice=-1, batch_slice=(1, 2))
     o["full"], o["full_labels"] = c.get_full_resid_decomposition(-1, expand_neurons=False, apply_ln=True, pos_slice=-1,
                                                                  return_labels=True)
+    dirs = model.tokens_to_residual_directions(torch.tensor([a, b])).T  # [d_model, 2]
+    o["neurons_projected"] = c.get_neuron_results(1, [0, 3], -1, dirs[:, 0])
+    o["stack_neurons_positional"] = c.stack_neuron_results(2, -1, (0, 5), True, True, True, dirs)
+    o["full_positional"] = c.get_full_resid_decomposition(2, False, True, True, -1, True, dirs[:, 1])
     with pytest.raises(ValueError):  # tokens and incorrect_tokens of different shapes
         c.logit_attrs(d, torch.tensor([a, b]), a)
     one = model.run_with_cache(toks[:1], remove_batch_dim=True)[1]
@@ -265,3 +269,25 @@ def test_more_idioms_equal_tl(arch, backend):
     kept = ours["run_with_hooks_kept"]
     assert kept[1] == kept[2] != kept[0] == kept[3]  # the hook stayed added until reset_hooks
     assert ours["hooks_ctx_kept"][0] != ours["hooks_ctx_kept"][1]
+
+
+def test_full_decomposition_projected_at_an_mlp_input_is_tls_unprojected_one():
+    """TL 3.9's ``get_full_resid_decomposition(layer, mlp_input=True, apply_ln=True, project_output_onto=d)`` normalises
+    the neuron rows with ``ln1``'s scale (its fused path calls ``stack_neuron_results(apply_ln=True)``, which has no
+    ``mlp_input``), so it differs from its own ``get_full_resid_decomposition(...) @ d`` (the demo's "Outputs should
+    match!"). interp gives the latter, ``ln2``'s scale for every row, in both spellings: a TL inconsistency, not
+    followed (docs/for_transformer_lens_users.md)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_of("gpt2")
+        model = wrap("gpt2", "torch")
+        toks = model.to_tokens(["When J and M went, J gave to", "When T and A went, A gave to"])
+        d = model.tokens_to_residual_directions(torch.tensor(5))
+        theirs = bridge.run_with_cache(toks)[1]
+        tl_projected = theirs.get_full_resid_decomposition(2, True, True, True, -1, False, d)
+        tl_then = theirs.get_full_resid_decomposition(2, True, True, True, -1) @ d
+    ours = model.run_with_cache(toks)[1]
+    assert not torch.allclose(tl_projected, tl_then, atol=1e-4)  # TL's two spellings disagree here
+    same(ours.get_full_resid_decomposition(2, True, True, True, -1, False, d), tl_then, "projected")
+    same(ours.get_full_resid_decomposition(2, True, True, True, -1) @ d, tl_then, "then projected")
+
