@@ -482,7 +482,6 @@ class Cache(Mapping[str, torch.Tensor]):
             raise ValueError("mlp_input needs a block's layer (0..n_layers-1): the final norm reads no MLP")
         heads, labels = self.stack_head_results(n + (1 if mlp_input else 0), return_labels=True)
         parts = [heads]
-        b_O, b_out = model.weight("b_O"), (model.weight("b_out") if n else None)
         for l in range(n):
             if expand_neurons:
                 neurons = self.get_neuron_results(l).movedim(-2, 0)  # [d_mlp, b, p, d]
@@ -495,7 +494,7 @@ class Cache(Mapping[str, torch.Tensor]):
         embed = embeds[0]
         parts += [e[None] for e in embeds]
         labels += embed_labels
-        bias = b_O[:n + (1 if mlp_input else 0)].sum(0) + (b_out[:n].sum(0) if n and expand_neurons else 0)
+        bias = model.accumulated_bias(n, mlp_input, include_mlp_biases=expand_neurons)
         parts.append(bias.to(embed.device, embed.dtype).expand_as(embed)[None])
         labels.append("bias")
         stack = _pos(torch.cat(parts), pos_slice)

@@ -138,6 +138,30 @@ class Weights:
         return f"<model.{self._where}: {', '.join(self._names)}>"
 
 
+class Labels(list):
+    """A list of labels that is also callable (``labels()`` returns it): TransformerLens's ``all_head_labels`` is a
+    method on ``HookedTransformer`` and a property on the bridge; both spellings work."""
+
+    def __call__(self) -> list[str]:
+        return list(self)
+
+
+def accumulated_bias(model, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+    """TransformerLens's ``accumulated_bias``: the biases written into the residual stream before ``layer``'s
+    attention (``[d_model]``): each earlier layer's ``b_O`` and (``include_mlp_biases``) ``b_out``, plus ``layer``'s
+    own ``b_O`` with ``mlp_input`` (the input of its MLP)."""
+    n = model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n:
+        raise ValueError(f"accumulated_bias: layer must be in 0..{n}, got {layer!r}")
+    if mlp_input and layer == n:
+        raise ValueError("accumulated_bias: mlp_input needs a block's layer (0..n_layers-1)")
+    b_O = model.weight("b_O").float()  # [L, d]
+    total = b_O[:layer + (1 if mlp_input else 0)].sum(0)
+    if include_mlp_biases and layer and not model.cfg.attn_only:
+        total = total + model.weight("b_out").float()[:layer].sum(0)
+    return total.to(b_O.device)
+
+
 class HookPoint:
     """TransformerLens's hook point object, as ``model.hook_dict[name]`` gives it: ``.name``, ``.layer()``,
     ``.ctx``, ``.add_hook(fn, dir="fwd", is_permanent=False)`` (``model.add_hook(name, ...)``),

@@ -538,6 +538,23 @@ class Model:
         check_token_ids(torch.as_tensor(tokens), what="tokens")
         return _habits().lm_loss(logits, torch.as_tensor(tokens), attention_mask, per_token)
 
+    def to_single_str_token(self, int_token: int) -> str:
+        """TransformerLens's ``to_single_str_token``: the string of one token id."""
+        if isinstance(int_token, bool) or not isinstance(int_token, (int, torch.Tensor)) or (
+                isinstance(int_token, torch.Tensor) and int_token.numel() != 1):
+            raise TypeError(f"to_single_str_token takes one token id (an int), got {int_token!r}")
+        return self.to_str_tokens(torch.tensor([int(int_token)]))[0]
+
+    @property
+    def all_head_labels(self) -> list[str]:
+        """``["L0H0", "L0H1", ...]``, every attention head: TL's bridge property (``model.all_head_labels``) and
+        HookedTransformer's method (``model.all_head_labels()``) both work."""
+        return _habits().Labels(f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads))
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+        """TransformerLens's ``accumulated_bias`` (see :func:`interp.habits.accumulated_bias`): ``[d_model]``."""
+        return _habits().accumulated_bias(self, layer, mlp_input, include_mlp_biases)
+
     def get_token_position(self, single_token: str | int, input: str | torch.Tensor, mode: str = "first",
                            prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
         """TransformerLens's ``get_token_position``: the position of ``single_token`` (a one-token string or an

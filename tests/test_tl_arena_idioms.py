@@ -291,3 +291,53 @@ def test_full_decomposition_projected_at_an_mlp_input_is_tls_unprojected_one():
     same(ours.get_full_resid_decomposition(2, True, True, True, -1, False, d), tl_then, "projected")
     same(ours.get_full_resid_decomposition(2, True, True, True, -1) @ d, tl_then, "then projected")
 
+
+@pytest.fixture(scope="module")
+def biased_gpt2(tmp_path_factory):
+    """The test GPT-2 with random attention and MLP biases (its own are zero, which would let a helper that drops or
+    misplaces ``b_O`` / ``b_in`` / ``b_out`` pass): its folder, for interp and for the bridge alike."""
+    import transformers
+
+    from test_tl_demos import folder_of
+
+    folder = tmp_path_factory.mktemp("biased_gpt2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder_of("gpt2"))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias") and (".attn." in name or ".mlp." in name):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    hf.save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(folder_of("gpt2")).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bias_dependent_helpers_equal_tl_on_a_model_with_biases(biased_gpt2, backend):
+    """The attribution helpers (:func:`attribution_helpers`: the bias row of ``get_full_resid_decomposition``, head
+    and neuron outputs without their biases, ...) and ``model.accumulated_bias``, on a GPT-2 whose attention and MLP
+    biases are not zero, equal TL's on the bridge of the same weights."""
+    import transformers
+
+    def load(backend_name):
+        model = interp.wrap(transformers.AutoModelForCausalLM.from_pretrained(biased_gpt2).eval(),
+                            transformers.AutoTokenizer.from_pretrained(biased_gpt2), backend=backend_name)
+        model.prepend_bos = True
+        return model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = load("transformer_lens").tl
+        theirs = attribution_helpers(bridge)
+        theirs["accumulated_bias"] = [bridge.accumulated_bias(2, True), bridge.accumulated_bias(3),
+                                      bridge.accumulated_bias(1, False, False)]
+    model = load(backend)
+    assert model.b_O.abs().min() > 0 and model.b_out.abs().max() > 0.1
+    ours = attribution_helpers(model)
+    ours["accumulated_bias"] = [model.accumulated_bias(2, True), model.accumulated_bias(3),
+                                model.accumulated_bias(1, False, False)]
+    for key in theirs:
+        same(ours[key], theirs[key], key)
+    assert model.all_head_labels[:2] == model.all_head_labels()[:2] == bridge.all_head_labels[:2] == ["L0H0", "L0H1"]
+    assert model.to_single_str_token(70) == bridge.to_single_str_token(70)
+
