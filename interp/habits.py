@@ -15,7 +15,9 @@ What a TransformerLens user writes first, working as written:
   ``run_with_cache`` (see :func:`lm_loss`);
 * ``model.embed.W_E``, ``model.unembed.W_U`` / ``.b_U``, ``model.pos_embed.W_pos`` (:class:`Weights`),
   ``model.tl_named_parameters()`` (:func:`tl_named_parameters`), ``model.get_token_position``
-  (:func:`get_token_position`), ``model.loss_fn``.
+  (:func:`get_token_position`), ``model.loss_fn``;
+* ``model.hook_dict[name]`` (:class:`HookPoint`: ``.add_hook``, ``.remove_hooks``, ``.layer()``, ``.ctx``),
+  ``model.accumulated_bias`` (:func:`accumulated_bias`), ``model.all_head_labels`` (:class:`Labels`).
 """
 from __future__ import annotations
 
