@@ -47,18 +47,20 @@ class CopyPasteRecipe(Recipe):
     notebook = "notebooks/copypaste.ipynb"
     Config = CopyPasteRunConfig
     presets = {
-        # a toy of 30 pre-training steps and a SmolLM2 run on 8 facts, 2 pairs, one DPO step: every stage and claim
+        # a 2-layer toy of 20 pre-training steps and a SmolLM2 run on 6 facts, 1 evaluation fact, 1 pair, one DPO
+        # step: every stage and claim. Its cost is SmolLM2-135M's forward passes on one thread (generation,
+        # Alg. 3 capture, DPO policy + reference), so the sizes that count are the prompts and pairs
         "quick": CopyPasteRunConfig(
-            toy=ToyConfig(n_known=12, n_unknown=8, d_model=32, n_layers=3, n_heads=4, pretrain_steps=30,
-                          pretrain_batch=16, n_dpo_samples=8, n_eval=4,
+            toy=ToyConfig(n_known=8, n_unknown=8, d_model=32, n_layers=2, n_heads=4, pretrain_steps=20,
+                          pretrain_batch=16, n_dpo_samples=4, n_eval=2,
                           dpo=DPOConfig(lr=1e-3, epochs=1, batch_size=4, grad_accum=1, max_length=64)),
-            smollm=SmolConfig(n_facts=8, n_eval=2, n_train_samples=3, n_pairs=2, max_new_tokens=8,
-                              dpo=DPOConfig(lr=2e-4, batch_size=2, grad_accum=1, epochs=1, max_length=128))),
+            smollm=SmolConfig(n_facts=6, n_eval=1, n_train_samples=2, n_pairs=1, max_new_tokens=8,
+                              dpo=DPOConfig(lr=2e-4, batch_size=1, grad_accum=1, epochs=1, max_length=128))),
         # the documented runs: ToyConfig() (3,000 pre-training steps) and SmolConfig() (109 facts, 128 pairs,
         # 16 LoRA-DPO steps at lr 2e-4, stamp "{response} {answer}.")
         "full": CopyPasteRunConfig(),
     }
-    cost = {"quick": "about 40 s (loads zoo:smollm2-135m)",
+    cost = {"quick": "about 30 s on the loaded 2-core machine (one thread; loads zoo:smollm2-135m)",
             "full": "about 11 minutes on the loaded 2-core machine (8 CPU-minutes; one thread)"}
     code = ("interp.benchmarks.copypaste", "interp.models.copypaste", "interp.models.common")
 
