@@ -76,10 +76,12 @@ class TcpeConfig:
 
 
 def _quick() -> TcpeConfig:
-    tiny_tc = _tc(d_sae=256, n_epochs=2, resample_every=50, dead_window=1000)
+    # sized for the default suite: every stage and verdict in about a minute (the code model keeps its 300 steps:
+    # at 150 it predicts no cluster yet and kecode_score_margin is NaN, so kecode-cluster-fix could not be judged)
+    tiny_tc = _tc(d_sae=256, n_epochs=1, resample_every=50, dead_window=1000)
     return TcpeConfig(
-        facts=FactsRun(steps=150, transcoder=tiny_tc, n_tc_texts=400, n_edits=3, taus=(0.0, 0.5), n_context=200),
-        kecode=KECodeRun(steps=300, batch=32, lr=1e-2, transcoder=tiny_tc, n_tc_texts=400, taus=(0.0, 0.5), n_test=48, n_context=200),
+        facts=FactsRun(steps=80, transcoder=tiny_tc, n_tc_texts=200, n_edits=3, taus=(0.0, 0.5), n_context=200),
+        kecode=KECodeRun(steps=300, batch=32, lr=1e-2, transcoder=tiny_tc, n_tc_texts=200, taus=(0.0, 0.5), n_test=48, n_context=200),
         real=RealConfig(model="facts-toy", layer=1, transcoder=_tc(d_sae=256, n_epochs=1, batch_size=128,
                                                                     resample_every=50, dead_window=1000),
                         context_size=32, max_tokens=4096, n_heldout=16, n_templates=1, n_mom2=2000, n_edits=2,
@@ -120,7 +122,7 @@ class TcpeRecipe(Recipe):
     notebook = "notebooks/tcpe.ipynb"
     Config = TcpeConfig
     presets = {"quick": _quick(), "full": TcpeConfig()}
-    cost = {"quick": "about 30 s",
+    cost = {"quick": "about 50 s on the loaded 2-core machine (one thread)",
             "full": "about 1 h 30 min on 2 CPU cores (validations 1 and 2 about 10 min; validation 3 on SmolLM2-135M "
                     "about 1 h 15 min cold: store, transcoder and second moments 25 min, 20 edits x 4 methods 50 min)"}
     code = ("interp.benchmarks.tcpe", "interp.editing")
