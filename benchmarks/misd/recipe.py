@@ -93,14 +93,15 @@ class MisDRecipe(Recipe):
     notebook = "notebooks/misd.ipynb"
     Config = MisDRunConfig
     presets = {
-        # one toy seed; the zero-shot classifier on a small digits split (one seed): every stage and claim runs
-        "quick": MisDRunConfig(toy=ToyMisDConfig(seeds=(0,)), zero_shot_seeds=(0,), n_train=30, n_test=30,
-                               digits_alignment=ZeroShotConfig(steps=200),
-                               fashion_alignment=dataclasses.replace(FASHION_ZERO_SHOT, steps=200)),
+        # one toy seed; the zero-shot classifier on small digits / Fashion-MNIST splits (one seed, 15 + 15 images
+        # per class, 8 shots, 100 alignment steps): every stage and claim runs
+        "quick": MisDRunConfig(toy=ToyMisDConfig(seeds=(0,)), zero_shot_seeds=(0,), n_train=15, n_test=15, shots=8,
+                               digits_alignment=ZeroShotConfig(steps=100),
+                               fashion_alignment=dataclasses.replace(FASHION_ZERO_SHOT, steps=100)),
         # the documented runs: toy 5 seeds; zero-shot digits and Fashion-MNIST, 5 seeds each
         "full": MisDRunConfig(),
     }
-    cost = {"quick": "about 30 s (loads zoo:dinov2-s14 and zoo:minilm-l6)",
+    cost = {"quick": "about 30 s on the loaded 2-core machine (one thread; loads zoo:dinov2-s14 and zoo:minilm-l6)",
             "full": "about 5 minutes (2 CPU-minutes; needs Fashion-MNIST, else its claims read error)"}
     code = ("interp.benchmarks.misd", "interp.models.misd", "interp.models.common")
 
