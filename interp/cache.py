@@ -211,7 +211,7 @@ class Cache(Mapping[str, torch.Tensor]):
 
     def to(self, device=None, dtype=None) -> "Cache":
         """The cache on ``device`` / in ``dtype`` (floating tensors only); the device is checked first."""
-        from .model import check_device
+        from .validation import check_device
 
         device = check_device(device)
         return self._like({k: [t.to(device=device, dtype=dtype if t.is_floating_point() else None) for t in v]

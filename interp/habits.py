@@ -255,7 +255,7 @@ def get_token_position(model, single_token, input, mode: str = "first", prepend_
         tokens = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
     else:
         tokens = torch.as_tensor(input)
-        from .model import check_token_ids
+        from .validation import check_token_ids
         check_token_ids(tokens, what="input")
     if tokens.dim() == 2:
         if tokens.shape[0] != 1:
@@ -289,7 +289,7 @@ def tokens_to_residual_directions(model, tokens) -> torch.Tensor:
     for a tensor of ids); strings are tokenized as one token each."""
     if isinstance(tokens, str):
         tokens = model.to_single_token(tokens)
-    from .model import check_token_ids
+    from .validation import check_token_ids
 
     ids = torch.as_tensor(tokens)
     check_token_ids(ids, what="tokens")

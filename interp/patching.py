@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from .interventions import HookContext, Patch
-from .model import check_token_ids
+from .validation import check_token_ids
 from .progress import progress
 from .results import Result
 
