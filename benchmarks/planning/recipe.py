@@ -124,7 +124,7 @@ class PlanningRecipe(Recipe):
         "quick": PlanningReproConfig(
             sanity_codes=(8,), sanity_n=300, sanity_train={"steps": 60, "eval_every": 30}, sanity_vqvae=_tiny_vq,
             sanity_noise=(0.0, 0.5, 1.0), sanity_symbols=16, branch_models=(PF_MODEL,),
-            horizon_run={"n_examples": 200, "n_codes": 8, "max_tau": 6, "vqvae": _tiny_vq, "train": {"steps": 150},
+            horizon_run={"n_examples": 200, "n_codes": 8, "max_tau": 6, "vqvae": _tiny_vq, "train": {"steps": 80},
                          "n_perm": 5, "n_seeds": 1, "continuation": "target"},
             # the 60-step PF model solves nothing: the quick branch run takes the reference paths
             branch_run={"n_examples": 200, "n_codes": 8, "vqvae": _tiny_vq, "train": {"steps": 30}, "n_perm": 5,
@@ -138,7 +138,7 @@ class PlanningRecipe(Recipe):
         # SMOLLM_RUN (N = 8000 for the branch runs)
         "full": PlanningReproConfig(),
     }
-    cost = {"quick": "about 30 s",
+    cost = {"quick": "about 40 s on the loaded 2-core machine (one thread)",
             "full": "about 45 CPU-minutes (documented CPU times: branch 412 + 416 s, SmolLM2 map 859 s, PF horizon "
                     "167 s; estimator, horizon toy and CFG a few minutes each) plus building the zoo models "
                     "(~25 CPU-minutes, once: planning-pf-short-nodead-mtp alone 1,043 s)"}
