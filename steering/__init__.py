@@ -13,7 +13,6 @@ from .base import (
     SteeringMethod,
     SteeringVector,
     available,
-    default_data,
     get,
     register,
     reload_entry_points,
@@ -24,6 +23,7 @@ from .activations import collect, last_token, mean_difference
 from .diff_in_means import DiffInMeans, DiffInMeansConfig
 from .ablation import ABLATION_HOOKS, DirectionalAblation, DirectionalAblationConfig, ablation_vector, orthogonalize_weights
 from . import behaviour, refusal
+from .refusal import default_data
 from .behaviour import LinearProbe, evaluate_behaviour, token_kl_view
 from . import repit
 from .repit import RepIt, RepItConfig, isolate, localize

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import SteeringData, SteeringMethod, SteeringVector, default_data
+from .base import SteeringData, SteeringMethod, SteeringVector
+from .refusal import default_data
 from .diff_in_means import fit_direction
 
 #: The hooks at which :class:`DirectionalAblation` projects the direction out (every layer).
@@ -43,7 +44,7 @@ class DirectionalAblation(SteeringMethod):
     config_class = DirectionalAblationConfig
 
     def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
-        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.base.default_data`);
+        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.refusal.default_data`);
         ``val`` is unused."""
         c = self.config
         data = default_data(model) if data is None else data

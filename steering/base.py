@@ -125,45 +125,9 @@ class SteeringData:
         return list(dict.fromkeys(self.categories or []))
 
 
-#: Size of the built-in contrast set (:func:`default_data`): harmful prompts kept per category (11 categories) and
-#: harmless prompts, spread evenly over the split (Arditi et al. fit on 128 harmful and 128 harmless prompts).
-DEFAULT_PER_CATEGORY = 12
-DEFAULT_HARMLESS = 128
-
-
 def has_chat_template(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` formats conversations (a Hugging Face ``chat_template`` is set)."""
     return tokenizer is not None and getattr(tokenizer, "chat_template", None) is not None
-
-
-def default_data(model: Any, split: str = "train", max_per_category: int | None = DEFAULT_PER_CATEGORY,
-                 max_harmless: int | None = DEFAULT_HARMLESS) -> SteeringData:
-    """The built-in contrast set every method fits on when given no data: the refusal papers' harmful
-    (``positive``, with their 11 category labels) vs harmless (``negative``) instructions of
-    :func:`interp.data.refusal_instructions`, ``split`` (``"train"``/``"val"``/``"test"``), at most
-    ``max_per_category`` harmful prompts per category and ``max_harmless`` harmless ones (spread evenly; 132 +
-    128 by default). Chat-formatted with the model's template (:func:`steering.refusal.refusal_data`); a
-    tokenizer without a chat template (a base model, the tiny test models) gets the raw instruction texts, so the
-    contrast is the instructions' own content. A model without a tokenizer has no default: pass
-    ``SteeringData`` of token ids."""
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        raise ValueError("a model without a tokenizer has no built-in steering data; pass "
-                         "data=SteeringData(positive=<ids [n, pos]>, negative=<ids [n, pos]>)")
-    from .refusal import _spread, refusal_data
-
-    if has_chat_template(tok):
-        return refusal_data(tok, split, max_per_category=max_per_category, max_harmless=max_harmless)
-    from interp import data as zd
-
-    kept = []
-    for cat in zd.category_names(harmful=True):
-        items = zd.refusal_instructions(split=split, harmful=True, categories=[cat])
-        kept += [items[i] for i in _spread(len(items), max_per_category)]
-    harmless = zd.refusal_instructions(split=split, harmful=False)
-    harmless = [harmless[i] for i in _spread(len(harmless), max_harmless)]
-    return SteeringData(positive=[i.text for i in kept], negative=[i.text for i in harmless],
-                        categories=[i.category for i in kept])
 
 
 def select(prompts: Any, index: Sequence[int]) -> Any:

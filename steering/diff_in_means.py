@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .activations import collect, mean_difference
-from .base import SteeringData, SteeringMethod, SteeringVector, default_data
+from .base import SteeringData, SteeringMethod, SteeringVector
+from .refusal import default_data
 
 
 @dataclass
@@ -49,7 +50,7 @@ class DiffInMeans(SteeringMethod):
     config_class = DiffInMeansConfig
 
     def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
-        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.base.default_data`);
+        """Fit on ``data`` (``None``: the built-in harmful vs harmless set, :func:`steering.refusal.default_data`);
         ``val`` is unused."""
         c = self.config
         data = default_data(model) if data is None else data

@@ -57,9 +57,9 @@ from interp.progress import progress
 from interp.results import Result
 
 from .activations import collect, resid_names
-from .base import (AuditFit, SteeringData, SteeringMethod, SteeringVector, default_data, has_chat_template,
+from .base import (AuditFit, SteeringData, SteeringMethod, SteeringVector, has_chat_template,
                    n_prompts, spread)
-from .refusal import kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
+from .refusal import default_data, kl_divergence, last_logprobs, refusal_scores, refusal_token_ids
 
 REWEIGHTS = ("invnorm", "uniform", "sim")
 
@@ -698,7 +698,7 @@ class RepIt(SteeringMethod):
 
     def fit(self, model, data: SteeringData | None = None, val: SteeringData | None = None) -> SteeringVector:
         """Fit on ``data``, select and search on ``val``. ``data=None``: the built-in categorised refusal set
-        (:func:`steering.base.default_data`, train split) and, unless given, ``val`` its val split; otherwise
+        (:func:`steering.refusal.default_data`, train split) and, unless given, ``val`` its val split; otherwise
         ``val=None`` reuses ``data``."""
         c = self.config
         if data is None:
