@@ -34,7 +34,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -257,9 +257,14 @@ def harvest_pairs(model, layer: int, texts: Sequence[str], batch_size: int = 16,
                   max_length: int | None = 128) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Stream ``(h̄ [n, d], mlp_out [n, d])`` of every real token of ``texts``, one text batch at a time
     (runs the model only up to ``layer``)."""
+    yield from _pairs_of(model, layer, (model.tokenize(chunk, max_length=max_length)
+                                        for chunk in _texts_in_batches(texts, batch_size)))
+
+
+def _pairs_of(model, layer: int, batches: Iterable[dict]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`harvest_pairs` of batches already tokenized."""
     names = [hook_in(layer), hook_out(layer)]
-    for chunk in _texts_in_batches(texts, batch_size):
-        batch = model.tokenize(chunk, max_length=max_length)
+    for batch in batches:
         _, cache = model.run_with_cache(batch, names=names, stop_at_layer=layer + 1)
         keep = batch["attention_mask"].bool().to(cache[names[0]].device)
         yield cache[names[0]][keep].float(), cache[names[1]][keep].float()
@@ -464,9 +469,9 @@ def train_transcoder(model, layer: int, texts: Sequence[str] | None = None,
     torch.manual_seed(cfg.seed)
     tc = transcoder or Transcoder(d, cfg.d_sae, d, hook_name=hook_in(layer), hook_name_out=hook_out(layer),
                                   seed=cfg.seed)
-    # count tokens once (cheap: tokenizer only) to size the schedules
-    n_tok = sum(int(model.tokenize(c, max_length=cfg.max_length)["attention_mask"].sum())
-                for c in _texts_in_batches(texts, cfg.text_batch_size))
+    # tokenized once (a third of the default's time was tokenizing twice): the count sizes the schedules
+    encoded = [model.tokenize(c, max_length=cfg.max_length) for c in _texts_in_batches(texts, cfg.text_batch_size)]
+    n_tok = sum(int(b["attention_mask"].sum()) for b in encoded)
     total = _steps_per_epoch(n_tok, cfg.batch_size) * cfg.n_epochs
     tr = _Trainer(tc, cfg, total)
     bar = progress(total=total, desc=f"transcoder L{layer}")
@@ -474,7 +479,7 @@ def train_transcoder(model, layer: int, texts: Sequence[str] | None = None,
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(cfg.n_epochs):
             buf_x, buf_y, size = [], [], 0
-            for x, y in harvest_pairs(model, layer, texts, cfg.text_batch_size, cfg.max_length):
+            for x, y in _pairs_of(model, layer, encoded):
                 buf_x.append(x), buf_y.append(y)
                 size += len(x)
                 if size >= cfg.buffer_batches * cfg.batch_size:
@@ -630,7 +635,8 @@ def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequen
     n = 0
     l0 = 0.0
     fired = torch.zeros(transcoder.d_sae)
-    for x, y in harvest_pairs(model, layer, texts, batch_size, max_length):
+    encoded = [model.tokenize(c, max_length=max_length) for c in _texts_in_batches(texts, batch_size)]
+    for x, y in _pairs_of(model, layer, encoded):
         z = transcoder.encode(x)
         sse += float((transcoder.decode(z) - y).pow(2).sum())
         sq += float(y.pow(2).sum())
@@ -641,8 +647,8 @@ def evaluate_transcoder(model, layer: int, transcoder: Transcoder, texts: Sequen
     ss = sq - float((s1 * s1).sum()) / max(n, 1)
     losses = {"clean": [], "spliced": [], "zero": []}
     weights = []
-    for chunk in _texts_in_batches(texts, batch_size):
-        batch = model.prepare(model.tokenize(chunk, max_length=max_length))
+    for tokens in encoded:
+        batch = model.prepare(tokens)
         w = float(((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum()))
         weights.append(w)
         losses["clean"].append(float(next_token_loss(model(batch), batch)))

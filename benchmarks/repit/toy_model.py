@@ -22,13 +22,11 @@ def _encode(tokenizer, items: Sequence[Instruction]):
 
     from interp.data.refusal import format_chat
 
-    ids, labels = [], []
-    for it in items:
-        prompt = tokenizer(format_chat(tokenizer, it.text), add_special_tokens=False)["input_ids"]
-        reply = tokenizer(" " + response(it) + " <eos>", add_special_tokens=False)
-        reply = reply["input_ids"]
-        ids.append(prompt + reply)
-        labels.append([-100] * len(prompt) + reply)
+    # one tokenizer call per batch (per-item calls were half the build's time); the same ids
+    prompts = tokenizer([format_chat(tokenizer, it.text) for it in items], add_special_tokens=False)["input_ids"]
+    replies = tokenizer([" " + response(it) + " <eos>" for it in items], add_special_tokens=False)["input_ids"]
+    ids = [prompt + reply for prompt, reply in zip(prompts, replies)]
+    labels = [[-100] * len(prompt) + reply for prompt, reply in zip(prompts, replies)]
     width = max(len(x) for x in ids)
     pad = tokenizer.pad_token_id
     ids = [x + [pad] * (width - len(x)) for x in ids]
