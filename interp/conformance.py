@@ -13,6 +13,11 @@ sequence at a time (so a padded batch must give the same numbers as the sequence
   family's ``modeling_*.py``);
 - the attention pattern from eager attention with ``output_attentions=True``, and the logits.
 
+Writes are held to the same oracle (:func:`check_writes`): a vector added through ``model.intervene`` at the
+residual stream, the attention output and the MLP output of the middle layer must give the logits of the
+HF model with that vector added by a forward hook on its own module (the decoder layer's input or output,
+or the submodule whose output is the branch's contribution, found from the oracle: :func:`branch_points`).
+
 :func:`check` compares a :class:`~interp.Model` with that oracle and returns a :class:`Conformance`
 (one status per site group); the support matrix in ``docs/architectures.md`` is generated from it
 (``python scripts/support_matrix.py``), and ``tests/conformance/`` runs it over every family.
@@ -25,8 +30,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-#: the site groups of the support matrix, in its column order
-GROUPS = ("fires", "residual", "attn_out", "mlp_out", "qkv", "pattern", "norms", "logits")
+#: the site groups :func:`check` reads and compares
+READ_GROUPS = ("residual", "attn_out", "mlp_out", "qkv", "pattern", "norms", "logits")
+#: the columns of the support matrix, in order: the hooks fire, the read groups, the writes (:func:`check_writes`)
+GROUPS = ("fires", *READ_GROUPS, "writes")
 
 
 # ------------------------------------------------------------------------------- per-family oracle
@@ -291,7 +298,7 @@ def check(model, hf_model: nn.Module, sequences: list[list[int]], padding_side: 
             return None
         return cache[name][i]
 
-    groups = {g: _Worst() for g in GROUPS[1:]}
+    groups = {g: _Worst() for g in READ_GROUPS}
     for i, (ref, sl) in enumerate(zip(refs, slots)):
         groups["logits"].add("logits", logits[i, sl], ref.logits)
         for l in range(n_layers):
@@ -329,6 +336,144 @@ def check(model, hf_model: nn.Module, sequences: list[list[int]], padding_side: 
     return result
 
 
+# ---------------------------------------------------------------------------------------------- writes
+#: the sites :func:`check_writes` writes to (a vector added at the middle decoder layer)
+WRITE_SITES = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+
+
+def _output(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _add_to_output(delta: torch.Tensor):
+    def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+        if isinstance(out, tuple):
+            return (out[0] + delta,) + tuple(out[1:])
+        return out + delta
+    return hook
+
+
+def _add_to_input(delta: torch.Tensor):
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (args[0] + delta,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + delta}
+    return hook
+
+
+@torch.no_grad()
+def branch_points(hf_model: nn.Module, input_ids: torch.Tensor, layer: int, tol: float = 1e-5,
+                  ref: Reference | None = None) -> dict[str, tuple[str, float]]:
+    """Where decoder layer ``layer`` of ``hf_model`` forms what its attention and its MLP add to the residual
+    stream: ``{"attn": (submodule path, factor), "mlp": (...)}`` with ``added = factor * output``.
+
+    Found from the oracle alone, not from any map of ours: the outermost submodule of the layer whose output
+    on ``input_ids`` ``[pos]`` is, up to one scalar factor, the :func:`reference`'s ``attn_out`` / ``mlp_out``
+    (the attention module itself, a post-norm where the family has one, Bloom's output projections; the factor
+    is Granite's residual multiplier, else 1). Raises ``ValueError`` when no submodule matches. ``ref``: the
+    :func:`reference` of ``input_ids``, if already computed."""
+    ref = ref if ref is not None else reference(hf_model, input_ids)
+    block = _layers(hf_model)[layer]
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str):
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            o = _output(out)
+            if isinstance(o, torch.Tensor):  # a copy: some blocks add to a branch output in place (Falcon)
+                outputs.setdefault(name, o.detach().clone())
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in block.named_modules() if n]
+    cfg = hf_model.config
+    impl, cfg._attn_implementation = cfg._attn_implementation, "eager"
+    try:
+        hf_model(input_ids=input_ids[None], use_cache=False)
+    finally:
+        cfg._attn_implementation = impl
+        for h in handles:
+            h.remove()
+    found = {}
+    for part, want in (("attn", ref.attn_out[layer]), ("mlp", ref.mlp_out[layer])):
+        for name, _ in block.named_modules():  # pre-order: the outermost match first
+            out = outputs.get(name)
+            if not isinstance(out, torch.Tensor) or out.numel() != want.numel() or out.shape[-1] != want.shape[-1]:
+                continue  # [1, pos, d], or [pos, d] where a block flattens the batch (OPT's MLP)
+            o, w = out.reshape(want.shape).double(), want.double()
+            factor = float((o * w).sum() / (o * o).sum().clamp_min(1e-30))
+            if _rel(factor * o, w) <= tol:
+                found[part] = (name, factor)
+                break
+        else:
+            raise ValueError(f"{cfg.model_type}: no submodule of decoder layer {layer} outputs its {part} branch")
+    return found
+
+
+@torch.no_grad()
+def _oracle_written(hf_model: nn.Module, input_ids: torch.Tensor, layer: int, site: str, delta: torch.Tensor,
+                    points: dict[str, tuple[str, float]]) -> torch.Tensor:
+    """The logits ``[pos, vocab]`` of ``hf_model`` on ``input_ids`` with ``delta`` added at ``site`` of
+    decoder ``layer``, through forward hooks on Hugging Face's own modules."""
+    block = _layers(hf_model)[layer]
+    if site == "hook_resid_pre":
+        handle = block.register_forward_pre_hook(_add_to_input(delta), with_kwargs=True)
+    elif site == "hook_resid_post":
+        handle = block.register_forward_hook(_add_to_output(delta))
+    else:
+        name, factor = points["attn" if site == "hook_attn_out" else "mlp"]
+        handle = block.get_submodule(name).register_forward_hook(_add_to_output(delta / factor))
+    cfg = hf_model.config
+    impl, cfg._attn_implementation = cfg._attn_implementation, "eager"
+    try:
+        return hf_model(input_ids=input_ids[None], use_cache=False).logits[0]
+    finally:
+        cfg._attn_implementation = impl
+        handle.remove()
+
+
+def check_writes(model, hf_model: nn.Module, sequences: list[list[int]], padding_side: str = "right",
+                 tol: float = 1e-4, layer: int | None = None) -> GroupResult:
+    """Hold ``model``'s writes to the oracle: a vector added at each of :data:`WRITE_SITES` of decoder
+    ``layer`` (default: the middle one) through ``model.intervene``, on the padded batch of ``sequences``,
+    against ``hf_model`` run one sequence at a time with the same vector added by a forward hook at the
+    matching Hugging Face module (:func:`branch_points`). Compares the logits of real positions; one
+    :class:`GroupResult` over the sites (``"missing"`` for a site the backend refuses to write, by name)."""
+    n_layers = len(_layers(hf_model))
+    layer = n_layers // 2 if layer is None else layer
+    first = reference(hf_model, torch.tensor(sequences[0]))
+    points = branch_points(hf_model, torch.tensor(sequences[0]), layer, tol=max(tol, 1e-5), ref=first)
+    dtype = next(hf_model.parameters()).dtype
+    gen = torch.Generator().manual_seed(0)
+    scale = float(first.resid_pre[layer].norm(dim=-1).mean())
+    delta = torch.randn(hf_model.config.get_text_config().hidden_size, generator=gen, dtype=torch.float64)
+    delta = (delta * scale / delta.norm()).to(dtype)
+    width = max(map(len, sequences))
+    ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    slots = []
+    for i, s in enumerate(sequences):
+        lo = 0 if padding_side == "right" else width - len(s)
+        ids[i, lo:lo + len(s)], mask[i, lo:lo + len(s)] = torch.tensor(s), 1
+        slots.append(slice(lo, lo + len(s)))
+    offered = set(model.hook_names())
+    # captured beside each write where offered: the torch and nnsight backends then run their own eager attention,
+    # as in the read check (Hugging Face's eager attention in float64, the suite's dtype, gives fully masked rows
+    # NaN: its softmax runs in float32, where float64's mask value is -inf; the plain forward refuses that by name)
+    probe = [n for n in ("blocks.0.attn.hook_pattern",) if n in offered]
+    worst = _Worst()
+    for site in WRITE_SITES:
+        name = f"blocks.{layer}.{site}"
+        if name not in offered:
+            worst.add(name, None, torch.zeros(()))
+            continue
+        with model.intervene({name: lambda t, ctx: t + delta.to(device=t.device, dtype=t.dtype)}), \
+                model.capture(probe):
+            logits = model(ids, attention_mask=mask)
+        for i, (s, sl) in enumerate(zip(sequences, slots)):
+            want = _oracle_written(hf_model, torch.tensor(s), layer, site, delta, points)
+            worst.add(name, logits[i, sl], want)
+    return worst.result(tol)
+
+
 # ------------------------------------------------------------------------------------ the family suite
 #: token ids of the suite's padded batch (three lengths)
 SEQUENCES = [[5, 17, 33, 90, 12, 7, 101], [44, 3, 250], [9, 9, 200, 18, 64]]
@@ -362,12 +507,14 @@ def save_family(family: str, folder) -> str:
 @dataclass
 class PairOutcome:
     """One (family, backend) pair of the suite: ``statuses`` ``{column: status}`` (the support matrix's row
-    cell), the load refusal's message (if any), the wrapped model and the per-padding results."""
+    cell), the load refusal's message (if any), the wrapped model and the per-padding results of the reads
+    (:func:`check`) and the writes (:func:`check_writes`)."""
 
     statuses: dict[str, str]
     refusal: str | None = None
     model: Any = None
     results: dict[str, Conformance] = field(default_factory=dict)
+    writes: dict[str, GroupResult] = field(default_factory=dict)
     padding_refusals: dict[str, str] = field(default_factory=dict)
 
 
@@ -401,4 +548,11 @@ def run_pair(family: str, backend: str, folder: str) -> PairOutcome:
             continue
         for g, r in result.groups.items():
             out.statuses[g if side == "right" else f"{g} (left padding)"] = r.status
+        try:
+            written = out.writes[side] = check_writes(model, ref, SEQUENCES, side, tol=suite_tolerance(family))
+            status = written.status
+        except RuntimeError as exc:  # refused by name (NaN at real tokens)
+            out.padding_refusals[f"{side}, writes"] = str(exc)
+            status = "refused"
+        out.statuses["writes" if side == "right" else "writes (left padding)"] = status
     return out

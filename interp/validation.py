@@ -1,4 +1,5 @@
-"""Input checks shared by the capture layer's entry points (token-id dtypes, devices).
+"""Input checks shared by the capture layer's entry points (token-id dtypes, devices) and the one check of a
+padded batch's output that every backend runs.
 
 A leaf module of the kernel: it imports only torch, so :mod:`interp.model`, :mod:`interp.cache`,
 :mod:`interp.habits` and :mod:`interp.patching` can all use the same rule without importing one another
@@ -54,4 +55,24 @@ def check_device(device: Any) -> torch.device | None:
     return d
 
 
-__all__ = ["TokenIdsError", "check_device", "check_token_ids"]
+def check_padded_output(out: Any, attention_mask: torch.Tensor | None, backend: str, family: str, cause: str,
+                        remedy: str) -> None:
+    """Refuse (``RuntimeError``, one line) a padded batch whose output ``[batch, pos, ...]`` is NaN at real
+    tokens: an attention implementation that gives fully padded query rows NaN (all keys masked) passes the
+    NaN on to the real rows through the next layer's attention (``0 * NaN``), so every number of those rows
+    would be silently wrong. ``cause`` names the implementation, ``remedy`` what to do instead; each backend
+    calls this on the logits of its plain forward passes."""
+    if not torch.is_tensor(out) or attention_mask is None or out.dim() < 3 or bool(attention_mask.all()):
+        return
+    real = attention_mask.bool().to(out.device)
+    if out.shape[:2] != real.shape:
+        return
+    # a NaN anywhere in a position's row makes its sum NaN: [batch, pos] without copying the logits
+    if bool((torch.isnan(out.detach().sum(dim=tuple(range(2, out.dim())))) & real).any()):
+        side = "left" if bool((attention_mask[:, 0] == 0).any()) else "right"
+        raise RuntimeError(f"the {backend} backend gives NaN at real tokens of this {side}-padded batch for the "
+                           f"{family} family ({cause}); pad on the {'right' if side == 'left' else 'left'}, run the "
+                           f"rows one by one, or {remedy}")
+
+
+__all__ = ["TokenIdsError", "check_device", "check_padded_output", "check_token_ids"]

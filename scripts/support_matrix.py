@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architectures.md"
 GLYPH = {"ok": "✓", "missing": "—", "wrong": "✗", "error": "✗", "refused": "refused"}
 TITLES = {"fires": "hooks fire", "residual": "residual", "attn_out": "attn out", "mlp_out": "MLP out",
-          "qkv": "q/k/v", "pattern": "pattern", "norms": "norms", "logits": "logits"}
+          "qkv": "q/k/v", "pattern": "pattern", "norms": "norms", "logits": "logits", "writes": "writes"}
 
 
 def _git() -> str:
@@ -86,7 +86,11 @@ def render(families, refusals, env) -> str:
         "(exactly what the block adds to the residual stream, after post-norms and multipliers; the oracle re-runs "
         "each layer with its MLP's output set to zero), **q/k/v** (per-head projections from the module's weights, "
         "whatever the fused layout), **pattern** (eager attention weights), **norms** (`ln1.hook_normalized` times "
-        "the norm's weight plus bias equals the attention input), **logits**.",
+        "the norm's weight plus bias equals the attention input), **logits**, **writes** (a vector added through "
+        "`model.intervene` at `hook_resid_pre`, `hook_attn_out`, `hook_mlp_out` and `hook_resid_post` of the middle "
+        "layer gives the logits of the HF model with the same vector added by a forward hook on its own module: the "
+        "decoder layer's input or output, or the submodule whose output is what the branch adds, found from the "
+        "oracle, with Granite's residual multiplier).",
         "",
         "✓ right (relative difference at most 1e-6 in float64, 1e-4 in float32), — not offered (not in "
         "`hook_names()`; asking for it raises an error naming the family, the backend and the backends that offer "
@@ -124,6 +128,12 @@ def render(families, refusals, env) -> str:
         "there; the transformer_lens backend does where its bridge fires them.",
         "- Refusals on transformer_lens come from the bridge (it cannot boot or run the family) or from the load "
         "self-check (its logits differ from the Hugging Face module's: Cohere), never silently.",
+        "- A padded batch whose plain forward gives NaN at real tokens is refused in one line on every backend "
+        "(`interp.validation.check_padded_output`), never returned. Hugging Face's eager attention in float64 does "
+        "that for most families (its softmax runs in float32, where float64's mask value is -inf, so a fully padded "
+        "query row is NaN and reaches the real rows): load with `attn_implementation='sdpa'` there. The read and "
+        "write checks on this page capture an attention hook, so the torch and nnsight backends run their own eager "
+        "attention, which gives such rows zeros.",
         "- Backends agree with each other only where this page shows both right.",
         "",
     ]

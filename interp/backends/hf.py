@@ -13,6 +13,7 @@ from ..architectures import ArchSpec, NormLens, Site, arch_spec, norm_parts
 from ..model import HookSet, Model, ModelConfig, _Opened
 from ..names import parse
 from ..run import current_pass
+from ..validation import check_padded_output
 from .attention import ImplSwitch, Slots
 
 
@@ -277,6 +278,11 @@ class HFModel(Model):
         if batch is not None and batch.get("use_cache"):
             return out.logits, getattr(out, "past_key_values", None) or getattr(out, "cache", None)
         if hasattr(out, "logits") and out.logits is not None:
+            if batch is not None:
+                impl = getattr(self.hf_model.config, "_attn_implementation", None)
+                check_padded_output(out.logits, batch.get("attention_mask"), self.backend, self.cfg.family,
+                                    f"Hugging Face's {impl} attention over fully padded rows",
+                                    "load with attn_implementation='sdpa'")
             return out.logits
         if hasattr(out, "last_hidden_state"):
             return out.last_hidden_state

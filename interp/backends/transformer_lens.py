@@ -17,6 +17,7 @@ import torch
 from ..model import HookSet, Model, ModelConfig
 from .hf import _image_size
 from ..names import BLOCK_HOOKS, order_key
+from ..validation import check_padded_output
 
 
 #: Where a bridge's compatibility alias means something else than the canonical hook, the canonical
@@ -318,19 +319,10 @@ class TLModel(Model):
         return out, past
 
     def _check_padded_output(self, out: Any, batch: dict[str, Any]) -> None:
-        """Refuse a padded batch whose output is NaN at real positions (the bridge of some families, OPT's,
-        gives fully masked padding rows NaN attention, which then reaches the real rows: an upstream bug that
-        would otherwise poison every number silently)."""
-        mask = batch.get("attention_mask")
-        if not torch.is_tensor(out) or mask is None or bool(mask.all()) or out.dim() < 3:
-            return
-        real = mask.bool().to(out.device)
-        if out.shape[:2] == real.shape and bool(torch.isnan(out[real]).any()):
-            side = "left" if bool((mask[:, 0] == 0).any()) else "right"
-            raise RuntimeError(f"the transformer_lens backend gives NaN at real tokens of this {side}-padded batch for "
-                               f"the {self.cfg.family} family (the bridge's attention over fully padded rows); pad on "
-                               f"the {'right' if side == 'left' else 'left'}, run the rows one by one, or use "
-                               "backend='torch' or 'nnsight'")
+        """The bridge of some families (OPT's) gives fully masked padding rows NaN attention, which then reaches
+        the real rows: refused (:func:`interp.validation.check_padded_output`)."""
+        check_padded_output(out, batch.get("attention_mask"), "transformer_lens", self.cfg.family,
+                            "the bridge's attention over fully padded rows", "use backend='torch' or 'nnsight'")
 
     @functools.cached_property
     def _hf_cache_kwarg(self) -> str:
