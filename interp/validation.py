@@ -32,26 +32,32 @@ def check_token_ids(ids: Any, what: str = "token ids") -> None:
                         "convert with .long() if these are ids")
 
 
-def check_device(device: Any) -> torch.device | None:
-    """``device=`` of a run, checked before any forward: a torch device that exists here (``"cpu"``, ``"cuda"``,
-    ``"cuda:1"``, ``"mps"`` ...), else one line saying so. ``None`` stays ``None``."""
+def check_device(device: Any, name: str = "device") -> torch.device | None:
+    """``device=`` of a run, checked before any forward or load: a torch device that exists here (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"``, ``"mps"`` ...), else ``ValueError`` in one line that starts with ``name`` (the
+    keyword, or a CLI option such as ``"--device"``) and says what this machine has. ``None`` stays ``None``.
+    The one device rule of the library and of every CLI command."""
     if device is None:
         return None
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps')") from None
+        raise ValueError(f"{name} {device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
     if d.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0 or (d.index is not None and d.index >= n):
-            raise ValueError(f"device {device!r} is not available here ({n} CUDA device(s))")
+        if n == 0:
+            raise ValueError(f"{name} {device!r} is not available: this machine has no CUDA device "
+                             "(torch.cuda.is_available() is False); use cpu")
+        if d.index is not None and d.index >= n:
+            raise ValueError(f"{name} {device!r} is not available: this machine has {n} CUDA device(s), "
+                             f"cuda:0 to cuda:{n - 1}")
     elif d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device {device!r} is not available here (no MPS)")
+        raise ValueError(f"{name} {device!r} is not available: MPS is not available on this machine")
     elif d.type not in ("cpu", "meta"):
         try:
             torch.empty(0, device=d)
         except Exception:  # noqa: BLE001 - any backend's own complaint: not usable here
-            raise ValueError(f"device {device!r} is not available here") from None
+            raise ValueError(f"{name} {device!r} is not available on this machine") from None
     return d
 
 

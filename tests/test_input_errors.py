@@ -137,6 +137,19 @@ def test_one_token_id_dtype_rule_at_every_entry_point(three_backends, backend):
     assert not isinstance(err.value, TokenIdsError)
 
 
+def test_one_device_rule_names_the_keyword_or_the_option():
+    """The library and both CLI commands (audit, harvest) share one rule; only the name in front differs."""
+    from interp.validation import check_device
+
+    assert check_device("cpu") == torch.device("cpu") and check_device(None) is None
+    for name in ("device", "--device"):
+        with pytest.raises(ValueError, match=rf"^{name} 'gpu0' is not a torch device \(e.g. cpu, cuda"):
+            check_device("gpu0", name)
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match=rf"^{name} 'cuda:1' is not available: this machine has no CUDA"):
+                check_device("cuda:1", name)
+
+
 @pytest.mark.parametrize("backend", ["torch", "nnsight", "transformer_lens"])
 def test_device_is_checked_before_any_forward(three_backends, backend):
     model = three_backends[backend]

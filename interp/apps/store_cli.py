@@ -96,20 +96,9 @@ def check_load_options(model_dtype: Optional[str], device: Optional[str]) -> Non
         if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
             raise ValueError(f"--model-dtype {model_dtype!r} is not a floating-point torch dtype (e.g. float32, "
                              "float16, bfloat16)")
-    if device is not None:
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, ValueError, TypeError):
-            raise ValueError(f"--device {device!r} is not a device (e.g. cpu, cuda, cuda:1, mps)") from None
-        if dev.type == "cuda":
-            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if n == 0:
-                raise ValueError(f"--device {device!r}: this machine has no CUDA device (torch.cuda.is_available() "
-                                 "is False); use --device cpu")
-            if dev.index is not None and dev.index >= n:
-                raise ValueError(f"--device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
-        elif dev.type == "mps" and not torch.backends.mps.is_available():
-            raise ValueError(f"--device {device!r}: MPS is not available on this machine")
+    from ..validation import check_device
+
+    check_device(device, "--device")
 
 
 def register(app: typer.Typer) -> None:

@@ -32,28 +32,6 @@ def _parse_sets(items: list[str] | None) -> dict[str, dict[str, str]]:
     return out
 
 
-def check_device(device: str | None) -> None:
-    """``ValueError`` for a device torch does not know or this machine does not have (before any load)."""
-    if device is None:
-        return
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"--device {device!r} is not a device torch knows (e.g. cpu, cuda, cuda:1, mps): "
-                         f"{' '.join(str(exc).split())}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device!r}: no CUDA device is available on this machine")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"--device {device!r}: MPS is not available on this machine")
-    elif dev.type not in ("cpu", "cuda", "mps", "meta") and not hasattr(torch, dev.type):
-        raise ValueError(f"--device {device!r}: torch has no {dev.type!r} backend")
-
-
 def _check_line(c: Any) -> str:
     """``  name: status (1.2 s): reason`` (the reason on the same line, for skipped and errored checks)."""
     name, status, seconds, reason = ((c["name"], c["status"], c["seconds"], c.get("reason")) if isinstance(c, dict)
@@ -128,7 +106,9 @@ def audit(models: Optional[List[str]] = typer.Argument(None, help=f"Model spec(s
         thresholds = parse_thresholds(fail_if, metrics)
         if engine not in ("local", "ray"):
             raise ValueError(f"--engine must be local or ray, got {engine!r}")
-        check_device(device)
+        from ...validation import check_device
+
+        check_device(device, "--device")
         if tokenizer is not None:
             resolve_tokenizer(tokenizer)
         specs = expand_specs(models or [DEFAULT_MODEL])
@@ -219,4 +199,4 @@ def register(app: typer.Typer) -> None:
     app.command(name="audit")(audit)
 
 
-__all__ = ["register", "audit", "DEFAULT_MODEL", "check_device"]
+__all__ = ["register", "audit", "DEFAULT_MODEL"]
