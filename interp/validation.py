@@ -52,7 +52,7 @@ def check_device(device: Any, name: str = "device") -> torch.device | None:
             raise ValueError(f"{name} {device!r} is not available: this machine has {n} CUDA device(s), "
                              f"cuda:0 to cuda:{n - 1}")
     elif d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"{name} {device!r} is not available: MPS is not available on this machine")
+        raise ValueError(f"{name} {device!r} is not available: this machine has no MPS device")
     elif d.type not in ("cpu", "meta"):
         try:
             torch.empty(0, device=d)
