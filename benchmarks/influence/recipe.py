@@ -74,10 +74,11 @@ class InfluenceRecipe(Recipe):
     presets = {"quick": QUICK, "full": InfluenceConfig()}
     cost = {"quick": "about 10 CPU-s (one thread; 8 CPU-s before issue #33's full influence coverage); its influence "
                      "re-run subsamples: the first 4 of 20 steps (all 108 probes)",
-            "full": "about 7 CPU-hours (the record of 2026-12-07: 8,770 s + 16,213 s of stored stages on two Ray "
-                    "workers at one thread each; ~31 CPU-min per Majority seed with the influence re-run at 108 "
-                    "probes over all 200 steps, 10 seeds; conditioned Majority at 3000 x 256; Q(w) on "
-                    "zoo:smollm2-135m); estimated at 3.2 CPU-hours from pieces measured 2026-12-02"}
+            "full": "about 6 CPU-hours (the record of 2026-12-07: 8,770 s + 16,213 s of stored stages, wall time of "
+                    "two Ray workers at one thread each on a shared 2-core machine; the workers' CPU time was ~31 "
+                    "CPU-min per Majority seed with the influence re-run at 108 probes over all 200 steps, 10 "
+                    "seeds; conditioned Majority at 3000 x 256; Q(w) on zoo:smollm2-135m); estimated at 3.2 "
+                    "CPU-hours from pieces measured 2026-12-02"}
     code = ("interp.benchmarks.influence", "interp.dynamics.influence", "interp.dynamics.untied",
             "interp.dynamics.tasks")
 
